@@ -1,0 +1,110 @@
+"""Build and run the engine's processes from settings (what the CLI commands call)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from engine.config import Settings
+from engine.dagbag import DagBag, add_to_sys_path
+from engine.runner import Component, serve
+from engine.scheduler import Scheduler
+from engine.store import Store, database_url, open_store
+from engine.triggerer import Triggerer
+from engine.worker import Worker
+
+__all__ = [
+    "make_scheduler",
+    "make_triggerer",
+    "make_worker",
+    "run_component",
+    "spawn",
+]
+
+log = logging.getLogger(__name__)
+
+
+def make_worker(store: Store, settings: Settings) -> Worker:
+    return Worker(
+        store,
+        DagBag(settings.dags_folder),
+        slots=settings.worker_slots,
+        poll_interval_s=settings.worker_poll_interval_s,
+        heartbeat_s=settings.worker_heartbeat_s,
+        shutdown_grace_s=settings.worker_shutdown_grace_s,
+    )
+
+
+def make_triggerer(store: Store, settings: Settings) -> Triggerer:
+    add_to_sys_path(settings.dags_folder)
+    return Triggerer(
+        store,
+        capacity=settings.triggerer_capacity,
+        lease_s=settings.triggerer_lease_s,
+        poll_interval_s=settings.triggerer_poll_interval_s,
+        claim_batch=settings.triggerer_claim_batch,
+        blocked_loop_s=settings.triggerer_blocked_loop_s,
+        cleanup_timeout_s=settings.triggerer_cleanup_timeout_s,
+    )
+
+
+def make_scheduler(store: Store, settings: Settings) -> Scheduler:
+    return Scheduler(
+        store,
+        DagBag(settings.dags_folder) if settings.dags_folder else None,
+        interval_s=settings.scheduler_interval_s,
+        zombie_threshold_s=settings.zombie_threshold_s,
+        timeout_backstop_grace_s=settings.timeout_backstop_grace_s,
+    )
+
+
+_MAKERS: dict[str, Callable[[Store, Settings], Component]] = {
+    "worker": make_worker,
+    "triggerer": make_triggerer,
+    "scheduler": make_scheduler,
+}
+
+
+async def run_component(kind: str, settings: Settings) -> None:
+    """Run one process kind (worker, triggerer, scheduler) until signalled."""
+    store = await open_store(settings)
+    try:
+        await serve([_MAKERS[kind](store, settings)])
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            await store.close()
+
+
+def spawn(
+    kind: str, settings: Settings, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``deferral <kind>`` as a child process on the same database and DAGs folder."""
+    child_env = {**os.environ, **(env or {})}
+    child_env["DEFERRAL_DATABASE_URL"] = database_url(settings)
+    if settings.dags_folder:
+        child_env["DEFERRAL_DAGS_FOLDER"] = str(Path(settings.dags_folder).resolve())
+    child_env["DEFERRAL_LOG_LEVEL"] = settings.log_level
+    child_env["DEFERRAL_LOG_FORMAT"] = settings.log_format
+    return subprocess.Popen([sys.executable, "-m", "engine", kind, *extra], env=child_env)
+
+
+def stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
+    """SIGTERM every child, wait up to ``grace_s``, then SIGKILL what is left."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("process %s did not stop in %.0fs; killing it", child.pid, grace_s)
+            child.kill()
+            child.wait()

@@ -1,0 +1,462 @@
+"""The ``deferral`` command."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from engine import logs
+from engine.config import ConfigError, Settings, load_settings
+from engine.runner import run_async
+
+T = TypeVar("T")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _settings(ctx: click.Context) -> Settings:
+    settings: Settings = ctx.obj["settings"]
+    return settings
+
+
+def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    return run_async(fn, *args)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--database-url",
+    envvar="DEFERRAL_DATABASE_URL",
+    help="PostgreSQL URL (default: the embedded server).",
+)
+@click.option("--home", envvar="DEFERRAL_HOME", help="Folder for the embedded database.")
+@click.option("--log-level", envvar="DEFERRAL_LOG_LEVEL", help="DEBUG, INFO, WARNING, ERROR.")
+@click.option("--log-format", envvar="DEFERRAL_LOG_FORMAT", type=click.Choice(["text", "json"]))
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    database_url: str | None,
+    home: str | None,
+    log_level: str | None,
+    log_format: str | None,
+) -> None:
+    """deferral: tasks that wait hand their wait to a triggerer and free their worker slot."""
+    try:
+        settings = load_settings(
+            database_url=database_url, home=home, log_level=log_level, log_format=log_format
+        )
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    logs.configure_logging(settings.log_level, settings.log_format)
+    ctx.obj = {"settings": settings}
+
+
+def _dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--dags",
+        "dags_folder",
+        envvar="DEFERRAL_DAGS_FOLDER",
+        type=click.Path(file_okay=False, exists=True),
+        help="Folder of DAG files (also on sys.path for trigger classes).",
+    )(fn)
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+@cli.command()
+@_dags_option
+@click.pass_context
+def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
+    """Run the scheduler: ends runs, resolves dependencies, reaps dead workers."""
+    from engine.app import run_component
+
+    _run(run_component, "scheduler", _settings(ctx).replace(dags_folder=dags_folder))
+
+
+@cli.command()
+@_dags_option
+@click.option("--slots", type=click.IntRange(min=1), help="Tasks run at once (default 16).")
+@click.pass_context
+def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> None:
+    """Run a worker: claims and runs task instances in SLOTS slots."""
+    from engine.app import run_component
+
+    _run(
+        run_component, "worker", _settings(ctx).replace(dags_folder=dags_folder, worker_slots=slots)
+    )
+
+
+@cli.command()
+@_dags_option
+@click.option(
+    "--capacity", type=click.IntRange(min=1), help="Triggers held at once (default 1000)."
+)
+@click.pass_context
+def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None) -> None:
+    """Run a triggerer: one event loop running up to CAPACITY trigger coroutines."""
+    from engine.app import run_component
+
+    settings = _settings(ctx).replace(dags_folder=dags_folder, triggerer_capacity=capacity)
+    _run(run_component, "triggerer", settings)
+
+
+@cli.command()
+@_dags_option
+@click.option("--slots", type=click.IntRange(min=1), help="Worker slots (default 16).")
+@click.option("--capacity", type=click.IntRange(min=1), help="Triggerer capacity (default 1000).")
+@click.pass_context
+def standalone(
+    ctx: click.Context, dags_folder: str | None, slots: int | None, capacity: int | None
+) -> None:
+    """Scheduler, worker and triggerer (one process each) on one machine."""
+    from engine.app import spawn, stop_children
+
+    settings = _settings(ctx).replace(
+        dags_folder=dags_folder, worker_slots=slots, triggerer_capacity=capacity
+    )
+    extra = {
+        "scheduler": [],
+        "worker": ["--slots", str(settings.worker_slots)],
+        "triggerer": ["--capacity", str(settings.triggerer_capacity)],
+    }
+    _run(_migrate, settings)
+    children = {kind: spawn(kind, settings, *args) for kind, args in extra.items()}
+    console.print(
+        f"[bold]deferral standalone[/]: scheduler, worker ({settings.worker_slots} slots), "
+        f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
+        f"{settings.dags_folder or '(none)'}. Ctrl-C stops."
+    )
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        if stopping:
+            for child in children.values():
+                child.kill()
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code = 0
+    while not stopping:
+        for kind, child in children.items():
+            if child.poll() is not None:
+                err_console.print(f"the {kind} process exited with {child.returncode}")
+                stopping = True
+                code = 1
+        time.sleep(0.2)
+    stop_children(list(children.values()))
+    sys.exit(code)
+
+
+async def _migrate(settings: Settings) -> list[int]:
+    from engine.store import open_store
+
+    store = await open_store(settings, migrate=False)
+    try:
+        return await store.migrate()
+    finally:
+        await store.close()
+
+
+# -- inspecting --------------------------------------------------------------------------
+
+
+def _json(rows: list[dict[str, Any]]) -> None:
+    click.echo(msgspec.json.encode(rows).decode())
+
+
+def _decode_result(raw: bytes | None) -> Any:
+    from triggers.base import decode_value
+
+    return None if raw is None else decode_value(raw)
+
+
+@cli.group()
+def dags() -> None:
+    """List and trigger DAGs."""
+
+
+@dags.command("list")
+@_dags_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
+@click.pass_context
+def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> None:
+    """List the DAGs known to the database (parsing --dags first, if given)."""
+    settings = _settings(ctx).replace(dags_folder=dags_folder)
+
+    async def main() -> tuple[list[dict[str, Any]], dict[str, str]]:
+        from engine.dagbag import DagBag
+        from engine.scheduler import sync_dags
+        from engine.store import open_store
+
+        store = await open_store(settings)
+        try:
+            errors: dict[str, str] = {}
+            if settings.dags_folder:
+                bag = DagBag(settings.dags_folder)
+                await sync_dags(store, bag)
+                errors = bag.import_errors
+            return await store.list_dags(), errors
+        finally:
+            await store.close()
+
+    rows, errors = _run(main)
+    if as_json:
+        _json(rows)
+    else:
+        table = Table("dag_id", "tasks", "last run", "state", "file")
+        for row in rows:
+            table.add_row(
+                row["dag_id"],
+                str(row["tasks"]),
+                row["last_run_id"] or "",
+                row["last_run_state"] or "",
+                row["fileloc"],
+            )
+        console.print(table)
+    for path, error in errors.items():
+        err_console.print(f"[red]DAG file {path} failed to import[/]: {error.splitlines()[-1]}")
+    if errors:
+        sys.exit(1)
+
+
+@dags.command("trigger")
+@click.argument("dag_id")
+@_dags_option
+@click.option("--run-id", help="Default: manual__<time>.")
+@click.option("--conf", help="JSON object handed to tasks as context['conf'].")
+@click.option(
+    "--wait", is_flag=True, help="Wait for the run to end; exit 0 on success, 1 on failure."
+)
+@click.option(
+    "--timeout", type=float, help="With --wait: give up after this many seconds (exit 2)."
+)
+@click.pass_context
+def dags_trigger(
+    ctx: click.Context,
+    dag_id: str,
+    dags_folder: str | None,
+    run_id: str | None,
+    conf: str | None,
+    wait: bool,
+    timeout: float | None,
+) -> None:
+    """Create a run of DAG_ID."""
+    settings = _settings(ctx).replace(dags_folder=dags_folder)
+    try:
+        conf_obj = msgspec.json.decode(conf) if conf else {}
+    except msgspec.DecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--conf") from None
+    if not isinstance(conf_obj, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--conf")
+    from engine.client import trigger_dag
+
+    try:
+        outcome = _run(trigger_dag, settings, dag_id, run_id, conf_obj, wait, timeout)
+    except LookupError as exc:
+        raise click.ClickException(str(exc.args[0] if exc.args else exc)) from None
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(f"run [bold]{dag_id}/{outcome.run_id}[/]: {outcome.state}")
+    if outcome.tasks:
+        table = Table("task_id", "state", "try", "error")
+        for task in outcome.tasks:
+            error = (task["error"] or "").strip().splitlines()
+            table.add_row(
+                task["task_id"], task["state"], str(task["try_number"]), error[-1] if error else ""
+            )
+        console.print(table)
+    if wait:
+        sys.exit({"success": 0, "failed": 1}.get(outcome.state, 2))
+
+
+@cli.group()
+def tasks() -> None:
+    """Inspect task instances."""
+
+
+@tasks.command("list")
+@click.option("--dag", "dag_id", help="Only this DAG.")
+@click.option("--run", "run_id", help="Only this run id.")
+@click.option("--state", help="Only this state.")
+@click.option("--limit", type=int, default=10_000, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
+@click.pass_context
+def tasks_list(
+    ctx: click.Context,
+    dag_id: str | None,
+    run_id: str | None,
+    state: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List task instances with their state, try number and result."""
+    settings = _settings(ctx)
+
+    async def main() -> list[dict[str, Any]]:
+        from engine.store import open_store
+
+        store = await open_store(settings)
+        try:
+            return await store.list_task_instances(
+                dag_id=dag_id, run_id=run_id, state=state, limit=limit
+            )
+        finally:
+            await store.close()
+
+    rows = _run(main)
+    for row in rows:
+        row["result"] = _decode_result(row["result"])
+    if as_json:
+        keys = (
+            "dag_id",
+            "run_id",
+            "task_id",
+            "state",
+            "try_number",
+            "result",
+            "error",
+            "trigger_id",
+            "started_at",
+            "ended_at",
+        )
+        _json([{k: row[k] for k in keys} for row in rows])
+        return
+    table = Table("dag_id", "run_id", "task_id", "state", "try", "result")
+    for row in rows:
+        result = "" if row["result"] is None else repr(row["result"])
+        table.add_row(
+            row["dag_id"],
+            row["run_id"],
+            row["task_id"],
+            row["state"],
+            str(row["try_number"]),
+            result[:60],
+        )
+    console.print(table)
+
+
+@cli.group()
+def triggers() -> None:
+    """Inspect triggers and triggerers."""
+
+
+@triggers.command("list")
+@click.option("--limit", type=int, default=10_000, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
+@click.pass_context
+def triggers_list(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """List waiting triggers, their owner and how many tasks wait on each."""
+    settings = _settings(ctx)
+
+    async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        from engine.store import open_store
+
+        store = await open_store(settings)
+        try:
+            return await store.list_triggers(limit), await store.list_triggerers()
+        finally:
+            await store.close()
+
+    rows, triggerers_ = _run(main)
+    if as_json:
+        _json(rows)
+        return
+    table = Table("id", "classpath", "triggerer", "waiting", "timeout_at")
+    for row in rows:
+        table.add_row(
+            str(row["id"]),
+            row["classpath"],
+            str(row["triggerer_id"] or "-"),
+            str(row["waiting"]),
+            str(row["timeout_at"] or ""),
+        )
+    console.print(table)
+    summary = Table("triggerer", "host", "pid", "capacity", "held", "lease")
+    for t in triggerers_:
+        summary.add_row(
+            str(t["id"]),
+            t["hostname"],
+            str(t["pid"]),
+            str(t["capacity"]),
+            str(t["held"]),
+            "expired" if t["expired"] else "live",
+        )
+    console.print(summary)
+
+
+@cli.group()
+def db() -> None:
+    """The database."""
+
+
+@db.command("migrate")
+@click.pass_context
+def db_migrate(ctx: click.Context) -> None:
+    """Create or upgrade the schema."""
+    applied = _run(_migrate, _settings(ctx))
+    console.print(f"applied migrations: {applied}" if applied else "schema is up to date")
+
+
+@db.command("url")
+@click.pass_context
+def db_url(ctx: click.Context) -> None:
+    """Print the database URL (starting the embedded server if needed)."""
+    from engine.store import database_url
+
+    click.echo(database_url(_settings(ctx)))
+
+
+# -- demo and benchmarks -------------------------------------------------------------------
+
+
+@cli.command()
+@click.option(
+    "--sensors",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="Deferrable timer sensors in the demo DAG.",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Submit-and-wait tasks on a local job API.",
+)
+@click.option(
+    "--slots", type=click.IntRange(min=1), default=4, show_default=True, help="Worker slots."
+)
+@click.option(
+    "--window",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Timers fire between WINDOW and 2*WINDOW seconds after the start.",
+)
+@click.pass_context
+def demo(ctx: click.Context, sensors: int, jobs: int, slots: int, window: float) -> None:
+    """Run the bundled demo DAG on the embedded database and print a summary."""
+    from engine.demo.run import run_demo
+
+    ok = run_demo(_settings(ctx), sensors=sensors, jobs=jobs, slots=slots, window_s=window)
+    sys.exit(0 if ok else 1)
+
+
+def main() -> None:
+    cli(prog_name="deferral")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

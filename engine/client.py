@@ -1,0 +1,69 @@
+"""Create DAG runs and wait for them: what ``deferral dags trigger`` and tests use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import msgspec
+
+from engine.config import Settings
+from engine.dagbag import DagBag
+from engine.scheduler import sync_dags
+from engine.store import CHANNEL_RUNS, Store, open_store
+from engine.wakeup import Wakeup
+
+__all__ = ["RunOutcome", "trigger_dag", "wait_for_run"]
+
+
+class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    state: str
+    tasks: list[dict[str, Any]]
+
+
+async def wait_for_run(
+    store: Store, dag_id: str, run_id: str, timeout_s: float | None = None, *, poll_s: float = 1.0
+) -> str:
+    """Wait until the run ends (woken by NOTIFY, polling as the backstop); returns its state,
+    or ``running`` if ``timeout_s`` passed first."""
+    wake = Wakeup()
+    listener = store.listener(CHANNEL_RUNS)
+    listener.on_notify(lambda _channel, _payload: wake.set())
+    await listener.ensure_connected()
+    try:
+        with anyio.move_on_after(timeout_s):
+            while True:
+                run = await store.get_dag_run(dag_id, run_id)
+                if run is None:
+                    raise LookupError(f"no run {run_id!r} of DAG {dag_id!r}")
+                if run["state"] != "running":
+                    return str(run["state"])
+                await wake.wait(poll_s)
+        return "running"
+    finally:
+        await listener.close()
+
+
+async def trigger_dag(
+    settings: Settings,
+    dag_id: str,
+    run_id: str | None = None,
+    conf: dict[str, Any] | None = None,
+    wait: bool = False,
+    timeout_s: float | None = None,
+) -> RunOutcome:
+    store = await open_store(settings)
+    try:
+        if settings.dags_folder:
+            await sync_dags(store, DagBag(settings.dags_folder))
+        now = await store.now()
+        run_id = run_id or f"manual__{now.isoformat()}"
+        await store.create_dag_run(dag_id, run_id, logical_date=now, conf=conf)
+        if not wait:
+            return RunOutcome(run_id=run_id, state="running", tasks=[])
+        state = await wait_for_run(store, dag_id, run_id, timeout_s)
+        tasks = await store.list_task_instances(dag_id=dag_id, run_id=run_id)
+        return RunOutcome(run_id=run_id, state=state, tasks=tasks)
+    finally:
+        await store.close()

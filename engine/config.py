@@ -1,0 +1,126 @@
+"""One settings struct, read from ``deferral.toml`` and ``DEFERRAL_*`` environment variables.
+
+Precedence, lowest first: defaults below, the ``[deferral]`` table of the file named by
+``DEFERRAL_CONFIG`` (or ``./deferral.toml`` when it exists), environment variables
+(``DEFERRAL_WORKER_SLOTS=8``), then command-line flags.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import platformdirs
+
+__all__ = ["ConfigError", "Settings", "load_settings"]
+
+DEFAULT_WORKER_SLOTS = 16
+DEFAULT_TRIGGERER_CAPACITY = 1000
+DEFAULT_TRIGGERER_LEASE_S = 10.0
+DEFAULT_POLL_INTERVAL_S = 1.0
+DEFAULT_CLAIM_BATCH = 5000
+DEFAULT_BLOCKED_LOOP_S = 0.2
+
+
+class ConfigError(ValueError):
+    """A setting has a value the engine cannot use."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every setting of the engine. Durations are in seconds, as their names say."""
+
+    #: PostgreSQL URL; when empty the embedded server under ``home`` is used.
+    database_url: str | None = None
+    #: Folder for the embedded database and other local state.
+    home: str = platformdirs.user_data_dir("deferral")
+    #: Folder of DAG files; also put on sys.path so trigger classes there import.
+    dags_folder: str | None = None
+    log_level: str = "INFO"
+    #: "text" or "json".
+    log_format: str = "text"
+    #: Size of each process's connection pool.
+    pool_size: int = 8
+
+    worker_slots: int = DEFAULT_WORKER_SLOTS
+    worker_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    worker_heartbeat_s: float = 5.0
+    worker_shutdown_grace_s: float = 30.0
+
+    triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
+    triggerer_lease_s: float = DEFAULT_TRIGGERER_LEASE_S
+    triggerer_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    triggerer_claim_batch: int = DEFAULT_CLAIM_BATCH
+    triggerer_blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S
+    triggerer_cleanup_timeout_s: float = 5.0
+
+    scheduler_interval_s: float = 1.0
+    zombie_threshold_s: float = 30.0
+    #: How late a deferral deadline may be before the scheduler ends it (no triggerer alive).
+    timeout_backstop_grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        positive = {
+            "pool_size": self.pool_size,
+            "worker_slots": self.worker_slots,
+            "worker_poll_interval_s": self.worker_poll_interval_s,
+            "worker_heartbeat_s": self.worker_heartbeat_s,
+            "triggerer_capacity": self.triggerer_capacity,
+            "triggerer_lease_s": self.triggerer_lease_s,
+            "triggerer_poll_interval_s": self.triggerer_poll_interval_s,
+            "triggerer_claim_batch": self.triggerer_claim_batch,
+            "triggerer_blocked_loop_s": self.triggerer_blocked_loop_s,
+            "scheduler_interval_s": self.scheduler_interval_s,
+            "zombie_threshold_s": self.zombie_threshold_s,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"setting {name} must be > 0, got {value!r}")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(
+                f"setting log_format must be 'text' or 'json', not {self.log_format!r}"
+            )
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with the given settings changed (``None`` values are ignored)."""
+        return msgspec.structs.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @property
+    def home_path(self) -> Path:
+        return Path(self.home).expanduser()
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    table = data.get("deferral", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {path}: [deferral] must be a table")
+    return table
+
+
+def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
+    """Read settings from file and environment; ``overrides`` (flags) win."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    config_file = env.get("DEFERRAL_CONFIG")
+    if config_file:
+        values.update(_from_file(Path(config_file)))
+    elif Path("deferral.toml").is_file():
+        values.update(_from_file(Path("deferral.toml")))
+    fields = set(Settings.__struct_fields__)
+    for key, raw in env.items():
+        if not key.startswith("DEFERRAL_"):
+            continue
+        name = key.removeprefix("DEFERRAL_").lower()
+        if name in fields and raw != "":
+            values[name] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return msgspec.convert(values, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid setting: {exc}") from None

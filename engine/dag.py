@@ -1,0 +1,118 @@
+"""The DAG: a named set of tasks and the edges between them."""
+
+from __future__ import annotations
+
+import re
+import sys
+from contextvars import Token
+from typing import Any
+
+from operators.base import BaseOperator, DagLike, dag_context
+
+__all__ = ["DAG", "DagCycleError", "dags_of_module", "forget_module"]
+
+_DAG_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,249}$")
+
+# The DAGs each module created, so `with DAG(...):` needs no variable to be found.
+_by_module: dict[str, list[DAG]] = {}
+
+
+def dags_of_module(module_name: str) -> list[DAG]:
+    """The DAGs created by code of that module (its import, usually)."""
+    return list(_by_module.get(module_name, ()))
+
+
+def forget_module(module_name: str) -> None:
+    """Drop what a module created (before it is reloaded)."""
+    _by_module.pop(module_name, None)
+
+
+class DagCycleError(ValueError):
+    """The task graph has a cycle."""
+
+
+class DAG:
+    """``with DAG(dag_id="orders"): a >> b`` declares tasks and their order.
+
+    Runs are created by ``deferral dags trigger`` (or :meth:`engine.store.Store.create_dag_run`).
+    """
+
+    def __init__(
+        self, dag_id: str, *, description: str | None = None, fileloc: str | None = None
+    ) -> None:
+        if not isinstance(dag_id, str) or not _DAG_ID.match(dag_id):
+            raise ValueError(
+                f"dag_id {dag_id!r} must be 1-250 characters of letters, digits, '_', '-', '.'"
+            )
+        self.dag_id = dag_id
+        self.description = description
+        self.tasks: dict[str, BaseOperator] = {}
+        self._tokens: list[Token[DagLike | None]] = []
+        caller = sys._getframe(1).f_globals
+        self.module = str(caller.get("__name__", ""))
+        self.fileloc = fileloc or str(caller.get("__file__") or "")
+        _by_module.setdefault(self.module, []).append(self)
+
+    def __enter__(self) -> DAG:
+        self._tokens.append(dag_context().set(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dag_context().reset(self._tokens.pop())
+
+    def add_task(self, task: BaseOperator) -> None:
+        if task.task_id in self.tasks and self.tasks[task.task_id] is not task:
+            raise ValueError(f"DAG {self.dag_id} already has a task {task.task_id!r}")
+        self.tasks[task.task_id] = task
+
+    def get_task(self, task_id: str) -> BaseOperator:
+        try:
+            return self.tasks[task_id]
+        except KeyError:
+            raise KeyError(f"DAG {self.dag_id} has no task {task_id!r}") from None
+
+    def validate(self) -> None:
+        """Check every edge names a task of this DAG and that there is no cycle."""
+        for task in self.tasks.values():
+            for other in task.upstream_task_ids | task.downstream_task_ids:
+                if other not in self.tasks:
+                    raise ValueError(
+                        f"DAG {self.dag_id}: task {task.task_id} is linked to {other!r}, which "
+                        "is not in this DAG"
+                    )
+        indegree = {tid: len(t.upstream_task_ids) for tid, t in self.tasks.items()}
+        ready = [tid for tid, n in indegree.items() if n == 0]
+        seen = 0
+        while ready:
+            tid = ready.pop()
+            seen += 1
+            for down in self.tasks[tid].downstream_task_ids:
+                indegree[down] -= 1
+                if indegree[down] == 0:
+                    ready.append(down)
+        if seen != len(self.tasks):
+            stuck = sorted(tid for tid, n in indegree.items() if n > 0)
+            raise DagCycleError(f"DAG {self.dag_id} has a cycle through {', '.join(stuck)}")
+
+    def serialize_tasks(self) -> list[dict[str, Any]]:
+        """What the store keeps of each task to create runs and resolve dependencies."""
+        return [
+            {
+                "task_id": t.task_id,
+                "upstream": sorted(t.upstream_task_ids),
+                "trigger_rule": t.trigger_rule,
+                "retries": t.retries,
+                "retry_delay_s": t.retry_delay_s,
+                "retry_exponential_backoff": t.retry_exponential_backoff,
+                "max_retry_delay_s": t.max_retry_delay_s,
+                "execution_timeout_s": t.execution_timeout_s,
+                "soft_fail": bool(getattr(t, "soft_fail", False)),
+                "is_leaf": not t.downstream_task_ids,
+                "priority": t.priority_weight,
+                "pool": t.pool,
+            }
+            for t in self.tasks.values()
+        ]
+
+    def __repr__(self) -> str:
+        return f"<DAG {self.dag_id}: {len(self.tasks)} tasks>"

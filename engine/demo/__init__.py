@@ -1,0 +1,1 @@
+"""The bundled demo: several hundred deferrable sensors on a few worker slots."""

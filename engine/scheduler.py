@@ -1,0 +1,118 @@
+"""The scheduler: housekeeping that no single completion does.
+
+* ends DAG runs whose tasks are all finished (woken when a leaf task finishes);
+* resolves pending tasks that no completion resolved (a backstop);
+* reaps task instances whose worker stopped heartbeating (retries apply);
+* ends deferrals whose deadline passed while no triggerer was alive to do it;
+* frees the triggers of triggerers whose lease expired, drops triggers nobody waits on;
+* records the DAGs of its DAGs folder in the store, so ``dags trigger`` finds them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+from anyio.abc import TaskStatus
+
+from engine.dagbag import DagBag
+from engine.retry import TRANSIENT_ERRORS
+from engine.store import CHANNEL_FINISHED, Store
+from engine.wakeup import Wakeup
+
+__all__ = ["Scheduler", "sync_dags"]
+
+log = logging.getLogger(__name__)
+
+
+async def sync_dags(store: Store, dagbag: DagBag) -> int:
+    """Parse the DAGs folder and record every DAG's structure; returns how many."""
+    dags = await anyio.to_thread.run_sync(dagbag.collect)
+    for dag in dags.values():
+        await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), dag.description)
+    return len(dags)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        dagbag: DagBag | None = None,
+        *,
+        interval_s: float = 1.0,
+        zombie_threshold_s: float = 30.0,
+        timeout_backstop_grace_s: float = 5.0,
+        dag_sync_interval_s: float = 10.0,
+    ) -> None:
+        self.store = store
+        self.dagbag = dagbag
+        self.interval_s = interval_s
+        self.zombie_threshold_s = zombie_threshold_s
+        self.timeout_backstop_grace_s = timeout_backstop_grace_s
+        self.dag_sync_interval_s = dag_sync_interval_s
+        self._wake = Wakeup()
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Graceful stop; safe before ``run`` and more than once."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._stopping = False
+        if self.dagbag is not None:
+            count = await sync_dags(self.store, self.dagbag)
+            log.info("recorded %d DAG(s) from %s", count, self.dagbag.folder)
+            for path, error in self.dagbag.import_errors.items():
+                log.error("DAG file %s failed to import: %s", path, error.splitlines()[-1])
+        listener = self.store.listener(CHANNEL_FINISHED)
+        listener.on_notify(lambda _channel, _payload: self._wake.set())
+        await listener.ensure_connected()
+        task_status.started()
+        last_sync = last_housekeeping = time.monotonic()
+        try:
+            while not self._stopping:
+                try:
+                    await self.finish_runs()
+                    now = time.monotonic()
+                    if now - last_housekeeping >= self.interval_s:
+                        last_housekeeping = now
+                        await self.housekeeping()
+                        await listener.ensure_connected()
+                    if self.dagbag is not None and now - last_sync >= self.dag_sync_interval_s:
+                        last_sync = now
+                        await sync_dags(self.store, self.dagbag)
+                except TRANSIENT_ERRORS as exc:
+                    log.warning("scheduler pass failed (%s); retrying", exc)
+                await self._wake.wait(self.interval_s)
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                await listener.close()
+
+    async def finish_runs(self) -> None:
+        for run in await self.store.finish_dag_runs():
+            log.info("DAG run %s/%s ended: %s", run["dag_id"], run["run_id"], run["state"])
+
+    async def housekeeping(self) -> None:
+        zombies = await self.store.reap_zombie_tasks(self.zombie_threshold_s)
+        for row in zombies:
+            log.warning(
+                "reaped task instance %s of a dead worker (now %s)", row["id"], row["state"]
+            )
+        await self.store.reap_triggerers()
+        late = await self.store.timeout_deferrals(None, grace_s=self.timeout_backstop_grace_s)
+        for row in late:
+            log.warning(
+                "deferral of task instance %s timed out (no triggerer ended it; now %s)",
+                row["id"],
+                row["state"],
+            )
+        resolved = await self.store.resolve_all_pending()
+        if resolved:
+            log.info("resolved %d pending task instance(s)", resolved)
+        orphans = await self.store.delete_orphan_triggers(self.zombie_threshold_s)
+        if orphans:
+            log.info("dropped %d trigger(s) nobody waits on", orphans)
+        if zombies or late or resolved:
+            await self.finish_runs()

@@ -1,0 +1,50 @@
+"""PostgreSQL, through asyncpg: the one coordination point of every process."""
+
+from __future__ import annotations
+
+import anyio
+
+from engine.config import Settings
+from engine.store.embedded import EmbeddedServerError, embedded_database_url
+from engine.store.models import ClaimedTask, ClaimedTrigger, Deferral, TriggerOutcome
+from engine.store.store import (
+    CHANNEL_FINISHED,
+    CHANNEL_RUNS,
+    CHANNEL_TASKS,
+    CHANNEL_TRIGGERS,
+    DagRunNotFound,
+    Listener,
+    Store,
+    UnknownDag,
+)
+
+__all__ = [
+    "CHANNEL_FINISHED",
+    "CHANNEL_RUNS",
+    "CHANNEL_TASKS",
+    "CHANNEL_TRIGGERS",
+    "ClaimedTask",
+    "ClaimedTrigger",
+    "DagRunNotFound",
+    "Deferral",
+    "EmbeddedServerError",
+    "Listener",
+    "Store",
+    "TriggerOutcome",
+    "UnknownDag",
+    "database_url",
+    "open_store",
+]
+
+
+def database_url(settings: Settings) -> str:
+    """The configured URL, or the embedded server's (started on first use)."""
+    if settings.database_url:
+        return settings.database_url
+    return embedded_database_url(settings.home_path)
+
+
+async def open_store(settings: Settings, *, migrate: bool = True) -> Store:
+    """Connect (starting the embedded server if needed) and bring the schema up to date."""
+    url = await anyio.to_thread.run_sync(database_url, settings)
+    return await Store.connect(url, pool_size=settings.pool_size, migrate=migrate)

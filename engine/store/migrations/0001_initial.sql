@@ -1,0 +1,125 @@
+-- deferral schema, version 1: DAGs, runs, task instances, triggers and the processes that own them.
+
+CREATE TABLE deferral_dags (
+    dag_id      text PRIMARY KEY,
+    fileloc     text NOT NULL,
+    -- One object a task: task_id, upstream, trigger_rule, retries, ... (engine.dag.DAG.serialize_tasks)
+    tasks       jsonb NOT NULL,
+    description text,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE deferral_dag_runs (
+    id           bigserial PRIMARY KEY,
+    dag_id       text NOT NULL,
+    run_id       text NOT NULL,
+    logical_date timestamptz NOT NULL,
+    conf         jsonb NOT NULL DEFAULT '{}'::jsonb,
+    state        text NOT NULL DEFAULT 'running'
+                 CHECK (state IN ('running', 'success', 'failed')),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    ended_at     timestamptz,
+    UNIQUE (dag_id, run_id)
+);
+
+CREATE TABLE deferral_workers (
+    id           bigserial PRIMARY KEY,
+    hostname     text NOT NULL,
+    pid          integer NOT NULL,
+    slots        integer NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE deferral_triggerers (
+    id               bigserial PRIMARY KEY,
+    hostname         text NOT NULL,
+    pid              integer NOT NULL,
+    capacity         integer NOT NULL,
+    started_at       timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at     timestamptz NOT NULL DEFAULT now(),
+    lease_expires_at timestamptz NOT NULL
+);
+
+CREATE TABLE deferral_triggers (
+    id           bigserial PRIMARY KEY,
+    classpath    text NOT NULL,
+    kwargs       bytea NOT NULL,
+    -- sha256 of classpath and encoded kwargs: identical triggers share one row and one coroutine
+    dedup_key    text NOT NULL UNIQUE,
+    triggerer_id bigint,
+    -- fencing token, raised at every claim: a triggerer writes an event only with the token it claimed
+    fence        bigint NOT NULL DEFAULT 0,
+    -- earliest deferral deadline among the tasks waiting on this trigger
+    timeout_at   timestamptz,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX deferral_triggers_unowned ON deferral_triggers (id) WHERE triggerer_id IS NULL;
+CREATE INDEX deferral_triggers_owner ON deferral_triggers (triggerer_id) WHERE triggerer_id IS NOT NULL;
+
+CREATE TABLE deferral_task_instances (
+    id                        bigserial PRIMARY KEY,
+    dag_run_id                bigint NOT NULL REFERENCES deferral_dag_runs (id) ON DELETE CASCADE,
+    dag_id                    text NOT NULL,
+    run_id                    text NOT NULL,
+    task_id                   text NOT NULL,
+    state                     text NOT NULL CHECK (state IN (
+                                  'pending', 'scheduled', 'queued', 'running', 'deferred',
+                                  'up_for_reschedule', 'up_for_retry', 'success', 'failed',
+                                  'skipped', 'upstream_failed')),
+    try_number                integer NOT NULL DEFAULT 0,
+    retries                   integer NOT NULL DEFAULT 0,
+    retry_delay_s             double precision NOT NULL DEFAULT 300,
+    retry_exponential_backoff boolean NOT NULL DEFAULT false,
+    max_retry_delay_s         double precision,
+    execution_timeout_s       double precision,
+    soft_fail                 boolean NOT NULL DEFAULT false,
+    trigger_rule              text NOT NULL DEFAULT 'all_success',
+    upstream                  text[] NOT NULL DEFAULT '{}',
+    is_leaf                   boolean NOT NULL DEFAULT true,
+    priority                  integer NOT NULL DEFAULT 1,
+    pool                      text NOT NULL DEFAULT 'default_pool',
+    run_after                 timestamptz NOT NULL DEFAULT now(),
+    worker_id                 bigint,
+    heartbeat_at              timestamptz,
+    first_try_at              timestamptz,
+    try_started_at            timestamptz,
+    started_at                timestamptz,
+    ended_at                  timestamptz,
+    trigger_id                bigint,
+    trigger_timeout_at        timestamptz,
+    next_method               text,
+    next_kwargs               bytea,
+    next_event                bytea,
+    result                    bytea,
+    error                     text,
+    UNIQUE (dag_run_id, task_id)
+);
+CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)
+    WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule');
+CREATE INDEX deferral_ti_trigger ON deferral_task_instances (trigger_id) WHERE state = 'deferred';
+CREATE INDEX deferral_ti_deferral_deadline ON deferral_task_instances (trigger_timeout_at)
+    WHERE state = 'deferred' AND trigger_timeout_at IS NOT NULL;
+CREATE INDEX deferral_ti_running ON deferral_task_instances (worker_id) WHERE state = 'running';
+CREATE INDEX deferral_ti_pending ON deferral_task_instances (dag_run_id) WHERE state = 'pending';
+CREATE INDEX deferral_ti_run_state ON deferral_task_instances (dag_run_id, state);
+CREATE INDEX deferral_ti_names ON deferral_task_instances (dag_id, run_id, task_id);
+
+-- When a failed try may run again, and when: the retry policy lives here, in one place, because
+-- workers, triggerers (trigger errors, deferral timeouts) and the scheduler (zombies) all fail tasks.
+CREATE FUNCTION deferral_retry_at(
+    try_number integer, retry_delay_s double precision, backoff boolean,
+    max_retry_delay_s double precision
+) RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT now() + make_interval(secs => LEAST(
+        CASE WHEN backoff
+             THEN retry_delay_s * power(2.0, LEAST(GREATEST(try_number - 1, 0), 40))
+             ELSE retry_delay_s END,
+        COALESCE(max_retry_delay_s, 31536000.0)))
+$$;
+
+-- Where a failed try goes: another try while retries remain, else failed.
+CREATE FUNCTION deferral_fail_state(try_number integer, retries integer)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN try_number <= retries THEN 'up_for_retry' ELSE 'failed' END
+$$;

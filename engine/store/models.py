@@ -1,0 +1,61 @@
+"""Rows that cross from the store to the processes: frozen structs, not database records."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import msgspec
+
+__all__ = ["ClaimedTask", "ClaimedTrigger", "Deferral", "TriggerOutcome"]
+
+
+class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance a worker claimed: what it needs to run it or resume it."""
+
+    id: int
+    dag_id: str
+    run_id: str
+    task_id: str
+    try_number: int
+    logical_date: dt.datetime
+    conf: dict[str, Any]
+    first_try_at: dt.datetime
+    try_started_at: dt.datetime
+    execution_timeout_s: float | None
+    db_now: dt.datetime
+    next_method: str | None = None
+    next_kwargs: bytes | None = None
+    next_event: bytes | None = None
+
+
+class Deferral(msgspec.Struct, frozen=True, kw_only=True):
+    """A running try handing its wait to a trigger."""
+
+    classpath: str
+    kwargs: bytes
+    dedup_key: str
+    method_name: str
+    method_kwargs: bytes
+    timeout_s: float | None
+
+
+class ClaimedTrigger(msgspec.Struct, frozen=True, kw_only=True):
+    """A trigger a triggerer claimed, with the fencing token its writes must present."""
+
+    id: int
+    classpath: str
+    kwargs: bytes
+    fence: int
+    timeout_at: dt.datetime | None
+    db_now: dt.datetime
+
+
+class TriggerOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a trigger ended: ``event`` (resume), ``success`` / ``skipped`` / ``failed`` (end)."""
+
+    trigger_id: int
+    fence: int
+    kind: str
+    payload: bytes | None = None
+    error: str | None = None

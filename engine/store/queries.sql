@@ -1,0 +1,467 @@
+-- Named queries of the deferral store. Each block starts with "-- name: <name>", then comment
+-- lines that say what it does, then one statement. engine/store/queries.py parses this file;
+-- no SQL lives anywhere else.
+
+-- name: ensure_migrations_table
+-- The ledger of applied migrations.
+CREATE TABLE IF NOT EXISTS deferral_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: lock_migrations
+-- Serialize concurrent migrators (several processes start at once) for this transaction.
+SELECT pg_advisory_xact_lock(74657201);
+
+-- name: applied_migrations
+-- Versions already applied.
+SELECT version FROM deferral_migrations ORDER BY version;
+
+-- name: record_migration
+-- Mark one migration applied.
+INSERT INTO deferral_migrations (version, name) VALUES ($1, $2);
+
+-- name: db_now
+-- The database clock: every lease and deadline is compared against it.
+SELECT now() AS now;
+
+-- name: notify
+-- Wake the listeners of a channel; a signal, never the data.
+SELECT pg_notify($1, $2);
+
+-- name: upsert_dag
+-- Record a DAG's structure as parsed from its file.
+INSERT INTO deferral_dags (dag_id, fileloc, tasks, description, updated_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (dag_id) DO UPDATE
+SET fileloc = EXCLUDED.fileloc, tasks = EXCLUDED.tasks, description = EXCLUDED.description,
+    updated_at = now()
+WHERE (deferral_dags.fileloc, deferral_dags.tasks, deferral_dags.description)
+      IS DISTINCT FROM (EXCLUDED.fileloc, EXCLUDED.tasks, EXCLUDED.description);
+
+-- name: list_dags
+-- Every known DAG with its task count and latest run.
+SELECT d.dag_id, d.fileloc, jsonb_array_length(d.tasks) AS tasks, d.description, d.updated_at,
+       r.run_id AS last_run_id, r.state AS last_run_state
+FROM deferral_dags d
+LEFT JOIN LATERAL (
+    SELECT run_id, state FROM deferral_dag_runs
+    WHERE dag_id = d.dag_id ORDER BY id DESC LIMIT 1
+) r ON true
+ORDER BY d.dag_id;
+
+-- name: get_dag
+-- One DAG's stored structure.
+SELECT dag_id, fileloc, tasks, description FROM deferral_dags WHERE dag_id = $1;
+
+-- name: create_dag_run
+-- Create a run of a stored DAG and all its task instances in one statement: tasks without
+-- upstreams start scheduled, the others pending. Returns nothing if the DAG is unknown.
+WITH run AS (
+    INSERT INTO deferral_dag_runs (dag_id, run_id, logical_date, conf)
+    SELECT dag_id, $2, $3, $4 FROM deferral_dags WHERE dag_id = $1
+    RETURNING id, dag_id, run_id
+), tis AS (
+    INSERT INTO deferral_task_instances (
+        dag_run_id, dag_id, run_id, task_id, state, retries, retry_delay_s,
+        retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
+        trigger_rule, upstream, is_leaf, priority, pool)
+    SELECT run.id, run.dag_id, run.run_id, t.task_id,
+           CASE WHEN cardinality(t.upstream) = 0 THEN 'scheduled' ELSE 'pending' END,
+           t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
+           t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
+           t.priority, t.pool
+    FROM run
+    JOIN deferral_dags d ON d.dag_id = run.dag_id
+    CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
+        task_id text, upstream text[], trigger_rule text, retries integer,
+        retry_delay_s double precision, retry_exponential_backoff boolean,
+        max_retry_delay_s double precision, execution_timeout_s double precision,
+        soft_fail boolean, is_leaf boolean, priority integer, pool text)
+    RETURNING 1
+)
+SELECT run.id, (SELECT count(*) FROM tis) AS task_count FROM run;
+
+-- name: get_dag_run
+-- One run by its DAG and run id.
+SELECT id, dag_id, run_id, logical_date, conf, state, created_at, ended_at
+FROM deferral_dag_runs WHERE dag_id = $1 AND run_id = $2;
+
+-- name: list_dag_runs
+-- Runs, newest first, optionally of one DAG and/or in one state.
+SELECT id, dag_id, run_id, logical_date, state, created_at, ended_at
+FROM deferral_dag_runs
+WHERE ($1::text IS NULL OR dag_id = $1) AND ($2::text IS NULL OR state = $2)
+ORDER BY id DESC LIMIT $3;
+
+-- name: register_worker
+-- A worker announces itself.
+INSERT INTO deferral_workers (hostname, pid, slots) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: unregister_worker
+-- A worker leaves after a graceful stop.
+DELETE FROM deferral_workers WHERE id = $1;
+
+-- name: heartbeat_worker
+-- One statement keeps a worker and every task it runs alive. Returns false if the worker's row
+-- is gone (it was declared dead and its tasks reaped).
+WITH w AS (
+    UPDATE deferral_workers SET heartbeat_at = now() WHERE id = $1 RETURNING id
+), t AS (
+    UPDATE deferral_task_instances SET heartbeat_at = now()
+    WHERE worker_id = $1 AND state = 'running' AND EXISTS (SELECT 1 FROM w)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
+
+-- name: claim_tasks
+-- Claim up to $2 runnable task instances for worker $1, highest priority first. A new try
+-- counts up try_number; a resume (next_method set) or a reschedule continues the same try.
+WITH picked AS (
+    SELECT id FROM deferral_task_instances
+    WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule') AND run_after <= now()
+    ORDER BY priority DESC, run_after, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deferral_task_instances ti
+SET state = 'running', worker_id = $1, heartbeat_at = now(), started_at = now(),
+    first_try_at = COALESCE(ti.first_try_at, now()),
+    try_number = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                      THEN ti.try_number + 1 ELSE ti.try_number END,
+    try_started_at = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                          THEN now() ELSE COALESCE(ti.try_started_at, now()) END
+FROM picked, deferral_dag_runs r
+WHERE ti.id = picked.id AND r.id = ti.dag_run_id
+RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
+          ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
+          ti.execution_timeout_s, ti.is_leaf, r.logical_date, r.conf, now() AS db_now;
+
+-- name: next_runnable_in
+-- Seconds until the earliest waiting task becomes runnable (retries, reschedules), by the
+-- database clock; null when none waits.
+SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision AS seconds
+FROM deferral_task_instances
+WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule');
+
+-- name: complete_task
+-- A running try ended as success or skipped. Only the worker that holds the task may end it.
+UPDATE deferral_task_instances
+SET state = $3, result = $4, ended_at = now(), worker_id = NULL, next_method = NULL,
+    next_kwargs = NULL, next_event = NULL, error = NULL
+WHERE id = $1 AND worker_id = $2 AND state = 'running'
+RETURNING id, dag_run_id, state, is_leaf;
+
+-- name: fail_task
+-- A running try failed: up_for_retry while retries remain (at the policy's delay), else failed.
+-- $4 = true ends it as failed regardless of retries. The next try starts again at execute().
+UPDATE deferral_task_instances
+SET state = CASE WHEN $4 THEN 'failed' ELSE deferral_fail_state(try_number, retries) END,
+    run_after = deferral_retry_at(try_number, retry_delay_s, retry_exponential_backoff,
+                                  max_retry_delay_s),
+    error = $3, ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
+    next_event = NULL
+WHERE id = $1 AND worker_id = $2 AND state = 'running'
+RETURNING id, dag_run_id, state, is_leaf;
+
+-- name: reschedule_task
+-- A sensor in reschedule mode gives its slot back until $3.
+UPDATE deferral_task_instances
+SET state = 'up_for_reschedule', run_after = $3, worker_id = NULL
+WHERE id = $1 AND worker_id = $2 AND state = 'running'
+RETURNING id;
+
+-- name: upsert_trigger
+-- Store a trigger, or join the identical one already waiting (same classpath and kwargs). The
+-- earliest deadline of its waiters is kept. A new row signals the triggerers.
+WITH t AS (
+    INSERT INTO deferral_triggers (classpath, kwargs, dedup_key, timeout_at)
+    VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+    ON CONFLICT (dedup_key) DO UPDATE
+    SET timeout_at = LEAST(deferral_triggers.timeout_at, EXCLUDED.timeout_at)
+    RETURNING id, (xmax = 0) AS inserted
+)
+SELECT t.id, t.inserted,
+       CASE WHEN t.inserted THEN pg_notify('deferral_triggers', '') END AS notified
+FROM t;
+
+-- name: defer_task
+-- The running try waits on trigger $3; the worker slot is free once this commits.
+UPDATE deferral_task_instances
+SET state = 'deferred', trigger_id = $3,
+    trigger_timeout_at = now() + make_interval(secs => $4),
+    next_method = $5, next_kwargs = $6, next_event = NULL, worker_id = NULL
+WHERE id = $1 AND worker_id = $2 AND state = 'running'
+RETURNING id;
+
+-- name: lock_dag_runs
+-- Serialize dependency resolution per run, so two upstreams finishing at once cannot both miss
+-- that the other finished.
+SELECT id FROM deferral_dag_runs WHERE id = ANY ($1::bigint[]) ORDER BY id FOR UPDATE;
+
+-- name: resolve_pending
+-- Move pending task instances of the given runs on, by their trigger rule and the states of
+-- their upstreams: to scheduled, skipped or upstream_failed. Returns what moved.
+WITH counts AS (
+    SELECT ti.id, ti.trigger_rule,
+           count(*) AS n,
+           count(*) FILTER (WHERE u.state = 'success') AS ok,
+           count(*) FILTER (WHERE u.state = 'skipped') AS skip,
+           count(*) FILTER (WHERE u.state IN ('failed', 'upstream_failed')) AS fail,
+           count(*) FILTER (WHERE u.state IN ('success', 'failed', 'skipped', 'upstream_failed'))
+               AS done
+    FROM deferral_task_instances ti
+    JOIN deferral_task_instances u
+      ON u.dag_run_id = ti.dag_run_id AND u.task_id = ANY (ti.upstream)
+    WHERE ti.state = 'pending' AND ti.dag_run_id = ANY ($1::bigint[])
+    GROUP BY ti.id, ti.trigger_rule
+), decided AS (
+    SELECT id, CASE trigger_rule
+        WHEN 'all_success' THEN CASE WHEN fail > 0 THEN 'upstream_failed'
+                                     WHEN skip > 0 THEN 'skipped'
+                                     WHEN ok = n THEN 'scheduled' END
+        WHEN 'all_failed' THEN CASE WHEN ok + skip > 0 THEN 'skipped'
+                                    WHEN fail = n THEN 'scheduled' END
+        WHEN 'all_done' THEN CASE WHEN done = n THEN 'scheduled' END
+        WHEN 'all_skipped' THEN CASE WHEN ok + fail > 0 THEN 'skipped'
+                                     WHEN skip = n THEN 'scheduled' END
+        WHEN 'one_success' THEN CASE WHEN ok > 0 THEN 'scheduled'
+                                     WHEN done = n AND fail > 0 THEN 'upstream_failed'
+                                     WHEN done = n THEN 'skipped' END
+        WHEN 'one_failed' THEN CASE WHEN fail > 0 THEN 'scheduled'
+                                    WHEN done = n THEN 'skipped' END
+        WHEN 'one_done' THEN CASE WHEN ok + fail > 0 THEN 'scheduled'
+                                  WHEN done = n THEN 'skipped' END
+        WHEN 'none_failed' THEN CASE WHEN fail > 0 THEN 'upstream_failed'
+                                     WHEN done = n THEN 'scheduled' END
+        WHEN 'none_failed_min_one_success' THEN CASE WHEN fail > 0 THEN 'upstream_failed'
+                                                     WHEN done = n AND ok > 0 THEN 'scheduled'
+                                                     WHEN done = n THEN 'skipped' END
+        WHEN 'none_skipped' THEN CASE WHEN skip > 0 THEN 'skipped'
+                                      WHEN done = n THEN 'scheduled' END
+        WHEN 'always' THEN 'scheduled'
+    END AS new_state
+    FROM counts
+)
+UPDATE deferral_task_instances ti
+SET state = d.new_state, run_after = now(),
+    ended_at = CASE WHEN d.new_state = 'scheduled' THEN NULL ELSE now() END
+FROM decided d
+WHERE ti.id = d.id AND d.new_state IS NOT NULL
+RETURNING ti.id, ti.dag_run_id, ti.state, ti.is_leaf;
+
+-- name: finish_dag_runs
+-- End the runs (of $1, or every running run when $1 is null) whose task instances are all
+-- finished: failed if a leaf task failed or could not run for a failed upstream, else success.
+UPDATE deferral_dag_runs r
+SET state = CASE WHEN EXISTS (
+                SELECT 1 FROM deferral_task_instances ti
+                WHERE ti.dag_run_id = r.id AND ti.is_leaf
+                  AND ti.state IN ('failed', 'upstream_failed'))
+            THEN 'failed' ELSE 'success' END,
+    ended_at = now()
+WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY ($1::bigint[]))
+  AND NOT EXISTS (
+      SELECT 1 FROM deferral_task_instances ti
+      WHERE ti.dag_run_id = r.id
+        AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed'))
+RETURNING r.id, r.dag_id, r.run_id, r.state;
+
+-- name: runs_with_pending
+-- Running runs that still have pending task instances (the scheduler's backstop resolves them).
+SELECT DISTINCT dag_run_id AS id FROM deferral_task_instances WHERE state = 'pending';
+
+-- name: list_task_instances
+-- Task instances, optionally filtered by DAG, run and state.
+SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.result, ti.error,
+       ti.trigger_id, ti.next_method, ti.first_try_at, ti.started_at, ti.ended_at,
+       ti.trigger_timeout_at, ti.run_after
+FROM deferral_task_instances ti
+WHERE ($1::text IS NULL OR ti.dag_id = $1) AND ($2::text IS NULL OR ti.run_id = $2)
+  AND ($3::text IS NULL OR ti.state = $3)
+ORDER BY ti.dag_run_id, ti.id
+LIMIT $4;
+
+-- name: count_task_states
+-- How many task instances are in each state (of one run, or all).
+SELECT state, count(*) AS n FROM deferral_task_instances
+WHERE ($1::bigint IS NULL OR dag_run_id = $1)
+GROUP BY state ORDER BY state;
+
+-- name: register_triggerer
+-- A triggerer announces itself with a lease of $4 seconds on the database clock.
+INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+RETURNING id;
+
+-- name: renew_triggerer_lease
+-- Extend a triggerer's lease. No row means the lease was lost and its triggers adopted.
+-- Also counts the triggers it still owns, so it can notice ones removed under it.
+UPDATE deferral_triggerers
+SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => $2)
+WHERE id = $1
+RETURNING (SELECT count(*) FROM deferral_triggers WHERE triggerer_id = $1) AS owned;
+
+-- name: owned_trigger_ids
+-- The triggers a triggerer owns now.
+SELECT id, fence FROM deferral_triggers WHERE triggerer_id = $1;
+
+-- name: release_triggerer
+-- A triggerer stops gracefully: its triggers become unowned at once and the others are woken.
+WITH released AS (
+    UPDATE deferral_triggers SET triggerer_id = NULL WHERE triggerer_id = $1 RETURNING 1
+), gone AS (
+    DELETE FROM deferral_triggerers WHERE id = $1
+)
+SELECT count(*) AS released,
+       CASE WHEN count(*) > 0 THEN pg_notify('deferral_triggers', '') END AS notified
+FROM released;
+
+-- name: reap_triggerers
+-- Triggerers whose lease expired (on the database clock) lose their triggers.
+WITH dead AS (
+    DELETE FROM deferral_triggerers WHERE lease_expires_at < now() RETURNING id
+), released AS (
+    UPDATE deferral_triggers SET triggerer_id = NULL
+    WHERE triggerer_id IN (SELECT id FROM dead)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM dead) AS triggerers, (SELECT count(*) FROM released) AS triggers;
+
+-- name: claim_triggers
+-- Claim up to $2 unowned triggers for triggerer $1 in one statement; each claim raises the
+-- trigger's fencing token. Returns the database time too, to place deadlines on the loop clock.
+WITH picked AS (
+    SELECT id FROM deferral_triggers
+    WHERE triggerer_id IS NULL
+    ORDER BY id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deferral_triggers t
+SET triggerer_id = $1, fence = t.fence + 1
+FROM picked
+WHERE t.id = picked.id
+  AND EXISTS (SELECT 1 FROM deferral_triggerers WHERE id = $1 AND lease_expires_at > now())
+RETURNING t.id, t.classpath, t.kwargs, t.fence, t.timeout_at, now() AS db_now;
+
+-- name: count_unowned_triggers
+-- Triggers waiting for a triggerer with room (the backlog).
+SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
+
+-- name: fire_triggers
+-- Write a batch of trigger outcomes in one statement. Each trigger row is deleted only while
+-- triggerer $1 still owns it with the fencing token it claimed, and only then are its waiting
+-- task instances moved, each by a conditional update on state = 'deferred' AND trigger_id: a
+-- duplicate or stale event changes nothing. Outcome kinds: 'event' (resume on a worker),
+-- 'success' / 'skipped' (end the task), 'failed' (the retry policy applies). Returns one row
+-- per accepted trigger and moved task instance (task columns null when nobody waited).
+WITH outcome AS (
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bytea[], $6::text[])
+        AS o(trigger_id, fence, kind, payload, error)
+), fired AS (
+    DELETE FROM deferral_triggers t
+    USING outcome o
+    WHERE t.id = o.trigger_id AND t.triggerer_id = $1 AND t.fence = o.fence
+    RETURNING t.id, o.kind, o.payload, o.error
+), moved AS (
+    UPDATE deferral_task_instances ti
+    SET state = CASE f.kind WHEN 'event' THEN 'scheduled'
+                            WHEN 'success' THEN 'success'
+                            WHEN 'skipped' THEN 'skipped'
+                            ELSE deferral_fail_state(ti.try_number, ti.retries) END,
+        next_event = CASE WHEN f.kind = 'event' THEN f.payload END,
+        next_method = CASE WHEN f.kind = 'event' THEN ti.next_method END,
+        next_kwargs = CASE WHEN f.kind = 'event' THEN ti.next_kwargs END,
+        result = CASE WHEN f.kind = 'success' THEN f.payload ELSE ti.result END,
+        error = CASE WHEN f.kind = 'failed' THEN f.error END,
+        run_after = CASE WHEN f.kind = 'failed'
+                         THEN deferral_retry_at(ti.try_number, ti.retry_delay_s,
+                                                ti.retry_exponential_backoff,
+                                                ti.max_retry_delay_s)
+                         ELSE now() END,
+        ended_at = CASE WHEN f.kind = 'event' THEN NULL ELSE now() END,
+        trigger_id = NULL, trigger_timeout_at = NULL
+    FROM fired f
+    WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
+    RETURNING ti.id, ti.dag_run_id, ti.state, ti.is_leaf, f.id AS trigger_id
+)
+SELECT f.id AS fired_id, m.id, m.dag_run_id, m.state, m.is_leaf
+FROM fired f LEFT JOIN moved m ON m.trigger_id = f.id;
+
+-- name: timeout_deferrals
+-- End the deferrals that passed their deadline: of the given triggers ($1), or of every
+-- trigger when $1 is null and the deadline passed more than $2 seconds ago (the scheduler's
+-- backstop). soft_fail turns the timeout into skipped; otherwise the retry policy applies.
+UPDATE deferral_task_instances ti
+SET state = CASE WHEN ti.soft_fail THEN 'skipped'
+                 ELSE deferral_fail_state(ti.try_number, ti.retries) END,
+    error = format('deferral timed out: the trigger did not fire by its deadline %s',
+                   to_char(ti.trigger_timeout_at AT TIME ZONE 'UTC',
+                           'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
+    run_after = deferral_retry_at(ti.try_number, ti.retry_delay_s,
+                                  ti.retry_exponential_backoff, ti.max_retry_delay_s),
+    ended_at = now(), trigger_id = NULL, trigger_timeout_at = NULL, next_method = NULL,
+    next_kwargs = NULL, next_event = NULL
+WHERE ti.state = 'deferred'
+  AND (($1::bigint[] IS NULL AND ti.trigger_timeout_at < now() - make_interval(secs => $2))
+       OR (ti.trigger_id = ANY ($1::bigint[]) AND ti.trigger_timeout_at <= now()))
+RETURNING ti.id, ti.dag_run_id, ti.state, ti.is_leaf, ti.trigger_id;
+
+-- name: trigger_waiters
+-- For each given trigger: how many task instances still wait on it, and the earliest deadline.
+SELECT t.id, count(ti.id) AS waiting, min(ti.trigger_timeout_at) AS timeout_at, now() AS db_now
+FROM unnest($1::bigint[]) AS t(id)
+LEFT JOIN deferral_task_instances ti ON ti.trigger_id = t.id AND ti.state = 'deferred'
+GROUP BY t.id;
+
+-- name: delete_owned_triggers
+-- Drop triggers nobody waits on any more, if triggerer $1 still owns them.
+DELETE FROM deferral_triggers t
+WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id = $1
+  AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
+                  WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+RETURNING t.id;
+
+-- name: delete_orphan_triggers
+-- Drop triggers that no task instance waits on (every waiter timed out or was cleared).
+DELETE FROM deferral_triggers t
+WHERE t.created_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
+                  WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+RETURNING t.id;
+
+-- name: list_triggers
+-- Triggers with their owner and how many task instances wait on each.
+SELECT t.id, t.classpath, t.triggerer_id, t.fence, t.timeout_at, t.created_at,
+       (SELECT count(*) FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS waiting
+FROM deferral_triggers t
+ORDER BY t.id
+LIMIT $1;
+
+-- name: list_triggerers
+-- Live and expired triggerers, with the number of triggers each owns.
+SELECT r.id, r.hostname, r.pid, r.capacity, r.started_at, r.heartbeat_at, r.lease_expires_at,
+       r.lease_expires_at < now() AS expired,
+       (SELECT count(*) FROM deferral_triggers t WHERE t.triggerer_id = r.id) AS held
+FROM deferral_triggerers r ORDER BY r.id;
+
+-- name: reap_zombie_tasks
+-- Running task instances whose worker stopped heartbeating $1 seconds ago fail their try
+-- (retries apply), and the dead workers' rows go.
+WITH zombies AS (
+    UPDATE deferral_task_instances
+    SET state = deferral_fail_state(try_number, retries),
+        run_after = deferral_retry_at(try_number, retry_delay_s, retry_exponential_backoff,
+                                      max_retry_delay_s),
+        error = format('worker %s stopped heartbeating while running this task', worker_id),
+        ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
+        next_event = NULL
+    WHERE state = 'running' AND heartbeat_at < now() - make_interval(secs => $1)
+    RETURNING id, dag_run_id, state, is_leaf
+), dead AS (
+    DELETE FROM deferral_workers WHERE heartbeat_at < now() - make_interval(secs => $1)
+)
+SELECT * FROM zombies;

@@ -1,0 +1,517 @@
+"""The store: the only code that talks to PostgreSQL. Every statement is a named query."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from engine.states import TERMINAL_STATES
+from engine.store.models import ClaimedTask, ClaimedTrigger, Deferral, TriggerOutcome
+from engine.store.queries import load_queries, migrations
+
+__all__ = [
+    "CHANNEL_FINISHED",
+    "CHANNEL_RUNS",
+    "CHANNEL_TASKS",
+    "CHANNEL_TRIGGERS",
+    "DagRunNotFound",
+    "Listener",
+    "Store",
+    "UnknownDag",
+]
+
+log = logging.getLogger(__name__)
+
+#: A task instance became runnable: workers claim.
+CHANNEL_TASKS = "deferral_tasks"
+#: A trigger is unowned: triggerers claim.
+CHANNEL_TRIGGERS = "deferral_triggers"
+#: A leaf task instance finished: the scheduler checks whether its run is over.
+CHANNEL_FINISHED = "deferral_finished"
+#: A DAG run ended; the payload is "<dag_id> <run_id> <state>".
+CHANNEL_RUNS = "deferral_runs"
+
+Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+class UnknownDag(LookupError):
+    """No DAG with that id has been recorded (its file was never parsed)."""
+
+
+class DagRunNotFound(LookupError):
+    """No run with that id exists."""
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda value: msgspec.json.encode(value).decode(),
+        decoder=msgspec.json.decode,
+        schema="pg_catalog",
+        format="text",
+    )
+
+
+class Store:
+    """A pool of connections and one method per named query (or per transaction of them)."""
+
+    def __init__(self, pool: asyncpg.Pool, url: str) -> None:
+        self._pool = pool
+        self.url = url
+        self._q = load_queries()
+
+    @classmethod
+    async def connect(cls, url: str, *, pool_size: int = 8, migrate: bool = True) -> Store:
+        pool = await asyncpg.create_pool(
+            url, min_size=1, max_size=pool_size, init=_init_connection, command_timeout=60
+        )
+        store = cls(pool, url)
+        if migrate:
+            await store.migrate()
+        return store
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @staticmethod
+    async def _one(conn: Conn | asyncpg.Pool, sql: str, *args: Any) -> asyncpg.Record:
+        """A statement that always returns exactly one row."""
+        row = await conn.fetchrow(sql, *args)
+        assert row is not None, sql
+        return row
+
+    @contextlib.asynccontextmanager
+    async def _tx(self) -> AsyncIterator[Conn]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield conn
+
+    # -- schema ------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply the migrations not applied yet, in order; returns their versions."""
+        applied: list[int] = []
+        async with self._tx() as conn:
+            await conn.execute(self._q["lock_migrations"])
+            await conn.execute(self._q["ensure_migrations_table"])
+            done = {r["version"] for r in await conn.fetch(self._q["applied_migrations"])}
+            for version, name, sql in migrations():
+                if version in done:
+                    continue
+                await conn.execute(sql)
+                await conn.execute(self._q["record_migration"], version, name)
+                applied.append(version)
+        if applied:
+            log.info("applied migrations %s", applied)
+        return applied
+
+    async def now(self) -> dt.datetime:
+        value: dt.datetime = await self._pool.fetchval(self._q["db_now"])
+        return value
+
+    async def notify(self, channel: str, payload: str = "") -> None:
+        await self._pool.execute(self._q["notify"], channel, payload)
+
+    # -- state changes that move downstream work on --------------------------------------
+
+    async def _settle(self, conn: Conn, moved: Iterable[asyncpg.Record]) -> None:
+        """After task instances changed state in this transaction: resolve their downstreams
+        (cascading), and signal workers and the scheduler."""
+        runnable = False
+        finished_leaf = False
+        rows = list(moved)
+        while rows:
+            resolve: set[int] = set()
+            for row in rows:
+                state = row["state"]
+                if state == "scheduled":
+                    runnable = True
+                elif state in TERMINAL_STATES:
+                    if row["is_leaf"]:
+                        finished_leaf = True
+                    else:
+                        resolve.add(row["dag_run_id"])
+            if not resolve:
+                break
+            run_ids = sorted(resolve)
+            await conn.execute(self._q["lock_dag_runs"], run_ids)
+            rows = await conn.fetch(self._q["resolve_pending"], run_ids)
+        if runnable:
+            await conn.execute(self._q["notify"], CHANNEL_TASKS, "")
+        if finished_leaf:
+            await conn.execute(self._q["notify"], CHANNEL_FINISHED, "")
+
+    # -- DAGs and runs -------------------------------------------------------------------
+
+    async def upsert_dag(
+        self, dag_id: str, fileloc: str, tasks: list[dict[str, Any]], description: str | None
+    ) -> None:
+        await self._pool.execute(self._q["upsert_dag"], dag_id, fileloc, tasks, description)
+
+    async def list_dags(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._pool.fetch(self._q["list_dags"])]
+
+    async def get_dag(self, dag_id: str) -> dict[str, Any] | None:
+        row = await self._pool.fetchrow(self._q["get_dag"], dag_id)
+        return dict(row) if row else None
+
+    async def create_dag_run(
+        self,
+        dag_id: str,
+        run_id: str,
+        *,
+        logical_date: dt.datetime,
+        conf: dict[str, Any] | None = None,
+    ) -> int:
+        """Create a run and its task instances; returns the run's id."""
+        async with self._tx() as conn:
+            try:
+                row = await conn.fetchrow(
+                    self._q["create_dag_run"], dag_id, run_id, logical_date, conf or {}
+                )
+            except asyncpg.UniqueViolationError:
+                raise ValueError(f"DAG {dag_id} already has a run {run_id!r}") from None
+            if row is None:
+                raise UnknownDag(
+                    f"unknown DAG {dag_id!r}: no DAG file with that dag_id has been parsed "
+                    "(pass --dags, or start a scheduler on the DAGs folder)"
+                )
+            run_pk: int = row["id"]
+            # 'always' tasks and tasks whose upstream list is empty may start at once.
+            await conn.execute(self._q["lock_dag_runs"], [run_pk])
+            moved = await conn.fetch(self._q["resolve_pending"], [run_pk])
+            await conn.execute(self._q["notify"], CHANNEL_TASKS, "")
+            await self._settle(conn, moved)
+        return run_pk
+
+    async def get_dag_run(self, dag_id: str, run_id: str) -> dict[str, Any] | None:
+        row = await self._pool.fetchrow(self._q["get_dag_run"], dag_id, run_id)
+        return dict(row) if row else None
+
+    async def list_dag_runs(
+        self, dag_id: str | None = None, state: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        rows = await self._pool.fetch(self._q["list_dag_runs"], dag_id, state, limit)
+        return [dict(r) for r in rows]
+
+    async def finish_dag_runs(self, run_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """End the runs whose tasks are all finished; announces each on ``deferral_runs``."""
+        async with self._tx() as conn:
+            rows = await conn.fetch(
+                self._q["finish_dag_runs"], None if run_ids is None else list(run_ids)
+            )
+            for row in rows:
+                await conn.execute(
+                    self._q["notify"],
+                    CHANNEL_RUNS,
+                    f"{row['dag_id']} {row['run_id']} {row['state']}",
+                )
+        return [dict(r) for r in rows]
+
+    async def resolve_all_pending(self) -> int:
+        """The scheduler's backstop: resolve every run that still has pending tasks."""
+        async with self._tx() as conn:
+            run_ids = [r["id"] for r in await conn.fetch(self._q["runs_with_pending"])]
+            if not run_ids:
+                return 0
+            await conn.execute(self._q["lock_dag_runs"], run_ids)
+            moved = await conn.fetch(self._q["resolve_pending"], run_ids)
+            await self._settle(conn, moved)
+            return len(moved)
+
+    async def list_task_instances(
+        self,
+        *,
+        dag_id: str | None = None,
+        run_id: str | None = None,
+        state: str | None = None,
+        limit: int = 10_000,
+    ) -> list[dict[str, Any]]:
+        rows = await self._pool.fetch(self._q["list_task_instances"], dag_id, run_id, state, limit)
+        return [dict(r) for r in rows]
+
+    async def count_task_states(self, dag_run_pk: int | None = None) -> dict[str, int]:
+        rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)
+        return {r["state"]: r["n"] for r in rows}
+
+    # -- workers -------------------------------------------------------------------------
+
+    async def register_worker(self, hostname: str, pid: int, slots: int) -> int:
+        worker_id: int = await self._pool.fetchval(self._q["register_worker"], hostname, pid, slots)
+        return worker_id
+
+    async def unregister_worker(self, worker_id: int) -> None:
+        await self._pool.execute(self._q["unregister_worker"], worker_id)
+
+    async def heartbeat_worker(self, worker_id: int) -> bool:
+        row = await self._pool.fetchrow(self._q["heartbeat_worker"], worker_id)
+        return bool(row and row["alive"])
+
+    async def claim_tasks(self, worker_id: int, limit: int) -> list[ClaimedTask]:
+        rows = await self._pool.fetch(self._q["claim_tasks"], worker_id, limit)
+        return [
+            ClaimedTask(
+                id=r["id"],
+                dag_id=r["dag_id"],
+                run_id=r["run_id"],
+                task_id=r["task_id"],
+                try_number=r["try_number"],
+                logical_date=r["logical_date"],
+                conf=r["conf"],
+                first_try_at=r["first_try_at"],
+                try_started_at=r["try_started_at"],
+                execution_timeout_s=r["execution_timeout_s"],
+                db_now=r["db_now"],
+                next_method=r["next_method"],
+                next_kwargs=r["next_kwargs"],
+                next_event=r["next_event"],
+            )
+            for r in rows
+        ]
+
+    async def next_runnable_in(self) -> float | None:
+        """Seconds until the next task becomes runnable (negative: already), None if none."""
+        value: float | None = await self._pool.fetchval(self._q["next_runnable_in"])
+        return value
+
+    async def complete_task(
+        self, ti_id: int, worker_id: int, *, state: str, result: bytes | None
+    ) -> bool:
+        """End a running try as ``success`` or ``skipped``; False if the worker lost it."""
+        async with self._tx() as conn:
+            rows = await conn.fetch(self._q["complete_task"], ti_id, worker_id, state, result)
+            await self._settle(conn, rows)
+        return bool(rows)
+
+    async def fail_task(
+        self, ti_id: int, worker_id: int, *, error: str, no_retry: bool = False
+    ) -> str | None:
+        """Fail a running try; returns the new state (up_for_retry or failed)."""
+        async with self._tx() as conn:
+            rows = await conn.fetch(self._q["fail_task"], ti_id, worker_id, error, no_retry)
+            await self._settle(conn, rows)
+        return rows[0]["state"] if rows else None
+
+    async def reschedule_task(self, ti_id: int, worker_id: int, at: dt.datetime) -> bool:
+        row = await self._pool.fetchrow(self._q["reschedule_task"], ti_id, worker_id, at)
+        return row is not None
+
+    async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:
+        """Store the trigger (or join an identical waiting one) and park the task on it, in one
+        transaction. False if the worker no longer holds the task (nothing is written)."""
+        try:
+            async with self._tx() as conn:
+                trig = await self._one(
+                    conn,
+                    self._q["upsert_trigger"],
+                    deferral.classpath,
+                    deferral.kwargs,
+                    deferral.dedup_key,
+                    deferral.timeout_s,
+                )
+                row = await conn.fetchrow(
+                    self._q["defer_task"],
+                    ti_id,
+                    worker_id,
+                    trig["id"],
+                    deferral.timeout_s,
+                    deferral.method_name,
+                    deferral.method_kwargs,
+                )
+                if row is None:
+                    raise _Rollback
+        except _Rollback:
+            return False
+        return True
+
+    # -- triggerers ----------------------------------------------------------------------
+
+    async def register_triggerer(
+        self, hostname: str, pid: int, capacity: int, lease_s: float
+    ) -> int:
+        triggerer_id: int = await self._pool.fetchval(
+            self._q["register_triggerer"], hostname, pid, capacity, lease_s
+        )
+        return triggerer_id
+
+    async def renew_triggerer_lease(self, triggerer_id: int, lease_s: float) -> int | None:
+        """Extend the lease; returns how many triggers it owns, or None if the lease was lost."""
+        row = await self._pool.fetchrow(self._q["renew_triggerer_lease"], triggerer_id, lease_s)
+        return None if row is None else int(row["owned"])
+
+    async def owned_triggers(self, triggerer_id: int) -> dict[int, int]:
+        rows = await self._pool.fetch(self._q["owned_trigger_ids"], triggerer_id)
+        return {r["id"]: r["fence"] for r in rows}
+
+    async def release_triggerer(self, triggerer_id: int) -> int:
+        """Give up every trigger at once (graceful stop) and remove the triggerer."""
+        released: int = await self._pool.fetchval(self._q["release_triggerer"], triggerer_id)
+        return released
+
+    async def reap_triggerers(self) -> int:
+        """Unown the triggers of triggerers whose lease expired; returns how many were freed."""
+        row = await self._one(self._pool, self._q["reap_triggerers"])
+        if row["triggerers"]:
+            log.warning(
+                "%d triggerer(s) lost their lease; %d trigger(s) freed for adoption",
+                row["triggerers"],
+                row["triggers"],
+            )
+        return int(row["triggers"])
+
+    async def claim_triggers(self, triggerer_id: int, limit: int) -> list[ClaimedTrigger]:
+        rows = await self._pool.fetch(self._q["claim_triggers"], triggerer_id, limit)
+        return [
+            ClaimedTrigger(
+                id=r["id"],
+                classpath=r["classpath"],
+                kwargs=r["kwargs"],
+                fence=r["fence"],
+                timeout_at=r["timeout_at"],
+                db_now=r["db_now"],
+            )
+            for r in rows
+        ]
+
+    async def count_unowned_triggers(self) -> int:
+        n: int = await self._pool.fetchval(self._q["count_unowned_triggers"])
+        return n
+
+    async def fire_triggers(
+        self, triggerer_id: int, outcomes: Sequence[TriggerOutcome]
+    ) -> tuple[set[int], int]:
+        """Write a batch of trigger outcomes in one transaction.
+
+        Returns the ids of the triggers whose outcome was accepted (the others were refused by
+        the fencing check: this triggerer no longer owns them) and how many task instances moved.
+        """
+        async with self._tx() as conn:
+            rows = await conn.fetch(
+                self._q["fire_triggers"],
+                triggerer_id,
+                [o.trigger_id for o in outcomes],
+                [o.fence for o in outcomes],
+                [o.kind for o in outcomes],
+                [o.payload for o in outcomes],
+                [o.error for o in outcomes],
+            )
+            moved = [r for r in rows if r["id"] is not None]
+            await self._settle(conn, moved)
+        return {r["fired_id"] for r in rows}, len(moved)
+
+    async def timeout_deferrals(
+        self, trigger_ids: Sequence[int] | None, *, grace_s: float = 0.0
+    ) -> list[asyncpg.Record]:
+        """End deferrals past their deadline (of these triggers, or all when None)."""
+        async with self._tx() as conn:
+            rows = await conn.fetch(
+                self._q["timeout_deferrals"],
+                None if trigger_ids is None else list(trigger_ids),
+                grace_s,
+            )
+            await self._settle(conn, rows)
+        return rows
+
+    async def trigger_waiters(
+        self, trigger_ids: Sequence[int]
+    ) -> list[tuple[int, int, dt.datetime | None, dt.datetime]]:
+        """``(trigger_id, waiting, earliest deadline, db now)`` for each trigger."""
+        rows = await self._pool.fetch(self._q["trigger_waiters"], list(trigger_ids))
+        return [(r["id"], r["waiting"], r["timeout_at"], r["db_now"]) for r in rows]
+
+    async def delete_owned_triggers(
+        self, triggerer_id: int, trigger_ids: Sequence[int]
+    ) -> set[int]:
+        rows = await self._pool.fetch(
+            self._q["delete_owned_triggers"], triggerer_id, list(trigger_ids)
+        )
+        return {r["id"] for r in rows}
+
+    async def list_triggers(self, limit: int = 10_000) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._pool.fetch(self._q["list_triggers"], limit)]
+
+    async def list_triggerers(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._pool.fetch(self._q["list_triggerers"])]
+
+    # -- scheduler housekeeping ----------------------------------------------------------
+
+    async def reap_zombie_tasks(self, threshold_s: float) -> list[asyncpg.Record]:
+        async with self._tx() as conn:
+            rows = await conn.fetch(self._q["reap_zombie_tasks"], threshold_s)
+            await self._settle(conn, rows)
+        return rows
+
+    async def delete_orphan_triggers(self, min_age_s: float) -> int:
+        rows = await self._pool.fetch(self._q["delete_orphan_triggers"], min_age_s)
+        return len(rows)
+
+    # -- notifications -------------------------------------------------------------------
+
+    def listener(self, *channels: str) -> Listener:
+        return Listener(self.url, channels)
+
+
+class _Rollback(Exception):
+    """Raised inside a transaction to undo it."""
+
+
+class Listener:
+    """A dedicated connection that LISTENs on channels and reconnects when it drops.
+
+    Notifications only wake loops up; every loop still polls as a backstop, so a lost
+    notification (or a lost connection) delays work but never loses it.
+    """
+
+    def __init__(self, url: str, channels: Iterable[str]) -> None:
+        self._url = url
+        self._channels = tuple(channels)
+        self._conn: asyncpg.Connection | None = None
+        self._callbacks: list[Callable[[str, str], None]] = []
+        self._closing = False
+
+    def on_notify(self, callback: Callable[[str, str], None]) -> None:
+        self._callbacks.append(callback)
+
+    def _dispatch(self, _conn: Any, _pid: int, channel: str, payload: object) -> None:
+        for callback in self._callbacks:
+            callback(channel, str(payload))
+
+    async def connect(self) -> None:
+        conn = await asyncpg.connect(self._url)
+        for channel in self._channels:
+            await conn.add_listener(channel, self._dispatch)
+        conn.add_termination_listener(self._on_lost)
+        self._conn = conn
+
+    def _on_lost(self, _conn: object) -> None:
+        if not self._closing:
+            log.warning("notification connection lost; polling until it is back")
+        self._conn = None
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
+    async def ensure_connected(self) -> None:
+        if not self.connected:
+            try:
+                await self.connect()
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("cannot LISTEN (%s); polling only for now", exc)
+
+    async def close(self) -> None:
+        self._closing = True
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            await conn.close()

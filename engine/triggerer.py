@@ -1,0 +1,485 @@
+"""The triggerer: one event loop that runs up to ``capacity`` trigger coroutines at once.
+
+It claims unowned triggers in large batches (woken by ``NOTIFY``, polling as the
+backstop), rebuilds each from its ``(classpath, kwargs)`` and runs its ``run()`` as
+an asyncio task named after the trigger. The first event is queued; a writer task
+writes queued outcomes in batches, each batch one transaction in which every
+waiting task instance moves by a conditional update, and only while this triggerer
+still owns the trigger with the fencing token it claimed. Deferral deadlines are
+loop timers. A lease, renewed on the database clock, says the triggerer is alive;
+when it lapses, other triggerers adopt its triggers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import functools
+import logging
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+
+import anyio
+from anyio.abc import TaskStatus
+
+from engine import logs
+from engine.config import (
+    DEFAULT_BLOCKED_LOOP_S,
+    DEFAULT_CLAIM_BATCH,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_TRIGGERER_CAPACITY,
+    DEFAULT_TRIGGERER_LEASE_S,
+)
+from engine.retry import TRANSIENT_ERRORS, with_db_retry
+from engine.store import CHANNEL_TRIGGERS, ClaimedTrigger, Listener, Store, TriggerOutcome
+from engine.wakeup import Wakeup
+from engine.watchdog import BlockReport, LoopWatchdog
+from triggers.base import (
+    MAX_PAYLOAD_BYTES,
+    BaseTrigger,
+    TaskEndEvent,
+    TriggerEvent,
+    decode_value,
+    encode_value,
+    rebuild_trigger,
+)
+
+__all__ = ["Triggerer"]
+
+log = logging.getLogger(__name__)
+
+#: Outcomes written per transaction at most.
+WRITE_BATCH = 5000
+
+
+class _Held:
+    """One trigger this triggerer runs."""
+
+    __slots__ = ("classpath", "fence", "task", "timer")
+
+    def __init__(self, fence: int, classpath: str) -> None:
+        self.fence = fence
+        self.classpath = classpath
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class Triggerer:
+    """Runs trigger coroutines; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        capacity: int = DEFAULT_TRIGGERER_CAPACITY,
+        lease_s: float = DEFAULT_TRIGGERER_LEASE_S,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        claim_batch: int = DEFAULT_CLAIM_BATCH,
+        blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S,
+        cleanup_timeout_s: float = 5.0,
+        allow: Callable[[str], bool] | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.store = store
+        self.capacity = capacity
+        self.lease_s = lease_s
+        self.poll_interval_s = poll_interval_s
+        self.claim_batch = claim_batch
+        self.blocked_loop_s = blocked_loop_s
+        self.cleanup_timeout_s = cleanup_timeout_s
+        self._allow = allow
+        self.id: int | None = None
+        self.held: dict[int, _Held] = {}
+        self.peak_held = 0
+        self.fired = 0
+        self.blocks: list[BlockReport] = []
+        self._outbox: list[TriggerOutcome] = []
+        self._due: set[int] = set()
+        self._claim_wake = Wakeup()
+        self._write_wake = Wakeup()
+        self._due_wake = Wakeup()
+        self._flushed = Wakeup()
+        self._writing = False
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Graceful stop: write pending events, cancel the triggers, release them to others.
+        Safe before ``run`` and more than once."""
+        self._stopping = True
+        self._claim_wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._stopping = False
+        self._loop = asyncio.get_running_loop()
+        await self._register()
+        listener = self.store.listener(CHANNEL_TRIGGERS)
+        listener.on_notify(lambda _channel, _payload: self._claim_wake.set())
+        await listener.ensure_connected()
+        watchdog = LoopWatchdog(
+            self._loop, threshold_s=self.blocked_loop_s, on_block=self._on_block
+        )
+        watchdog.start()
+        log.info("triggerer %s started with capacity %d", self.id, self.capacity)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._writer_loop, name="triggerer-writer")
+                tg.start_soon(self._deadline_loop, name="triggerer-deadlines")
+                tg.start_soon(self._lease_loop, listener, name="triggerer-lease")
+                task_status.started()
+                await self._claim_loop()
+                await self._drain_outbox()
+                tg.cancel_scope.cancel()
+        finally:
+            watchdog.stop()
+            with anyio.move_on_after(self.cleanup_timeout_s + 5, shield=True):
+                await self._cancel_all()
+                await listener.close()
+                if self.id is not None:
+                    try:
+                        released = await self.store.release_triggerer(self.id)
+                        log.info("triggerer %s released %d trigger(s)", self.id, released)
+                    except TRANSIENT_ERRORS as exc:
+                        log.warning(
+                            "could not release triggers (%s); they are adopted when the lease "
+                            "expires",
+                            exc,
+                        )
+            log.info("triggerer %s stopped", self.id)
+
+    async def _register(self) -> None:
+        self.id = await with_db_retry(
+            "register triggerer",
+            lambda: self.store.register_triggerer(
+                socket.gethostname(), os.getpid(), self.capacity, self.lease_s
+            ),
+        )
+
+    async def _drain_outbox(self) -> None:
+        """Write every event already produced before letting go of the triggers."""
+        with anyio.move_on_after(max(self.lease_s, 5.0)):
+            while self._outbox or self._writing:
+                self._write_wake.set()
+                await self._flushed.wait(None)
+
+    async def _cancel_all(self) -> None:
+        tasks = [h.task for h in self.held.values() if h.task is not None]
+        for held in self.held.values():
+            if held.timer is not None:
+                held.timer.cancel()
+            if held.task is not None:
+                held.task.cancel()
+        self.held.clear()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.cleanup_timeout_s + 1)
+
+    # -- claiming ------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self._claim_available()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("claim failed (%s); retrying", exc)
+            await self._claim_wake.wait(self.poll_interval_s)
+
+    async def _claim_available(self) -> None:
+        assert self.id is not None
+        if len(self.held) < self.capacity:
+            await self.store.reap_triggerers()
+        while not self._stopping:
+            free = self.capacity - len(self.held)
+            if free <= 0:
+                return
+            asked = min(free, self.claim_batch)
+            claimed = await self.store.claim_triggers(self.id, asked)
+            for row in claimed:
+                self._start(row)
+            self.peak_held = max(self.peak_held, len(self.held))
+            if claimed:
+                log.info("claimed %d trigger(s); holding %d", len(claimed), len(self.held))
+            if len(claimed) < asked:
+                return
+
+    def _start(self, row: ClaimedTrigger) -> None:
+        assert self._loop is not None
+        held = _Held(row.fence, row.classpath)
+        self.held[row.id] = held
+        try:
+            if self._allow is not None and not self._allow(row.classpath):
+                raise PermissionError(
+                    f"trigger classpath {row.classpath} is not allowed on this triggerer"
+                )
+            trigger = rebuild_trigger(row.classpath, decode_value(row.kwargs))
+        except Exception as exc:
+            self._emit(
+                TriggerOutcome(
+                    trigger_id=row.id,
+                    fence=row.fence,
+                    kind="failed",
+                    error=f"the triggerer could not build the trigger: {exc}",
+                )
+            )
+            return
+        held.task = self._loop.create_task(
+            self._watch(row.id, held, trigger), name=f"trigger-{row.id} {row.classpath}"
+        )
+        if row.timeout_at is not None:
+            self._arm(row.id, held, row.timeout_at, row.db_now)
+
+    # -- running one trigger -------------------------------------------------------------
+
+    async def _watch(self, trigger_id: int, held: _Held, trigger: BaseTrigger) -> None:
+        logs.bind(trigger=trigger_id, classpath=held.classpath)
+        outcome: TriggerOutcome | None = None
+        agen = None
+        try:
+            agen = trigger.run()
+            if not hasattr(agen, "__anext__"):
+                raise TypeError(
+                    f"{held.classpath}.run() must be an async generator (async def with yield), "
+                    f"got {type(agen).__name__}"
+                )
+            event = await agen.__anext__()
+            outcome = self._outcome(trigger_id, held, event)
+        except StopAsyncIteration:
+            outcome = self._failed(
+                trigger_id, held, f"trigger {held.classpath} returned without yielding an event"
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            outcome = self._failed(
+                trigger_id,
+                held,
+                f"trigger {held.classpath} raised:\n"
+                + "".join(traceback.format_exception(exc)).rstrip(),
+            )
+        finally:
+            if outcome is not None:
+                self._emit(outcome)
+            await self._close(trigger, agen, held)
+
+    async def _close(self, trigger: BaseTrigger, agen: object, held: _Held) -> None:
+        try:
+            async with asyncio.timeout(self.cleanup_timeout_s):
+                aclose = getattr(agen, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await trigger.cleanup()
+        except TimeoutError:
+            log.warning(
+                "cleanup of %s did not finish within %.1fs; abandoned",
+                held.classpath,
+                self.cleanup_timeout_s,
+            )
+        except Exception:
+            log.exception("cleanup of %s raised", held.classpath)
+
+    def _failed(self, trigger_id: int, held: _Held, error: str) -> TriggerOutcome:
+        log.error("%s", error)
+        return TriggerOutcome(trigger_id=trigger_id, fence=held.fence, kind="failed", error=error)
+
+    def _outcome(self, trigger_id: int, held: _Held, event: object) -> TriggerOutcome:
+        if not isinstance(event, TriggerEvent):
+            return self._failed(
+                trigger_id,
+                held,
+                f"trigger {held.classpath} yielded {type(event).__name__}, not a TriggerEvent",
+            )
+        if isinstance(event, TaskEndEvent) and event.state == "failed":
+            reason = event.payload if event.payload is not None else "no reason given"
+            return TriggerOutcome(
+                trigger_id=trigger_id,
+                fence=held.fence,
+                kind="failed",
+                error=f"trigger {held.classpath} failed the task: {reason}",
+            )
+        try:
+            payload = encode_value(event.payload)
+        except (TypeError, ValueError, OverflowError) as exc:
+            return self._failed(
+                trigger_id,
+                held,
+                f"trigger {held.classpath} yielded an event whose payload cannot be stored: {exc}",
+            )
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            return self._failed(
+                trigger_id,
+                held,
+                f"trigger {held.classpath} yielded a payload of {len(payload)} bytes, over the "
+                f"limit of {MAX_PAYLOAD_BYTES}",
+            )
+        kind = event.state if isinstance(event, TaskEndEvent) else "event"
+        return TriggerOutcome(trigger_id=trigger_id, fence=held.fence, kind=kind, payload=payload)
+
+    def _emit(self, outcome: TriggerOutcome) -> None:
+        self._outbox.append(outcome)
+        self._write_wake.set()
+
+    # -- writing outcomes ----------------------------------------------------------------
+
+    async def _writer_loop(self) -> None:
+        assert self.id is not None
+        while True:
+            await self._write_wake.wait(None)
+            while self._outbox:
+                batch = self._outbox[:WRITE_BATCH]
+                del self._outbox[:WRITE_BATCH]
+                self._writing = True
+                try:
+                    triggerer_id = self.id
+                    accepted, moved = await with_db_retry(
+                        "write trigger events",
+                        functools.partial(self.store.fire_triggers, triggerer_id, batch),
+                    )
+                finally:
+                    self._writing = False
+                for outcome in batch:
+                    held = self.held.pop(outcome.trigger_id, None)
+                    if held is not None and held.timer is not None:
+                        held.timer.cancel()
+                    if outcome.trigger_id not in accepted:
+                        log.warning(
+                            "outcome of trigger %s refused: this triggerer no longer owns it "
+                            "(its lease lapsed and another triggerer adopted it)",
+                            outcome.trigger_id,
+                        )
+                self.fired += len(accepted)
+                log.debug("wrote %d outcome(s); %d task(s) moved", len(batch), moved)
+                self._claim_wake.set()
+            self._flushed.set()
+
+    # -- deferral deadlines --------------------------------------------------------------
+
+    def _arm(
+        self, trigger_id: int, held: _Held, deadline: dt.datetime, db_now: dt.datetime
+    ) -> None:
+        assert self._loop is not None
+        if held.timer is not None:
+            held.timer.cancel()
+        delay = (deadline - db_now).total_seconds()
+        held.timer = self._loop.call_at(self._loop.time() + delay, self._deadline, trigger_id)
+
+    def _deadline(self, trigger_id: int) -> None:
+        self._due.add(trigger_id)
+        self._due_wake.set()
+
+    async def _deadline_loop(self) -> None:
+        while True:
+            await self._due_wake.wait(None)
+            due = [tid for tid in self._due if tid in self.held]
+            self._due.clear()
+            if not due:
+                continue
+            rows = await with_db_retry(
+                "time out deferrals", functools.partial(self.store.timeout_deferrals, due)
+            )
+            for row in rows:
+                log.warning(
+                    "task instance %s timed out waiting on trigger %s (now %s)",
+                    row["id"],
+                    row["trigger_id"],
+                    row["state"],
+                )
+            waiters = await with_db_retry(
+                "read trigger waiters", functools.partial(self.store.trigger_waiters, due)
+            )
+            unused = []
+            for trigger_id, waiting, deadline, db_now in waiters:
+                held = self.held.get(trigger_id)
+                if held is None:
+                    continue
+                if waiting == 0:
+                    unused.append(trigger_id)
+                elif deadline is not None:
+                    self._arm(trigger_id, held, deadline, db_now)
+            if unused:
+                assert self.id is not None
+                await with_db_retry(
+                    "drop unused triggers",
+                    functools.partial(self.store.delete_owned_triggers, self.id, unused),
+                )
+                for trigger_id in unused:
+                    self._drop(trigger_id)
+
+    def _drop(self, trigger_id: int) -> None:
+        """Stop running a trigger without writing anything (nobody waits, or not ours)."""
+        held = self.held.pop(trigger_id, None)
+        if held is None:
+            return
+        if held.timer is not None:
+            held.timer.cancel()
+        if held.task is not None:
+            held.task.cancel()
+
+    # -- the lease -----------------------------------------------------------------------
+
+    async def _lease_loop(self, listener: Listener) -> None:
+        interval = self.lease_s / 3
+        while True:
+            await anyio.sleep(interval)
+            assert self.id is not None
+            try:
+                owned = await self.store.renew_triggerer_lease(self.id, self.lease_s)
+                await listener.ensure_connected()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("lease renewal failed (%s)", exc)
+                continue
+            if owned is None:
+                log.error(
+                    "triggerer %s lost its lease (the loop or the database was unreachable "
+                    "for over %.0fs); its triggers were adopted by others. Dropping them and "
+                    "registering again",
+                    self.id,
+                    self.lease_s,
+                )
+                for trigger_id in list(self.held):
+                    self._drop(trigger_id)
+                self._outbox.clear()
+                await self._register()
+                self._claim_wake.set()
+            elif owned < len(self.held):
+                still = await self.store.owned_triggers(self.id)
+                for trigger_id, held in list(self.held.items()):
+                    if still.get(trigger_id) != held.fence:
+                        log.info("trigger %s was removed or taken over; stopping it", trigger_id)
+                        self._drop(trigger_id)
+
+    # -- a blocked loop ------------------------------------------------------------------
+
+    def _on_block(self, report: BlockReport) -> None:
+        name = report.task_name or "(no task: a callback)"
+        if report.ended:
+            log.warning(
+                "event loop was blocked for %.3fs by %s at %s",
+                report.duration_s,
+                name,
+                report.location,
+            )
+        else:
+            self.blocks.append(report)
+            log.warning(
+                "event loop blocked for over %.3fs by %s at %s; trigger code must not block "
+                "(use await, or run blocking calls in a thread)",
+                report.duration_s,
+                name,
+                report.location,
+            )
+
+    # -- introspection -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "held": len(self.held),
+            "peak_held": self.peak_held,
+            "fired": self.fired,
+            "outbox": len(self._outbox),
+            "time": time.time(),
+        }

@@ -1,0 +1,110 @@
+"""Notice a blocked event loop and name the asyncio task (the trigger) that blocked it.
+
+A callback on the loop stamps a monotonic clock every ``threshold/4``; a daemon thread
+checks the stamp. When the loop has not run the callback for longer than the
+threshold, the thread reads which asyncio task the loop is running and where that
+code stands, and reports it: once when the block is seen, once when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["BlockReport", "LoopWatchdog"]
+
+log = logging.getLogger(__name__)
+
+
+class BlockReport:
+    """Which task blocked the loop, where, and for how long (so far, or in all once ``ended``)."""
+
+    __slots__ = ("duration_s", "ended", "location", "since", "task_name")
+
+    def __init__(
+        self, task_name: str | None, location: str | None, duration_s: float, since: float
+    ) -> None:
+        self.task_name = task_name
+        self.location = location
+        self.duration_s = duration_s
+        self.since = since
+        self.ended = False
+
+
+class LoopWatchdog:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        threshold_s: float,
+        on_block: Callable[[BlockReport], None] | None = None,
+    ) -> None:
+        self._loop = loop
+        self.threshold_s = threshold_s
+        self._interval = threshold_s / 4
+        self._on_block = on_block
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._loop_thread = threading.get_ident()
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._tick()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def _tick(self) -> None:
+        self._last = time.monotonic()
+        self._handle = self._loop.call_later(self._interval, self._tick)
+
+    def _culprit(self) -> tuple[str | None, str | None]:
+        # Read-only look at the loop's current task from this thread (a dict read under the GIL).
+        current: dict[asyncio.AbstractEventLoop, asyncio.Task[object]] = getattr(
+            asyncio.tasks, "_current_tasks", {}
+        )
+        task = current.get(self._loop)
+        name = task.get_name() if task is not None else None
+        frame = sys._current_frames().get(self._loop_thread)
+        location = None
+        # The innermost frame outside the standard library and the engine names the code.
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if location is None:
+                location = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            if "/asyncio/" not in filename and "/engine/" not in filename:
+                location = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+                break
+            frame = frame.f_back
+        return name, location
+
+    def _watch(self) -> None:
+        report: BlockReport | None = None
+        while not self._stop.wait(self._interval):
+            lag = time.monotonic() - self._last
+            if lag > self.threshold_s:
+                if report is None:
+                    name, location = self._culprit()
+                    report = BlockReport(name, location, lag, since=self._last)
+                    self._emit(report)
+            elif report is not None:
+                # The loop ran the overdue tick as soon as it was free again.
+                report.duration_s = max(self._last - report.since - self._interval, 0.0)
+                report.ended = True
+                self._emit(report)
+                report = None
+
+    def _emit(self, report: BlockReport) -> None:
+        if self._on_block is not None:
+            try:
+                self._on_block(report)
+            except Exception:  # pragma: no cover - a report must never kill the watchdog
+                log.exception("block report handler failed")

@@ -1,0 +1,343 @@
+"""The worker: runs task instances in a fixed number of slots.
+
+It claims runnable task instances up to its free slots (``FOR UPDATE SKIP LOCKED``),
+woken by ``LISTEN`` and polling as a backstop. A plain ``def`` runs in a worker
+thread, an ``async def`` on the loop. The outcome is one write: success (the
+return value is the result), failure (the traceback; retries apply), a deferral
+(trigger stored and slot freed in one transaction), or a reschedule.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import socket
+import time
+import traceback
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from engine import logs
+from engine.config import (
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_WORKER_SLOTS,
+)
+from engine.dagbag import DagBag
+from engine.retry import TRANSIENT_ERRORS, with_db_retry
+from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store
+from engine.wakeup import Wakeup
+from operators.base import (
+    BaseOperator,
+    Context,
+    FailTask,
+    RescheduleRequested,
+    SkipTask,
+    TaskDeferred,
+)
+from triggers.base import MAX_PAYLOAD_BYTES, decode_value, encode_value
+
+__all__ = ["ExecutionTimeout", "Worker"]
+
+log = logging.getLogger(__name__)
+
+
+class ExecutionTimeout(Exception):
+    """The try ran longer than the task's execution_timeout (counted across deferrals)."""
+
+
+class Worker:
+    """Claims and runs task instances; ``slots`` of them at a time."""
+
+    def __init__(
+        self,
+        store: Store,
+        dagbag: DagBag,
+        *,
+        slots: int = DEFAULT_WORKER_SLOTS,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        heartbeat_s: float = 5.0,
+        shutdown_grace_s: float = 30.0,
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.store = store
+        self.dagbag = dagbag
+        self.slots = slots
+        self.poll_interval_s = poll_interval_s
+        self.heartbeat_s = heartbeat_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self.id: int | None = None
+        self.running: dict[int, ClaimedTask] = {}
+        self.peak_running = 0
+        self.finished = 0
+        self._wake = Wakeup()
+        self._idle = Wakeup()
+        self._stopping = False
+        self._limiter = anyio.CapacityLimiter(slots)
+
+    def stop(self) -> None:
+        """Ask for a graceful stop: claim nothing more, let running tries finish (up to the
+        grace period). Safe to call before ``run`` or more than once."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._stopping = False
+        self.id = await with_db_retry(
+            "register worker",
+            lambda: self.store.register_worker(socket.gethostname(), os.getpid(), self.slots),
+        )
+        listener = self.store.listener(CHANNEL_TASKS)
+        listener.on_notify(lambda _channel, _payload: self._wake.set())
+        await listener.ensure_connected()
+        log.info("worker %s started with %d slots", self.id, self.slots)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeat_loop, listener)
+                task_status.started()
+                async with anyio.create_task_group() as tasks:
+                    await self._claim_loop(tasks)
+                    if self.running:
+                        log.info(
+                            "stopping: waiting up to %.0fs for %d running task(s)",
+                            self.shutdown_grace_s,
+                            len(self.running),
+                        )
+                        with anyio.move_on_after(self.shutdown_grace_s):
+                            while self.running:
+                                await self._idle.wait(None)
+                        if self.running:
+                            log.warning(
+                                "grace period over; %d task(s) left running will be reaped and "
+                                "retried per their policy",
+                                len(self.running),
+                            )
+                    tasks.cancel_scope.cancel()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                await listener.close()
+                if self.id is not None and not self.running:
+                    await self.store.unregister_worker(self.id)
+            log.info("worker %s stopped", self.id)
+
+    async def _claim_loop(self, tasks: anyio.abc.TaskGroup) -> None:
+        assert self.id is not None
+        while not self._stopping:
+            free = self.slots - len(self.running)
+            timeout = self.poll_interval_s
+            if free > 0:
+                try:
+                    claimed = await self.store.claim_tasks(self.id, free)
+                    if not claimed:
+                        next_in = await self.store.next_runnable_in()
+                        if next_in is not None:
+                            timeout = max(0.0, min(timeout, next_in))
+                except TRANSIENT_ERRORS as exc:
+                    log.warning("claim failed (%s); retrying", exc)
+                    claimed = []
+                for ti in claimed:
+                    self.running[ti.id] = ti
+                    tasks.start_soon(self._execute, ti, name=f"ti-{ti.id}")
+                self.peak_running = max(self.peak_running, len(self.running))
+                if claimed and len(claimed) == free:
+                    continue
+            await self._wake.wait(timeout)
+
+    async def _heartbeat_loop(self, listener: Any) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat_s)
+            assert self.id is not None
+            try:
+                alive = await self.store.heartbeat_worker(self.id)
+                await listener.ensure_connected()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("heartbeat failed (%s)", exc)
+                continue
+            if not alive:
+                log.error(
+                    "worker %s was declared dead (missed heartbeats); its tasks were reaped. "
+                    "Registering again",
+                    self.id,
+                )
+                self.id = await self.store.register_worker(
+                    socket.gethostname(), os.getpid(), self.slots
+                )
+
+    async def _execute(self, ti: ClaimedTask) -> None:
+        worker_id = self.id
+        assert worker_id is not None
+        with logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number):
+            try:
+                await self._run_and_record(ti, worker_id)
+            finally:
+                self.running.pop(ti.id, None)
+                self.finished += 1
+                self._wake.set()
+                self._idle.set()
+
+    def _context(self, ti: ClaimedTask) -> Context:
+        return Context(
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            task_id=ti.task_id,
+            try_number=ti.try_number,
+            logical_date=ti.logical_date,
+            conf=ti.conf,
+            ti_id=ti.id,
+            first_try_at=ti.first_try_at,
+            claimed_at=ti.db_now,
+        )
+
+    def _remaining_s(self, ti: ClaimedTask) -> float | None:
+        if ti.execution_timeout_s is None:
+            return None
+        elapsed = (ti.db_now - ti.try_started_at).total_seconds()
+        return ti.execution_timeout_s - elapsed
+
+    async def _call(self, op: BaseOperator, ti: ClaimedTask) -> Any:
+        context = self._context(ti)
+        kwargs: dict[str, Any] = {}
+        if ti.next_method:
+            fn = getattr(op, ti.next_method, None)
+            if not callable(fn):
+                raise AttributeError(
+                    f"cannot resume: {type(op).__qualname__} has no method {ti.next_method!r}"
+                )
+            kwargs = decode_value(ti.next_kwargs) if ti.next_kwargs else {}
+            kwargs["event"] = decode_value(ti.next_event) if ti.next_event else None
+        else:
+            fn = op.execute
+        remaining = self._remaining_s(ti)
+        if remaining is not None and remaining <= 0:
+            raise ExecutionTimeout(
+                f"execution_timeout of {ti.execution_timeout_s}s passed (counted from the start "
+                "of this try, across deferrals)"
+            )
+        with anyio.move_on_after(remaining) as scope:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(context, **kwargs)
+            call = functools.partial(fn, context, **kwargs)
+            return await anyio.to_thread.run_sync(
+                call, limiter=self._limiter, abandon_on_cancel=True
+            )
+        if scope.cancelled_caught:
+            raise ExecutionTimeout(
+                f"execution_timeout of {ti.execution_timeout_s}s passed (counted from the start "
+                "of this try, across deferrals)"
+                + ("" if inspect.iscoroutinefunction(fn) else "; the thread could not be stopped")
+            )
+        return None  # pragma: no cover - move_on_after either returned or was caught
+
+    async def _run_and_record(self, ti: ClaimedTask, worker_id: int) -> None:
+        started = time.perf_counter()
+        what = f"resume at {ti.next_method}" if ti.next_method else "execute"
+        try:
+            op = self.dagbag.get_task(ti.dag_id, ti.task_id).fresh_copy()
+            result = await self._call(op, ti)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except TaskDeferred as deferred:
+            await self._record_deferral(ti, worker_id, deferred)
+            return
+        except RescheduleRequested as req:
+            at = req.reschedule_at
+            ok = await with_db_retry(
+                "reschedule", lambda: self.store.reschedule_task(ti.id, worker_id, at)
+            )
+            self._lost_if_not(ok, ti)
+            log.info("up for reschedule at %s", at.isoformat())
+            return
+        except SkipTask as exc:
+            await self._record_end(ti, worker_id, "skipped", None)
+            log.info("skipped: %s", exc)
+            return
+        except FailTask as exc:
+            await self._record_failure(ti, worker_id, f"FailTask: {exc}", no_retry=True)
+            return
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            error = "".join(traceback.format_exception(exc)).rstrip()
+            await self._record_failure(ti, worker_id, error)
+            return
+        try:
+            payload = None if result is None else encode_value(result)
+        except (TypeError, ValueError, OverflowError) as exc:
+            await self._record_failure(
+                ti,
+                worker_id,
+                f"the task returned {type(result).__name__}, which cannot be stored as its result "
+                f"({exc}); return plain data",
+                no_retry=True,
+            )
+            return
+        if payload is not None and len(payload) > MAX_PAYLOAD_BYTES:
+            await self._record_failure(
+                ti,
+                worker_id,
+                f"the task's result encodes to {len(payload)} bytes, over the limit of "
+                f"{MAX_PAYLOAD_BYTES}",
+                no_retry=True,
+            )
+            return
+        await self._record_end(ti, worker_id, "success", payload)
+        log.info("%s succeeded in %.1f ms", what, (time.perf_counter() - started) * 1000)
+
+    async def _record_deferral(
+        self, ti: ClaimedTask, worker_id: int, deferred: TaskDeferred
+    ) -> None:
+        timeout_s = deferred.timeout_s
+        remaining = self._remaining_s(ti)
+        if remaining is not None:
+            # execution_timeout keeps counting while the task waits: the deferral ends by then.
+            timeout_s = remaining if timeout_s is None else min(timeout_s, remaining)
+        deferral = Deferral(
+            classpath=deferred.trigger.classpath,
+            kwargs=deferred.trigger.kwargs,
+            dedup_key=deferred.trigger.dedup_key,
+            method_name=deferred.method_name,
+            method_kwargs=encode_value(deferred.kwargs),
+            timeout_s=timeout_s,
+        )
+        ok = await with_db_retry("defer", lambda: self.store.defer_task(ti.id, worker_id, deferral))
+        self._lost_if_not(ok, ti)
+        log.info(
+            "deferred to %s (resume at %s%s)",
+            deferred.trigger.classpath,
+            deferred.method_name,
+            f", timeout {timeout_s:.1f}s" if timeout_s is not None else "",
+        )
+
+    async def _record_end(
+        self, ti: ClaimedTask, worker_id: int, state: str, payload: bytes | None
+    ) -> None:
+        ok = await with_db_retry(
+            "record outcome",
+            lambda: self.store.complete_task(ti.id, worker_id, state=state, result=payload),
+        )
+        self._lost_if_not(ok, ti)
+
+    async def _record_failure(
+        self, ti: ClaimedTask, worker_id: int, error: str, *, no_retry: bool = False
+    ) -> None:
+        state = await with_db_retry(
+            "record failure",
+            lambda: self.store.fail_task(ti.id, worker_id, error=error, no_retry=no_retry),
+        )
+        self._lost_if_not(state is not None, ti)
+        if state is not None:
+            log.error("try %d failed (now %s):\n%s", ti.try_number, state, error)
+
+    @staticmethod
+    def _lost_if_not(ok: bool, ti: ClaimedTask) -> None:
+        if not ok:
+            log.warning(
+                "task instance %s is no longer held by this worker (reaped after missed "
+                "heartbeats?); its outcome was not recorded",
+                ti.id,
+            )

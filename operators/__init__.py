@@ -1,0 +1,1 @@
+"""Operators: the contract (``operators.base``), sensors and the built-in operators."""

@@ -1,0 +1,291 @@
+"""The operator contract: what a task does, and how it hands a wait to a triggerer.
+
+``execute(context)`` runs on a worker (a plain ``def`` in a worker thread, an
+``async def`` on the worker's loop). ``self.defer(trigger=..., method_name=...)``
+frees the worker slot: the trigger goes to a triggerer and, when it fires, the
+task resumes on a fresh operator instance at ``method_name(context, event=...)``.
+This module never imports the runtime (``engine``).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
+from typing import Any, NoReturn, Protocol, TypedDict
+
+from triggers.base import (
+    BaseTrigger,
+    SerializedTrigger,
+    TriggerSerializationError,
+    encode_value,
+    validate_trigger,
+)
+
+__all__ = [
+    "TRIGGER_RULES",
+    "BaseOperator",
+    "Context",
+    "DagLike",
+    "FailTask",
+    "RescheduleRequested",
+    "SkipTask",
+    "TaskDeferred",
+    "TriggerSerializationError",
+    "current_dag",
+    "dag_context",
+    "to_seconds",
+]
+
+TRIGGER_RULES = frozenset(
+    {
+        "all_success",
+        "all_failed",
+        "all_done",
+        "all_skipped",
+        "one_success",
+        "one_failed",
+        "one_done",
+        "none_failed",
+        "none_failed_min_one_success",
+        "none_skipped",
+        "always",
+    }
+)
+
+DEFAULT_RETRY_DELAY_S = 300.0
+_TASK_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,249}$")
+
+
+class Context(TypedDict, total=False):
+    """What ``execute`` and a resumed method receive."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    try_number: int
+    logical_date: dt.datetime
+    conf: dict[str, Any]
+    ti_id: int
+    #: When the task's first try started (database clock).
+    first_try_at: dt.datetime | None
+    #: When this worker claimed it for the current call (database clock).
+    claimed_at: dt.datetime | None
+
+
+class DagLike(Protocol):
+    """What an operator needs of the DAG it is declared in (``engine.DAG`` provides it)."""
+
+    dag_id: str
+
+    def add_task(self, task: BaseOperator) -> None: ...
+
+
+_current_dag: ContextVar[DagLike | None] = ContextVar("deferral_current_dag", default=None)
+
+
+def current_dag() -> DagLike | None:
+    """The DAG whose ``with`` block is open, if any."""
+    return _current_dag.get()
+
+
+def dag_context() -> ContextVar[DagLike | None]:
+    """The context variable ``with DAG(...)`` sets; used by the runtime's DAG class."""
+    return _current_dag
+
+
+class TaskDeferred(BaseException):
+    """Raised by :meth:`BaseOperator.defer`; the worker stores the deferral and frees the slot.
+
+    Derives from ``BaseException`` so that a user's ``except Exception`` cannot swallow it.
+    """
+
+    def __init__(
+        self,
+        *,
+        trigger: SerializedTrigger,
+        method_name: str,
+        kwargs: dict[str, Any],
+        timeout_s: float | None,
+    ) -> None:
+        super().__init__(f"deferred to {trigger.classpath}, resume at {method_name}")
+        self.trigger = trigger
+        self.method_name = method_name
+        self.kwargs = kwargs
+        self.timeout_s = timeout_s
+
+
+class RescheduleRequested(BaseException):
+    """Raised by a sensor in reschedule mode: free the slot, run again at ``reschedule_at``."""
+
+    def __init__(self, reschedule_at: dt.datetime) -> None:
+        super().__init__(f"reschedule at {reschedule_at.isoformat()}")
+        self.reschedule_at = reschedule_at
+
+
+class SkipTask(Exception):
+    """Raise from a task to end it as ``skipped``."""
+
+
+class FailTask(Exception):
+    """Raise from a task to end it as ``failed`` without using its remaining retries."""
+
+
+def to_seconds(value: dt.timedelta | float | int | None, name: str) -> float | None:
+    """Accept a timedelta or a number of seconds; reject negatives with a clear message."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"{name} must be a timedelta or a number of seconds, got {value!r}")
+    if seconds < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return seconds
+
+
+class BaseOperator:
+    """Base class of every task.
+
+    Subclasses implement ``execute(self, context)``; its return value is the
+    task's result. Settings are keyword-only, as in the rest of the engine.
+    """
+
+    template_fields: Sequence[str] = ()
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        retries: int = 0,
+        retry_delay: dt.timedelta | float = DEFAULT_RETRY_DELAY_S,
+        retry_exponential_backoff: bool = False,
+        max_retry_delay: dt.timedelta | float | None = None,
+        execution_timeout: dt.timedelta | float | None = None,
+        trigger_rule: str = "all_success",
+        priority_weight: int = 1,
+        pool: str = "default_pool",
+        dag: DagLike | None = None,
+    ) -> None:
+        if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
+            raise ValueError(
+                f"task_id {task_id!r} must be 1-250 characters of letters, digits, '_', '-', '.'"
+            )
+        if trigger_rule not in TRIGGER_RULES:
+            raise ValueError(
+                f"task {task_id}: unknown trigger_rule {trigger_rule!r}; "
+                f"choose one of {', '.join(sorted(TRIGGER_RULES))}"
+            )
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError(f"task {task_id}: retries must be an int >= 0, got {retries!r}")
+        self.task_id = task_id
+        self.retries = retries
+        self.retry_delay_s = to_seconds(retry_delay, "retry_delay") or 0.0
+        self.retry_exponential_backoff = bool(retry_exponential_backoff)
+        self.max_retry_delay_s = to_seconds(max_retry_delay, "max_retry_delay")
+        self.execution_timeout_s = to_seconds(execution_timeout, "execution_timeout")
+        self.trigger_rule = trigger_rule
+        self.priority_weight = int(priority_weight)
+        self.pool = pool
+        self.upstream_task_ids: set[str] = set()
+        self.downstream_task_ids: set[str] = set()
+        self.dag: DagLike | None = None
+        dag = dag if dag is not None else current_dag()
+        if dag is not None:
+            dag.add_task(self)
+            self.dag = dag
+
+    # -- the work ------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> Any:
+        """Do the task's work; ``def`` or ``async def``. The return value is the result."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement execute()")
+
+    @property
+    def log(self) -> logging.Logger:
+        """A logger named after the operator's class; the engine binds the task instance ids."""
+        cls = type(self)
+        return logging.getLogger(f"{cls.__module__}.{cls.__qualname__}")
+
+    def defer(
+        self,
+        *,
+        trigger: BaseTrigger,
+        method_name: str,
+        kwargs: dict[str, Any] | None = None,
+        timeout: dt.timedelta | float | None = None,
+    ) -> NoReturn:
+        """Hand the wait to a triggerer and free this worker slot.
+
+        Validates everything before the worker writes anything: the trigger
+        must rebuild from its ``(classpath, kwargs)``, ``method_name`` must name
+        a method of this operator, and ``kwargs`` must be plain data. On resume,
+        ``method_name(context, event=<payload>, **kwargs)`` runs on a fresh
+        operator instance.
+        """
+        serialized = validate_trigger(trigger)
+        method = getattr(self, method_name, None) if isinstance(method_name, str) else None
+        if not callable(method):
+            raise TriggerSerializationError(
+                f"task {self.task_id}: defer(method_name={method_name!r}) does not name a method "
+                f"of {type(self).__qualname__}"
+            )
+        resume_kwargs = dict(kwargs or {})
+        try:
+            encode_value(resume_kwargs)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TriggerSerializationError(
+                f"task {self.task_id}: defer(kwargs=...) must be plain data: {exc}"
+            ) from None
+        timeout_s = to_seconds(timeout, "timeout")
+        raise TaskDeferred(
+            trigger=serialized, method_name=method_name, kwargs=resume_kwargs, timeout_s=timeout_s
+        )
+
+    # -- the graph -----------------------------------------------------------------------
+
+    def set_downstream(self, other: BaseOperator | Iterable[BaseOperator]) -> None:
+        for task in [other] if isinstance(other, BaseOperator) else list(other):
+            if not isinstance(task, BaseOperator):
+                raise TypeError(f"cannot set {task!r} downstream of task {self.task_id}")
+            self.downstream_task_ids.add(task.task_id)
+            task.upstream_task_ids.add(self.task_id)
+
+    def set_upstream(self, other: BaseOperator | Iterable[BaseOperator]) -> None:
+        for task in [other] if isinstance(other, BaseOperator) else list(other):
+            if not isinstance(task, BaseOperator):
+                raise TypeError(f"cannot set {task!r} upstream of task {self.task_id}")
+            task.set_downstream(self)
+
+    def __rshift__(self, other: Any) -> Any:
+        self.set_downstream(other)
+        return other
+
+    def __lshift__(self, other: Any) -> Any:
+        self.set_upstream(other)
+        return other
+
+    def __rrshift__(self, other: Any) -> BaseOperator:
+        # [a, b] >> c
+        self.set_upstream(other)
+        return self
+
+    def __rlshift__(self, other: Any) -> BaseOperator:
+        # [a, b] << c
+        self.set_downstream(other)
+        return self
+
+    def fresh_copy(self) -> BaseOperator:
+        """An independent instance for one execution; nothing set on it leaks back."""
+        memo: dict[int, Any] = {}
+        if self.dag is not None:
+            memo[id(self.dag)] = self.dag
+        return copy.deepcopy(self, memo)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} {self.task_id}>"

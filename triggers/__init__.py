@@ -1,0 +1,1 @@
+"""Triggers: the contract (``triggers.base``) and the built-in triggers, by domain."""

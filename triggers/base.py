@@ -1,0 +1,238 @@
+"""The trigger contract: what a user writes to wait on something, and what crosses to the triggerer.
+
+A trigger is stored as a ``(classpath, kwargs)`` pair. The triggerer imports the
+classpath, builds the trigger with the kwargs and runs its ``async run()``; the
+first event it yields ends the wait. This module never imports the runtime
+(``engine``): it is the contract both sides agree on.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import msgspec
+
+__all__ = [
+    "BaseTrigger",
+    "SerializedTrigger",
+    "TaskEndEvent",
+    "TaskFailedEvent",
+    "TaskSkippedEvent",
+    "TaskSuccessEvent",
+    "TriggerEvent",
+    "TriggerSerializationError",
+    "decode_value",
+    "encode_value",
+    "import_trigger_class",
+    "rebuild_trigger",
+    "validate_trigger",
+]
+
+#: Largest encoded trigger kwargs accepted at defer time.
+MAX_KWARGS_BYTES = 64 * 1024
+#: Largest encoded event payload a trigger may yield.
+MAX_PAYLOAD_BYTES = 256 * 1024
+
+# Sorted keys make equal kwargs encode to equal bytes, which is what the
+# deduplication key and the rebuild check compare. MessagePack keeps aware
+# datetimes as datetimes across the round trip (JSON would turn them to text).
+_encoder = msgspec.msgpack.Encoder(order="sorted")
+_decoder = msgspec.msgpack.Decoder()
+
+
+class TriggerSerializationError(ValueError):
+    """A trigger cannot be stored and rebuilt by its classpath and kwargs."""
+
+
+class TriggerEvent(msgspec.Struct, frozen=True):
+    """What a trigger yields when the wait is over; ``payload`` reaches the resumed method."""
+
+    payload: Any = None
+
+
+class TaskEndEvent(TriggerEvent, frozen=True):
+    """An event that ends the waiting task itself, without running it on a worker again."""
+
+    state: ClassVar[str] = ""
+
+
+class TaskSuccessEvent(TaskEndEvent, frozen=True):
+    """End the task as ``success``; ``payload`` becomes the task's result."""
+
+    state: ClassVar[str] = "success"
+
+
+class TaskFailedEvent(TaskEndEvent, frozen=True):
+    """End the task as failed (retries apply); ``payload`` is the error message."""
+
+    state: ClassVar[str] = "failed"
+
+
+class TaskSkippedEvent(TaskEndEvent, frozen=True):
+    """End the task as ``skipped``."""
+
+    state: ClassVar[str] = "skipped"
+
+
+class BaseTrigger(abc.ABC):
+    """Base class of every trigger.
+
+    Subclasses implement :meth:`serialize` (the classpath and the keyword
+    arguments that rebuild an equal trigger) and :meth:`run` (an async
+    generator that yields one :class:`TriggerEvent` when the wait is over).
+    ``run()`` must never block the event loop: it shares it with thousands of
+    other triggers. :meth:`cleanup` runs on every exit (event, error,
+    cancellation, release to another triggerer).
+    """
+
+    @abc.abstractmethod
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return ``(classpath, kwargs)`` such that ``classpath(**kwargs)`` is an equal trigger."""
+
+    @abc.abstractmethod
+    def run(self) -> AsyncIterator[TriggerEvent]:
+        """Wait, then yield one event: ``async def run(self): ... yield TriggerEvent(...)``."""
+
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty on purpose
+        """Release what ``run()`` acquired. Runs on every exit; keep it short."""
+
+    @property
+    def log(self) -> logging.Logger:
+        """A logger named after the trigger's class; its lines carry the trigger id."""
+        cls = type(self)
+        return logging.getLogger(f"{cls.__module__}.{cls.__qualname__}")
+
+    def __repr__(self) -> str:
+        try:
+            classpath, kwargs = self.serialize()
+        except Exception:
+            return f"<{type(self).__qualname__}>"
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        return f"{classpath.rsplit('.', 1)[-1]}({args})"
+
+
+class SerializedTrigger(msgspec.Struct, frozen=True):
+    """A validated trigger as stored: classpath, encoded kwargs, and its deduplication key."""
+
+    classpath: str
+    kwargs: bytes
+    dedup_key: str
+
+
+def encode_value(value: Any) -> bytes:
+    """Encode kwargs, payloads and results the way the store keeps them (MessagePack)."""
+    return _encoder.encode(value)
+
+
+def decode_value(data: bytes) -> Any:
+    """Inverse of :func:`encode_value`."""
+    return _decoder.decode(data)
+
+
+def import_trigger_class(classpath: str) -> type[BaseTrigger]:
+    """Import ``package.module.ClassName`` and check it names a :class:`BaseTrigger` subclass."""
+    if not isinstance(classpath, str) or "." not in classpath:
+        raise TriggerSerializationError(
+            f"trigger classpath {classpath!r} must be a dotted 'module.ClassName' string"
+        )
+    module_name, _, attr = classpath.rpartition(".")
+    if module_name == "__main__" or module_name.startswith("__main__."):
+        raise TriggerSerializationError(
+            f"trigger classpath {classpath!r} points into __main__, which the triggerer cannot "
+            "import; define the trigger in a module (for instance next to your DAG files)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise TriggerSerializationError(
+            f"trigger classpath {classpath!r}: cannot import module {module_name!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise TriggerSerializationError(
+                f"trigger classpath {classpath!r}: module {module_name!r} has no attribute {attr!r}"
+            ) from None
+    if not (isinstance(obj, type) and issubclass(obj, BaseTrigger)):
+        raise TriggerSerializationError(
+            f"trigger classpath {classpath!r} names {obj!r}, which is not a BaseTrigger subclass"
+        )
+    return obj
+
+
+def rebuild_trigger(classpath: str, kwargs: dict[str, Any]) -> BaseTrigger:
+    """Build the trigger a stored ``(classpath, kwargs)`` pair describes."""
+    cls = import_trigger_class(classpath)
+    try:
+        return cls(**kwargs)
+    except Exception as exc:
+        raise TriggerSerializationError(
+            f"trigger {classpath} cannot be rebuilt from its kwargs {sorted(kwargs)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _encode_kwargs(classpath: str, kwargs: Any) -> bytes:
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise TriggerSerializationError(
+            f"trigger {classpath}: serialize() must return kwargs as a dict with str keys, "
+            f"got {type(kwargs).__name__}"
+        )
+    for key, value in kwargs.items():
+        try:
+            _encoder.encode(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TriggerSerializationError(
+                f"trigger {classpath}: kwarg {key!r} = {value!r} cannot be serialized "
+                f"({exc}); pass plain data (str, numbers, bools, None, lists, dicts, "
+                "aware datetimes) or an import path instead of live objects"
+            ) from None
+    data = _encoder.encode(kwargs)
+    if len(data) > MAX_KWARGS_BYTES:
+        raise TriggerSerializationError(
+            f"trigger {classpath}: kwargs encode to {len(data)} bytes, over the limit of "
+            f"{MAX_KWARGS_BYTES}; store large data elsewhere and pass a reference"
+        )
+    return data
+
+
+def validate_trigger(trigger: BaseTrigger) -> SerializedTrigger:
+    """Prove a trigger survives the trip to the triggerer, before anything is written.
+
+    Checks that ``serialize()`` returns an importable ``BaseTrigger`` classpath,
+    that its kwargs encode, and that rebuilding from the decoded kwargs gives a
+    trigger that serializes to the same bytes.
+    """
+    if not isinstance(trigger, BaseTrigger):
+        raise TriggerSerializationError(f"{trigger!r} is not a BaseTrigger instance")
+    try:
+        classpath, kwargs = trigger.serialize()
+    except Exception as exc:
+        raise TriggerSerializationError(
+            f"{type(trigger).__qualname__}.serialize() raised {type(exc).__name__}: {exc}"
+        ) from exc
+    data = _encode_kwargs(classpath, kwargs)
+    rebuilt = rebuild_trigger(classpath, _decoder.decode(data))
+    try:
+        re_classpath, re_kwargs = rebuilt.serialize()
+    except Exception as exc:
+        raise TriggerSerializationError(
+            f"rebuilt trigger {classpath}.serialize() raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if re_classpath != classpath or _encode_kwargs(classpath, re_kwargs) != data:
+        raise TriggerSerializationError(
+            f"trigger {classpath} does not survive a round trip: rebuilt from its kwargs it "
+            f"serializes to ({re_classpath!r}, {re_kwargs!r}) instead of ({classpath!r}, "
+            f"{kwargs!r}); check that serialize() returns every argument __init__ needs, as "
+            "plain data"
+        )
+    digest = hashlib.sha256(classpath.encode() + b"\0" + data).hexdigest()
+    return SerializedTrigger(classpath=classpath, kwargs=data, dedup_key=digest)
