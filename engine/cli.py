@@ -454,6 +454,15 @@ def demo(ctx: click.Context, sensors: int, jobs: int, slots: int, window: float)
     sys.exit(0 if ok else 1)
 
 
+def _add_bench() -> None:
+    from benchmarks.cli import bench
+
+    cli.add_command(bench, "bench")
+
+
+_add_bench()
+
+
 def main() -> None:
     cli(prog_name="deferral")
 

