@@ -28,7 +28,9 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    return run_async(fn, *args)
+    ctx = click.get_current_context(silent=True)
+    loop = ctx.obj["settings"].event_loop if ctx is not None and ctx.obj else "uvloop"
+    return run_async(fn, *args, loop=loop)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

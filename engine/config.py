@@ -43,6 +43,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     log_format: str = "text"
     #: Size of each process's connection pool.
     pool_size: int = 8
+    #: Event loop of the engine's processes: "uvloop" or "asyncio".
+    event_loop: str = "uvloop"
 
     worker_slots: int = DEFAULT_WORKER_SLOTS
     worker_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
@@ -78,6 +80,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"setting {name} must be > 0, got {value!r}")
+        if self.event_loop not in ("uvloop", "asyncio"):
+            raise ConfigError(
+                f"setting event_loop must be 'uvloop' or 'asyncio', not {self.event_loop!r}"
+            )
         if self.log_format not in ("text", "json"):
             raise ConfigError(
                 f"setting log_format must be 'text' or 'json', not {self.log_format!r}"
