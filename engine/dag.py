@@ -107,6 +107,7 @@ class DAG:
                 "max_retry_delay_s": t.max_retry_delay_s,
                 "execution_timeout_s": t.execution_timeout_s,
                 "soft_fail": bool(getattr(t, "soft_fail", False)),
+                "no_retry_on_timeout": bool(getattr(t, "no_retry_on_timeout", False)),
                 "is_leaf": not t.downstream_task_ids,
                 "priority": t.priority_weight,
                 "pool": t.pool,

@@ -66,19 +66,20 @@ WITH run AS (
     INSERT INTO deferral_task_instances (
         dag_run_id, dag_id, run_id, task_id, state, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
-        trigger_rule, upstream, is_leaf, priority, pool)
+        trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout)
     SELECT run.id, run.dag_id, run.run_id, t.task_id,
            CASE WHEN cardinality(t.upstream) = 0 THEN 'scheduled' ELSE 'pending' END,
            t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
            t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
-           t.priority, t.pool
+           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false)
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
     CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
         task_id text, upstream text[], trigger_rule text, retries integer,
         retry_delay_s double precision, retry_exponential_backoff boolean,
         max_retry_delay_s double precision, execution_timeout_s double precision,
-        soft_fail boolean, is_leaf boolean, priority integer, pool text)
+        soft_fail boolean, is_leaf boolean, priority integer, pool text,
+        no_retry_on_timeout boolean)
     RETURNING 1
 )
 SELECT run.id, (SELECT count(*) FROM tis) AS task_count FROM run;
@@ -393,9 +394,11 @@ FROM fired f LEFT JOIN moved m ON m.trigger_id = f.id;
 -- name: timeout_deferrals
 -- End the deferrals that passed their deadline: of the given triggers ($1), or of every
 -- trigger when $1 is null and the deadline passed more than $2 seconds ago (the scheduler's
--- backstop). soft_fail turns the timeout into skipped; otherwise the retry policy applies.
+-- backstop). soft_fail turns the timeout into skipped; a sensor (no_retry_on_timeout) fails
+-- without retries; otherwise the retry policy applies.
 UPDATE deferral_task_instances ti
 SET state = CASE WHEN ti.soft_fail THEN 'skipped'
+                 WHEN ti.no_retry_on_timeout THEN 'failed'
                  ELSE deferral_fail_state(ti.try_number, ti.retries) END,
     error = format('deferral timed out: the trigger did not fire by its deadline %s',
                    to_char(ti.trigger_timeout_at AT TIME ZONE 'UTC',

@@ -93,6 +93,8 @@ CREATE TABLE deferral_task_instances (
     next_event                bytea,
     result                    bytea,
     error                     text,
+    -- a deferral timeout fails the task without retries (sensors); added by migration 0002
+    no_retry_on_timeout       boolean NOT NULL DEFAULT false,
     UNIQUE (dag_run_id, task_id)
 );
 CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)
