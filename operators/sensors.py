@@ -7,16 +7,23 @@ Every sensor checks with ``poke(context)`` and runs in one of three ways:
 * ``deferrable=True``: check once on the worker (a condition already true costs no
   deferral), then hand the wait to a triggerer via the sensor's :meth:`trigger`.
 
-``timeout`` counts from the sensor's first try, across reschedules and deferrals.
-``soft_fail`` turns a timeout into ``skipped``.
+``timeout`` counts from the sensor's first try, across reschedules, deferrals and retries.
+``soft_fail`` turns a timeout into ``skipped``. A timeout never uses the task's retries (as
+in Airflow): in the worker it is a :class:`SensorTimeout`, and a timed-out deferral of a
+sensor ends as failed (``no_retry_on_timeout``).
+
+The built-in sensors write their condition once, as the ``check()`` of a polling trigger
+(:mod:`triggers.polling`); ``poke`` runs that same check on the worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from operators.base import (
     BaseOperator,
@@ -26,13 +33,32 @@ from operators.base import (
     SkipTask,
     to_seconds,
 )
-from triggers.base import BaseTrigger
+from triggers.base import BaseTrigger, TaskFailedEvent, TaskSkippedEvent, TriggerEvent
+from triggers.connections import DEFAULT_DEFERRAL_CONN_ID
+from triggers.external_task import (
+    DEFAULT_ALLOWED_STATES,
+    DEFAULT_FAILED_STATES,
+    TaskStateTrigger,
+)
+from triggers.file import FileTrigger, find_files
+from triggers.http import HttpResponse, HttpTrigger
+from triggers.polling import is_met
+from triggers.sql import SqlTrigger
 from triggers.temporal import DateTimeTrigger
+
+if TYPE_CHECKING:
+    from operators.python import PythonSensor
 
 __all__ = [
     "BaseSensorOperator",
     "DateTimeSensor",
+    "ExternalTaskSensor",
+    "FileSensor",
+    "HttpSensor",
+    "PythonSensor",
+    "SensorConditionFailed",
     "SensorTimeout",
+    "SqlSensor",
     "TimeDeltaSensor",
     "default_deferrable",
 ]
@@ -48,12 +74,20 @@ def default_deferrable() -> bool:
 
 
 class SensorTimeout(FailTask):
-    """The sensor's condition did not become true within its timeout."""
+    """The sensor's condition did not become true within its timeout (no retries)."""
+
+
+class SensorConditionFailed(Exception):
+    """The check found a state that can never become true (retries apply)."""
 
 
 class BaseSensorOperator(BaseOperator):
     """Base class of sensors; subclasses implement :meth:`poke` and, to be deferrable,
-    :meth:`trigger`."""
+    :meth:`trigger` (or only :meth:`trigger`, when it is a polling trigger whose ``check()``
+    serves as the poke)."""
+
+    #: A deferral timeout ends the task as failed without retries (stored per task instance).
+    no_retry_on_timeout = True
 
     def __init__(
         self,
@@ -82,9 +116,22 @@ class BaseSensorOperator(BaseOperator):
 
     # -- what subclasses write -------------------------------------------------------------
 
-    def poke(self, context: Context) -> bool:
-        """Check the condition once; True ends the wait."""
-        raise NotImplementedError(f"{type(self).__qualname__} must implement poke()")
+    def poke(self, context: Context) -> Any:
+        """Check the condition once; a truthy value ends the wait (anything but ``True`` is
+        the task's result). The default runs the ``check()`` of :meth:`trigger`."""
+        trigger = self.trigger(context)
+        check = getattr(trigger, "check", None)
+        if check is None:
+            raise NotImplementedError(f"{type(self).__qualname__} must implement poke()")
+
+        async def once() -> Any:
+            try:
+                return await check()
+            finally:
+                await trigger.cleanup()
+
+        # poke runs in a worker thread, which has no event loop of its own.
+        return asyncio.run(once())
 
     def trigger(self, context: Context) -> BaseTrigger:
         """The trigger that waits for the condition in deferrable mode."""
@@ -94,8 +141,22 @@ class BaseSensorOperator(BaseOperator):
         )
 
     def execute_complete(self, context: Context, event: Any = None) -> Any:
-        """Runs on a worker after the trigger fired; returns the event's payload."""
+        """Runs on a worker after the trigger fired; returns the event's payload.
+
+        A sensor that does not override it lets its trigger end the task directly
+        (``end_from_trigger``), without a worker hop."""
         return event
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    @property
+    def ends_in_trigger(self) -> bool:
+        """Whether the trigger may end the task itself (nothing to run after the event)."""
+        return type(self).execute_complete is BaseSensorOperator.execute_complete
+
+    def trigger_kwargs(self) -> dict[str, Any]:
+        """``poll_interval`` and ``end_from_trigger`` for a built-in polling trigger."""
+        return {"poll_interval": self.poke_interval_s, "end_from_trigger": self.ends_in_trigger}
 
     # -- the three ways to wait ----------------------------------------------------------
 
@@ -105,10 +166,14 @@ class BaseSensorOperator(BaseOperator):
         before = (claimed_at - first_try_at).total_seconds() if claimed_at and first_try_at else 0.0
         return before + (time.monotonic() - started)
 
-    def _interval_s(self, elapsed_s: float) -> float:
+    def interval_s(self, elapsed_s: float) -> float:
+        """The wait before the next check, ``elapsed_s`` after the first try started.
+
+        With ``exponential_backoff`` each wait is as long as all the waiting so far, so the
+        waits go poke_interval, x1, x2, x4, ... (stateless: it needs no poke counter across
+        reschedules), capped by ``max_wait``."""
         interval = self.poke_interval_s
         if self.exponential_backoff:
-            # Each wait as long as all the waiting so far: poke_interval, x1, x2, x4, ...
             interval = max(interval, elapsed_s)
         if self.max_wait_s is not None:
             interval = min(interval, self.max_wait_s)
@@ -120,11 +185,22 @@ class BaseSensorOperator(BaseOperator):
             raise SkipTask(message)
         raise SensorTimeout(message)
 
+    def _poke_once(self, context: Context) -> Any:
+        result = self.poke(context)
+        if isinstance(result, TaskSkippedEvent):
+            raise SkipTask(str(result.payload))
+        if isinstance(result, TaskFailedEvent):
+            raise SensorConditionFailed(str(result.payload))
+        if isinstance(result, TriggerEvent):
+            return True if result.payload is None else result.payload
+        return result
+
     def execute(self, context: Context) -> Any:
         started = time.monotonic()
         while True:
-            if self.poke(context):
-                return None
+            result = self._poke_once(context)
+            if is_met(result):
+                return None if result is True else result
             elapsed = self._elapsed_s(context, started)
             if elapsed >= self.timeout_s:
                 self._timed_out(elapsed)
@@ -134,7 +210,7 @@ class BaseSensorOperator(BaseOperator):
                     method_name="execute_complete",
                     timeout=self.timeout_s - elapsed,
                 )
-            interval = min(self._interval_s(elapsed), self.timeout_s - elapsed)
+            interval = min(self.interval_s(elapsed), self.timeout_s - elapsed)
             if self.mode == "reschedule":
                 claimed_at = context.get("claimed_at") or dt.datetime.now(dt.UTC)
                 at = claimed_at + dt.timedelta(seconds=time.monotonic() - started + interval)
@@ -158,7 +234,7 @@ class DateTimeSensor(BaseSensorOperator):
         return dt.datetime.now(dt.UTC) >= self.target(context)
 
     def trigger(self, context: Context) -> BaseTrigger:
-        return DateTimeTrigger(self.target(context))
+        return DateTimeTrigger(self.target(context), end_from_trigger=self.ends_in_trigger)
 
 
 class TimeDeltaSensor(DateTimeSensor):
@@ -172,3 +248,175 @@ class TimeDeltaSensor(DateTimeSensor):
     def target(self, context: Context) -> dt.datetime:
         logical_date = context.get("logical_date") or dt.datetime.now(dt.UTC)
         return logical_date + self.delta
+
+
+class FileSensor(BaseSensorOperator):
+    """Waits until ``filepath`` (a path or glob; ``**`` with ``recursive``) matches a file;
+    the result is the sorted list of matches."""
+
+    def __init__(self, *, filepath: str, recursive: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.filepath = filepath
+        self.recursive = bool(recursive)
+
+    def poke(self, context: Context) -> Any:
+        return find_files(self.filepath, self.recursive) or None
+
+    def trigger(self, context: Context) -> BaseTrigger:
+        return FileTrigger(self.filepath, recursive=self.recursive, **self.trigger_kwargs())
+
+
+class HttpSensor(BaseSensorOperator):
+    """Waits until ``url`` answers with one of ``expected_status`` and ``response_check``
+    accepts the :class:`~triggers.http.HttpResponse`. ``response_check`` is an import path
+    (or a module-level function, turned into one); a lambda or closure works in poke and
+    reschedule mode only, since a triggerer cannot import it."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        method: str = "GET",
+        headers: dict[str, str] | None = None,
+        data: str | None = None,
+        expected_status: Sequence[int] = (200,),
+        response_check: str | Callable[[HttpResponse], Any] | None = None,
+        conn_id: str | None = None,
+        request_timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.request: dict[str, Any] = {
+            "url": url,
+            "method": method,
+            "headers": dict(headers or {}),
+            "data": data,
+            "expected_status": list(expected_status),
+            "conn_id": conn_id,
+            "request_timeout": request_timeout,
+        }
+        self.check_fn: Callable[[HttpResponse], Any] | None = None
+        self.check_path: str | None = None
+        if isinstance(response_check, str) or response_check is None:
+            self.check_path = response_check
+        else:
+            self.check_path = _import_path_of(response_check)
+            self.check_fn = response_check
+            if self.check_path is None and self.deferrable:
+                raise ValueError(
+                    f"task {self.task_id}: a deferrable HttpSensor needs response_check as an "
+                    "import path ('module.function'); a lambda or closure cannot reach a triggerer"
+                )
+
+    def _trigger(self) -> HttpTrigger:
+        return HttpTrigger(response_check=self.check_path, **self.request, **self.trigger_kwargs())
+
+    def poke(self, context: Context) -> Any:
+        trigger = self._trigger()
+        trigger.response_check_fn = self.check_fn
+        return asyncio.run(trigger.check())
+
+    def trigger(self, context: Context) -> BaseTrigger:
+        return self._trigger()
+
+
+def _import_path_of(fn: Callable[..., Any]) -> str | None:
+    """``module.qualname`` of a function importable under that name, else None."""
+    import importlib
+
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<" in name or "." in name or module == "__main__":
+        return None
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    return f"{module}.{name}" if found is fn else None
+
+
+class SqlSensor(BaseSensorOperator):
+    """Waits until the first cell of the first row of ``sql`` is truthy, on the database
+    ``conn`` (a URL or a connection id); the result is that cell."""
+
+    def __init__(
+        self, *, conn: str, sql: str, parameters: Sequence[Any] = (), **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.conn = conn
+        self.sql = sql
+        self.parameters = list(parameters)
+
+    def trigger(self, context: Context) -> BaseTrigger:
+        return SqlTrigger(self.conn, self.sql, parameters=self.parameters, **self.trigger_kwargs())
+
+
+class ExternalTaskSensor(BaseSensorOperator):
+    """Waits for ``external_task_id`` of ``external_dag_id`` (or, with no task id, for the
+    external run itself) to reach one of ``allowed_states`` in the run whose logical date is
+    this run's minus ``execution_delta`` (or ``execution_date_fn(logical_date, context)``).
+
+    A state in ``failed_states`` fails the sensor (skips it with ``soft_fail``). When no
+    external run exists at that date the log says so at once, with the nearest dates that do
+    exist; ``check_existence=True`` fails the sensor instead of waiting.
+    """
+
+    def __init__(
+        self,
+        *,
+        external_dag_id: str,
+        external_task_id: str | None = None,
+        execution_delta: dt.timedelta | float | None = None,
+        execution_date_fn: Callable[[dt.datetime, Context], dt.datetime] | None = None,
+        allowed_states: Sequence[str] = DEFAULT_ALLOWED_STATES,
+        failed_states: Sequence[str] = DEFAULT_FAILED_STATES,
+        check_existence: bool = False,
+        conn: str = DEFAULT_DEFERRAL_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if execution_delta is not None and execution_date_fn is not None:
+            raise ValueError(
+                f"task {self.task_id}: pass execution_delta or execution_date_fn, not both"
+            )
+        self.external_dag_id = external_dag_id
+        self.external_task_id = external_task_id
+        self.execution_delta = dt.timedelta(
+            seconds=to_seconds(execution_delta, "execution_delta") or 0.0
+        )
+        self.execution_date_fn = execution_date_fn
+        self.allowed_states = list(allowed_states)
+        self.failed_states = list(failed_states)
+        self.check_existence = bool(check_existence)
+        self.conn = conn
+        self._cached: TaskStateTrigger | None = None
+
+    def external_logical_date(self, context: Context) -> dt.datetime:
+        logical_date = context.get("logical_date") or dt.datetime.now(dt.UTC)
+        if self.execution_date_fn is not None:
+            return self.execution_date_fn(logical_date, context)
+        return logical_date - self.execution_delta
+
+    def trigger(self, context: Context) -> BaseTrigger:
+        # One instance per execution, so "no such run" is logged once per try, not per poke.
+        if self._cached is None:
+            self._cached = TaskStateTrigger(
+                self.external_dag_id,
+                self.external_task_id,
+                self.external_logical_date(context),
+                states=self.allowed_states,
+                failed_states=self.failed_states,
+                check_existence=self.check_existence,
+                soft_fail=self.soft_fail,
+                conn=self.conn,
+                **self.trigger_kwargs(),
+            )
+        return self._cached
+
+
+def __getattr__(name: str) -> Any:
+    # PythonSensor lives in operators.python (which imports this module).
+    if name == "PythonSensor":
+        from operators.python import PythonSensor
+
+        return PythonSensor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
