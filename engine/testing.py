@@ -203,7 +203,9 @@ async def run_trigger(
             return None
         finally:
             try:
-                await agen.aclose()
+                aclose = getattr(agen, "aclose", None)
+                if aclose is not None:
+                    await aclose()
             finally:
                 await trigger.cleanup()
 
