@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import anyio
 
@@ -83,7 +84,11 @@ async def run_component(kind: str, settings: Settings) -> None:
 
 
 def spawn(
-    kind: str, settings: Settings, *extra: str, env: dict[str, str] | None = None
+    kind: str,
+    settings: Settings,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    stderr: IO[bytes] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``deferral <kind>`` as a child process on the same database and DAGs folder."""
     child_env = {**os.environ, **(env or {})}
@@ -92,7 +97,9 @@ def spawn(
         child_env["DEFERRAL_DAGS_FOLDER"] = str(Path(settings.dags_folder).resolve())
     child_env["DEFERRAL_LOG_LEVEL"] = settings.log_level
     child_env["DEFERRAL_LOG_FORMAT"] = settings.log_format
-    return subprocess.Popen([sys.executable, "-m", "engine", kind, *extra], env=child_env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine", kind, *extra], env=child_env, stderr=stderr
+    )
 
 
 def stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:

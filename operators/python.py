@@ -16,7 +16,10 @@ __all__ = ["PythonOperator", "PythonSensor"]
 
 def _context_kwargs(fn: Callable[..., Any], context: Context) -> dict[str, Any]:
     """The context entries the callable asks for by parameter name (all of them for **kwargs)."""
-    params = inspect.signature(fn).parameters
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins have no signature: pass no context
+        return {}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return dict(context)
     return {name: value for name, value in context.items() if name in params}

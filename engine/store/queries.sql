@@ -57,7 +57,8 @@ SELECT dag_id, fileloc, tasks, description FROM deferral_dags WHERE dag_id = $1;
 
 -- name: create_dag_run
 -- Create a run of a stored DAG and all its task instances in one statement: tasks without
--- upstreams start scheduled, the others pending. Returns nothing if the DAG is unknown.
+-- upstreams (or whose rule is 'always') start scheduled, the others pending. Returns nothing
+-- if the DAG is unknown.
 WITH run AS (
     INSERT INTO deferral_dag_runs (dag_id, run_id, logical_date, conf)
     SELECT dag_id, $2, $3, $4 FROM deferral_dags WHERE dag_id = $1
@@ -68,7 +69,8 @@ WITH run AS (
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout)
     SELECT run.id, run.dag_id, run.run_id, t.task_id,
-           CASE WHEN cardinality(t.upstream) = 0 THEN 'scheduled' ELSE 'pending' END,
+           CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
+                THEN 'scheduled' ELSE 'pending' END,
            t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
            t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
            t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false)
@@ -152,7 +154,7 @@ UPDATE deferral_task_instances
 SET state = $3, result = $4, ended_at = now(), worker_id = NULL, next_method = NULL,
     next_kwargs = NULL, next_event = NULL, error = NULL
 WHERE id = $1 AND worker_id = $2 AND state = 'running'
-RETURNING id, dag_run_id, state, is_leaf;
+RETURNING id, dag_run_id, task_id, state, is_leaf;
 
 -- name: fail_task
 -- A running try failed: up_for_retry while retries remain (at the policy's delay), else failed.
@@ -164,7 +166,7 @@ SET state = CASE WHEN $4 THEN 'failed' ELSE deferral_fail_state(try_number, retr
     error = $3, ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
     next_event = NULL
 WHERE id = $1 AND worker_id = $2 AND state = 'running'
-RETURNING id, dag_run_id, state, is_leaf;
+RETURNING id, dag_run_id, task_id, state, is_leaf;
 
 -- name: reschedule_task
 -- A sensor in reschedule mode gives its slot back until $3.
@@ -203,8 +205,14 @@ SELECT id FROM deferral_dag_runs WHERE id = ANY ($1::bigint[]) ORDER BY id FOR U
 
 -- name: resolve_pending
 -- Move pending task instances of the given runs on, by their trigger rule and the states of
--- their upstreams: to scheduled, skipped or upstream_failed. Returns what moved.
-WITH counts AS (
+-- their upstreams: to scheduled, skipped or upstream_failed. $2 limits the candidates to the
+-- downstreams of those task ids (the ones that just finished); null considers every pending
+-- task of the runs (the scheduler's backstop). Returns what moved.
+WITH candidates AS (
+    SELECT id, dag_run_id, trigger_rule, upstream FROM deferral_task_instances
+    WHERE state = 'pending' AND dag_run_id = ANY ($1::bigint[])
+      AND ($2::text[] IS NULL OR upstream && $2::text[])
+), counts AS (
     SELECT ti.id, ti.trigger_rule,
            count(*) AS n,
            count(*) FILTER (WHERE u.state = 'success') AS ok,
@@ -212,10 +220,9 @@ WITH counts AS (
            count(*) FILTER (WHERE u.state IN ('failed', 'upstream_failed')) AS fail,
            count(*) FILTER (WHERE u.state IN ('success', 'failed', 'skipped', 'upstream_failed'))
                AS done
-    FROM deferral_task_instances ti
-    JOIN deferral_task_instances u
-      ON u.dag_run_id = ti.dag_run_id AND u.task_id = ANY (ti.upstream)
-    WHERE ti.state = 'pending' AND ti.dag_run_id = ANY ($1::bigint[])
+    FROM candidates ti
+    CROSS JOIN LATERAL unnest(ti.upstream) AS up(task_id)
+    JOIN deferral_task_instances u ON u.dag_run_id = ti.dag_run_id AND u.task_id = up.task_id
     GROUP BY ti.id, ti.trigger_rule
 ), decided AS (
     SELECT id, CASE trigger_rule
@@ -250,7 +257,7 @@ SET state = d.new_state, run_after = now(),
     ended_at = CASE WHEN d.new_state = 'scheduled' THEN NULL ELSE now() END
 FROM decided d
 WHERE ti.id = d.id AND d.new_state IS NOT NULL
-RETURNING ti.id, ti.dag_run_id, ti.state, ti.is_leaf;
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;
 
 -- name: finish_dag_runs
 -- End the runs (of $1, or every running run when $1 is null) whose task instances are all
@@ -386,9 +393,9 @@ WITH outcome AS (
         trigger_id = NULL, trigger_timeout_at = NULL
     FROM fired f
     WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
-    RETURNING ti.id, ti.dag_run_id, ti.state, ti.is_leaf, f.id AS trigger_id
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id
 )
-SELECT f.id AS fired_id, m.id, m.dag_run_id, m.state, m.is_leaf
+SELECT f.id AS fired_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf
 FROM fired f LEFT JOIN moved m ON m.trigger_id = f.id;
 
 -- name: timeout_deferrals
@@ -410,7 +417,7 @@ SET state = CASE WHEN ti.soft_fail THEN 'skipped'
 WHERE ti.state = 'deferred'
   AND (($1::bigint[] IS NULL AND ti.trigger_timeout_at < now() - make_interval(secs => $2))
        OR (ti.trigger_id = ANY ($1::bigint[]) AND ti.trigger_timeout_at <= now()))
-RETURNING ti.id, ti.dag_run_id, ti.state, ti.is_leaf, ti.trigger_id;
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, ti.trigger_id;
 
 -- name: trigger_waiters
 -- For each given trigger: how many task instances still wait on it, and the earliest deadline.
@@ -463,7 +470,7 @@ WITH zombies AS (
         ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
         next_event = NULL
     WHERE state = 'running' AND heartbeat_at < now() - make_interval(secs => $1)
-    RETURNING id, dag_run_id, state, is_leaf
+    RETURNING id, dag_run_id, task_id, state, is_leaf
 ), dead AS (
     DELETE FROM deferral_workers WHERE heartbeat_at < now() - make_interval(secs => $1)
 )

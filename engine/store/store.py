@@ -132,7 +132,8 @@ class Store:
         finished_leaf = False
         rows = list(moved)
         while rows:
-            resolve: set[int] = set()
+            runs: set[int] = set()
+            finished: set[str] = set()
             for row in rows:
                 state = row["state"]
                 if state == "scheduled":
@@ -141,12 +142,13 @@ class Store:
                     if row["is_leaf"]:
                         finished_leaf = True
                     else:
-                        resolve.add(row["dag_run_id"])
-            if not resolve:
+                        runs.add(row["dag_run_id"])
+                        finished.add(row["task_id"])
+            if not runs:
                 break
-            run_ids = sorted(resolve)
+            run_ids = sorted(runs)
             await conn.execute(self._q["lock_dag_runs"], run_ids)
-            rows = await conn.fetch(self._q["resolve_pending"], run_ids)
+            rows = await conn.fetch(self._q["resolve_pending"], run_ids, sorted(finished))
         if runnable:
             await conn.execute(self._q["notify"], CHANNEL_TASKS, "")
         if finished_leaf:
@@ -188,11 +190,7 @@ class Store:
                     "(pass --dags, or start a scheduler on the DAGs folder)"
                 )
             run_pk: int = row["id"]
-            # 'always' tasks and tasks whose upstream list is empty may start at once.
-            await conn.execute(self._q["lock_dag_runs"], [run_pk])
-            moved = await conn.fetch(self._q["resolve_pending"], [run_pk])
             await conn.execute(self._q["notify"], CHANNEL_TASKS, "")
-            await self._settle(conn, moved)
         return run_pk
 
     async def get_dag_run(self, dag_id: str, run_id: str) -> dict[str, Any] | None:
@@ -226,7 +224,7 @@ class Store:
             if not run_ids:
                 return 0
             await conn.execute(self._q["lock_dag_runs"], run_ids)
-            moved = await conn.fetch(self._q["resolve_pending"], run_ids)
+            moved = await conn.fetch(self._q["resolve_pending"], run_ids, None)
             await self._settle(conn, moved)
             return len(moved)
 
