@@ -189,7 +189,8 @@ def _summary(
     slots: int,
     elapsed: float,
 ) -> None:
-    timer_latency, job_latency = [], []
+    timer_latency: list[float] = []
+    job_latency: list[float] = []
     for ti in tis:
         if ti["state"] != "success" or ti["result"] is None:
             continue

@@ -175,39 +175,41 @@ SET state = 'up_for_reschedule', run_after = $3, worker_id = NULL
 WHERE id = $1 AND worker_id = $2 AND state = 'running'
 RETURNING id;
 
--- name: upsert_trigger
--- Store a trigger, or join the identical one already waiting (same classpath and kwargs). The
--- earliest deadline of its waiters is kept. A new row signals the triggerers.
-WITH t AS (
+-- name: defer_task
+-- The running try of task instance $1, held by worker $2, waits on a trigger: store the
+-- trigger (or join the identical one already waiting: same classpath and kwargs, keeping the
+-- earliest deadline) and park the task on it, in one statement. Nothing is written unless the
+-- worker still holds the task. A new trigger row signals the triggerers.
+WITH held AS (
+    SELECT id FROM deferral_task_instances
+    WHERE id = $1 AND worker_id = $2 AND state = 'running'
+    FOR UPDATE
+), trig AS (
     INSERT INTO deferral_triggers (classpath, kwargs, dedup_key, timeout_at)
-    VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+    SELECT $3, $4, $5, now() + make_interval(secs => $6) WHERE EXISTS (SELECT 1 FROM held)
     ON CONFLICT (dedup_key) DO UPDATE
     SET timeout_at = LEAST(deferral_triggers.timeout_at, EXCLUDED.timeout_at)
     RETURNING id, (xmax = 0) AS inserted
+), parked AS (
+    UPDATE deferral_task_instances ti
+    SET state = 'deferred', trigger_id = trig.id,
+        trigger_timeout_at = now() + make_interval(secs => $6),
+        next_method = $7, next_kwargs = $8, next_event = NULL, worker_id = NULL
+    FROM trig
+    WHERE ti.id = $1
+    RETURNING ti.id
 )
-SELECT t.id, t.inserted,
-       CASE WHEN t.inserted THEN pg_notify('deferral_triggers', '') END AS notified
-FROM t;
-
--- name: defer_task
--- The running try waits on trigger $3; the worker slot is free once this commits.
-UPDATE deferral_task_instances
-SET state = 'deferred', trigger_id = $3,
-    trigger_timeout_at = now() + make_interval(secs => $4),
-    next_method = $5, next_kwargs = $6, next_event = NULL, worker_id = NULL
-WHERE id = $1 AND worker_id = $2 AND state = 'running'
-RETURNING id;
-
--- name: lock_dag_runs
--- Serialize dependency resolution per run, so two upstreams finishing at once cannot both miss
--- that the other finished.
-SELECT id FROM deferral_dag_runs WHERE id = ANY ($1::bigint[]) ORDER BY id FOR UPDATE;
+SELECT trig.id AS trigger_id,
+       CASE WHEN trig.inserted THEN pg_notify('deferral_triggers', '') END AS notified
+FROM trig, parked;
 
 -- name: resolve_pending
 -- Move pending task instances of the given runs on, by their trigger rule and the states of
 -- their upstreams: to scheduled, skipped or upstream_failed. $2 limits the candidates to the
 -- downstreams of those task ids (the ones that just finished); null considers every pending
--- task of the runs (the scheduler's backstop). Returns what moved.
+-- task of the runs (the scheduler's backstop). Runs after the finishing statement committed,
+-- so concurrent finishes cannot both miss each other; the state recheck in the UPDATE makes
+-- two concurrent resolutions of one task move it once. Returns what moved.
 WITH candidates AS (
     SELECT id, dag_run_id, trigger_rule, upstream FROM deferral_task_instances
     WHERE state = 'pending' AND dag_run_id = ANY ($1::bigint[])
@@ -256,7 +258,7 @@ UPDATE deferral_task_instances ti
 SET state = d.new_state, run_after = now(),
     ended_at = CASE WHEN d.new_state = 'scheduled' THEN NULL ELSE now() END
 FROM decided d
-WHERE ti.id = d.id AND d.new_state IS NOT NULL
+WHERE ti.id = d.id AND d.new_state IS NOT NULL AND ti.state = 'pending'
 RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;
 
 -- name: finish_dag_runs

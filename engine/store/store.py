@@ -58,6 +58,11 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pooled connections keep no session state (no LISTEN, no session locks, no SET), so the
+    reset round trip asyncpg makes on every release is skipped."""
+
+
 class Store:
     """A pool of connections and one method per named query (or per transaction of them)."""
 
@@ -69,7 +74,12 @@ class Store:
     @classmethod
     async def connect(cls, url: str, *, pool_size: int = 8, migrate: bool = True) -> Store:
         pool = await asyncpg.create_pool(
-            url, min_size=1, max_size=pool_size, init=_init_connection, command_timeout=60
+            url,
+            min_size=1,
+            max_size=pool_size,
+            init=_init_connection,
+            reset=_keep_session,
+            command_timeout=60,
         )
         store = cls(pool, url)
         if migrate:
@@ -125,9 +135,10 @@ class Store:
 
     # -- state changes that move downstream work on --------------------------------------
 
-    async def _settle(self, conn: Conn, moved: Iterable[asyncpg.Record]) -> None:
-        """After task instances changed state in this transaction: resolve their downstreams
-        (cascading), and signal workers and the scheduler."""
+    async def _settle(self, moved: Iterable[asyncpg.Record]) -> None:
+        """After task instances changed state (committed): resolve their downstreams,
+        cascading, and signal workers and the scheduler. If this process dies before it is
+        done, the scheduler's backstop resolves what is left."""
         runnable = False
         finished_leaf = False
         rows = list(moved)
@@ -146,13 +157,13 @@ class Store:
                         finished.add(row["task_id"])
             if not runs:
                 break
-            run_ids = sorted(runs)
-            await conn.execute(self._q["lock_dag_runs"], run_ids)
-            rows = await conn.fetch(self._q["resolve_pending"], run_ids, sorted(finished))
+            rows = await self._pool.fetch(
+                self._q["resolve_pending"], sorted(runs), sorted(finished)
+            )
         if runnable:
-            await conn.execute(self._q["notify"], CHANNEL_TASKS, "")
+            await self.notify(CHANNEL_TASKS)
         if finished_leaf:
-            await conn.execute(self._q["notify"], CHANNEL_FINISHED, "")
+            await self.notify(CHANNEL_FINISHED)
 
     # -- DAGs and runs -------------------------------------------------------------------
 
@@ -177,20 +188,19 @@ class Store:
         conf: dict[str, Any] | None = None,
     ) -> int:
         """Create a run and its task instances; returns the run's id."""
-        async with self._tx() as conn:
-            try:
-                row = await conn.fetchrow(
-                    self._q["create_dag_run"], dag_id, run_id, logical_date, conf or {}
-                )
-            except asyncpg.UniqueViolationError:
-                raise ValueError(f"DAG {dag_id} already has a run {run_id!r}") from None
-            if row is None:
-                raise UnknownDag(
-                    f"unknown DAG {dag_id!r}: no DAG file with that dag_id has been parsed "
-                    "(pass --dags, or start a scheduler on the DAGs folder)"
-                )
-            run_pk: int = row["id"]
-            await conn.execute(self._q["notify"], CHANNEL_TASKS, "")
+        try:
+            row = await self._pool.fetchrow(
+                self._q["create_dag_run"], dag_id, run_id, logical_date, conf or {}
+            )
+        except asyncpg.UniqueViolationError:
+            raise ValueError(f"DAG {dag_id} already has a run {run_id!r}") from None
+        if row is None:
+            raise UnknownDag(
+                f"unknown DAG {dag_id!r}: no DAG file with that dag_id has been parsed "
+                "(pass --dags, or start a scheduler on the DAGs folder)"
+            )
+        await self.notify(CHANNEL_TASKS)
+        run_pk: int = row["id"]
         return run_pk
 
     async def get_dag_run(self, dag_id: str, run_id: str) -> dict[str, Any] | None:
@@ -219,14 +229,12 @@ class Store:
 
     async def resolve_all_pending(self) -> int:
         """The scheduler's backstop: resolve every run that still has pending tasks."""
-        async with self._tx() as conn:
-            run_ids = [r["id"] for r in await conn.fetch(self._q["runs_with_pending"])]
-            if not run_ids:
-                return 0
-            await conn.execute(self._q["lock_dag_runs"], run_ids)
-            moved = await conn.fetch(self._q["resolve_pending"], run_ids, None)
-            await self._settle(conn, moved)
-            return len(moved)
+        run_ids = [r["id"] for r in await self._pool.fetch(self._q["runs_with_pending"])]
+        if not run_ids:
+            return 0
+        moved = await self._pool.fetch(self._q["resolve_pending"], run_ids, None)
+        await self._settle(moved)
+        return len(moved)
 
     async def list_task_instances(
         self,
@@ -287,18 +295,16 @@ class Store:
         self, ti_id: int, worker_id: int, *, state: str, result: bytes | None
     ) -> bool:
         """End a running try as ``success`` or ``skipped``; False if the worker lost it."""
-        async with self._tx() as conn:
-            rows = await conn.fetch(self._q["complete_task"], ti_id, worker_id, state, result)
-            await self._settle(conn, rows)
+        rows = await self._pool.fetch(self._q["complete_task"], ti_id, worker_id, state, result)
+        await self._settle(rows)
         return bool(rows)
 
     async def fail_task(
         self, ti_id: int, worker_id: int, *, error: str, no_retry: bool = False
     ) -> str | None:
         """Fail a running try; returns the new state (up_for_retry or failed)."""
-        async with self._tx() as conn:
-            rows = await conn.fetch(self._q["fail_task"], ti_id, worker_id, error, no_retry)
-            await self._settle(conn, rows)
+        rows = await self._pool.fetch(self._q["fail_task"], ti_id, worker_id, error, no_retry)
+        await self._settle(rows)
         return rows[0]["state"] if rows else None
 
     async def reschedule_task(self, ti_id: int, worker_id: int, at: dt.datetime) -> bool:
@@ -307,31 +313,19 @@ class Store:
 
     async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:
         """Store the trigger (or join an identical waiting one) and park the task on it, in one
-        transaction. False if the worker no longer holds the task (nothing is written)."""
-        try:
-            async with self._tx() as conn:
-                trig = await self._one(
-                    conn,
-                    self._q["upsert_trigger"],
-                    deferral.classpath,
-                    deferral.kwargs,
-                    deferral.dedup_key,
-                    deferral.timeout_s,
-                )
-                row = await conn.fetchrow(
-                    self._q["defer_task"],
-                    ti_id,
-                    worker_id,
-                    trig["id"],
-                    deferral.timeout_s,
-                    deferral.method_name,
-                    deferral.method_kwargs,
-                )
-                if row is None:
-                    raise _Rollback
-        except _Rollback:
-            return False
-        return True
+        statement. False if the worker no longer holds the task (nothing is written)."""
+        row = await self._pool.fetchrow(
+            self._q["defer_task"],
+            ti_id,
+            worker_id,
+            deferral.classpath,
+            deferral.kwargs,
+            deferral.dedup_key,
+            deferral.timeout_s,
+            deferral.method_name,
+            deferral.method_kwargs,
+        )
+        return row is not None
 
     # -- triggerers ----------------------------------------------------------------------
 
@@ -389,36 +383,34 @@ class Store:
     async def fire_triggers(
         self, triggerer_id: int, outcomes: Sequence[TriggerOutcome]
     ) -> tuple[set[int], int]:
-        """Write a batch of trigger outcomes in one transaction.
+        """Write a batch of trigger outcomes in one statement (one transaction).
 
         Returns the ids of the triggers whose outcome was accepted (the others were refused by
         the fencing check: this triggerer no longer owns them) and how many task instances moved.
         """
-        async with self._tx() as conn:
-            rows = await conn.fetch(
-                self._q["fire_triggers"],
-                triggerer_id,
-                [o.trigger_id for o in outcomes],
-                [o.fence for o in outcomes],
-                [o.kind for o in outcomes],
-                [o.payload for o in outcomes],
-                [o.error for o in outcomes],
-            )
-            moved = [r for r in rows if r["id"] is not None]
-            await self._settle(conn, moved)
+        rows = await self._pool.fetch(
+            self._q["fire_triggers"],
+            triggerer_id,
+            [o.trigger_id for o in outcomes],
+            [o.fence for o in outcomes],
+            [o.kind for o in outcomes],
+            [o.payload for o in outcomes],
+            [o.error for o in outcomes],
+        )
+        moved = [r for r in rows if r["id"] is not None]
+        await self._settle(moved)
         return {r["fired_id"] for r in rows}, len(moved)
 
     async def timeout_deferrals(
         self, trigger_ids: Sequence[int] | None, *, grace_s: float = 0.0
     ) -> list[asyncpg.Record]:
         """End deferrals past their deadline (of these triggers, or all when None)."""
-        async with self._tx() as conn:
-            rows = await conn.fetch(
-                self._q["timeout_deferrals"],
-                None if trigger_ids is None else list(trigger_ids),
-                grace_s,
-            )
-            await self._settle(conn, rows)
+        rows = await self._pool.fetch(
+            self._q["timeout_deferrals"],
+            None if trigger_ids is None else list(trigger_ids),
+            grace_s,
+        )
+        await self._settle(rows)
         return rows
 
     async def trigger_waiters(
@@ -445,9 +437,8 @@ class Store:
     # -- scheduler housekeeping ----------------------------------------------------------
 
     async def reap_zombie_tasks(self, threshold_s: float) -> list[asyncpg.Record]:
-        async with self._tx() as conn:
-            rows = await conn.fetch(self._q["reap_zombie_tasks"], threshold_s)
-            await self._settle(conn, rows)
+        rows = await self._pool.fetch(self._q["reap_zombie_tasks"], threshold_s)
+        await self._settle(rows)
         return rows
 
     async def delete_orphan_triggers(self, min_age_s: float) -> int:
@@ -458,10 +449,6 @@ class Store:
 
     def listener(self, *channels: str) -> Listener:
         return Listener(self.url, channels)
-
-
-class _Rollback(Exception):
-    """Raised inside a transaction to undo it."""
 
 
 class Listener:
