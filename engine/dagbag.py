@@ -96,6 +96,13 @@ class DagBag:
                 forget_module(known[0].__name__)
                 module = importlib.reload(known[0])
             elif name is not None:
+                cached = sys.modules.get(name)
+                if cached is not None and getattr(cached, "__file__", None) != str(file):
+                    # Another folder's module of the same name was imported before: this
+                    # file must not be shadowed by it.
+                    del sys.modules[name]
+                if name not in sys.modules:
+                    forget_module(name)
                 module = importlib.import_module(name)
             else:
                 module = self._import_by_path(file)

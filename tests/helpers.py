@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import time
+from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from engine.worker import Worker
 
 #: Upper bound for any wait in a test; pytest-timeout is the outer guard.
 WAIT_S = 30.0
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Engine:
@@ -55,9 +57,13 @@ class Engine:
         """Run the DAG to its end; returns the run's task instances by task_id (plus
         "__run__": the run's state)."""
         await self.start_run(dag, run_id, conf)
-        state = await wait_for_run(self.store, dag.dag_id, run_id, WAIT_S)
-        assert state != "running", f"run {dag.dag_id}/{run_id} did not end within {WAIT_S}s"
-        tis = await self.store.list_task_instances(dag_id=dag.dag_id, run_id=run_id)
+        return await self.finish(dag.dag_id, run_id)
+
+    async def finish(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+        """Wait for a started run to end; same return value as :meth:`run_dag`."""
+        state = await wait_for_run(self.store, dag_id, run_id, WAIT_S)
+        assert state != "running", f"run {dag_id}/{run_id} did not end within {WAIT_S}s"
+        tis = await self.store.list_task_instances(dag_id=dag_id, run_id=run_id)
         out: dict[str, dict[str, Any]] = {ti["task_id"]: ti for ti in tis}
         out["__run__"] = {"state": state}
         return out
