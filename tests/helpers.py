@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
