@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urljoin, urlsplit, urlunsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 import aiohttp
 import msgspec
@@ -87,29 +88,34 @@ class HttpTrigger(PollingTrigger):
             },
         )
 
-    def _target(self) -> tuple[str, aiohttp.BasicAuth | None]:
+    def _target(self) -> tuple[str, dict[str, str]]:
+        """The full URL and the headers, with the connection's credentials as basic auth."""
         if self.conn_id is None:
-            return self.url, None
+            return self.url, self.headers
         parts = urlsplit(resolve_url(self.conn_id))
-        auth = None
+        headers = dict(self.headers)
         if parts.username is not None:
-            auth = aiohttp.BasicAuth(parts.username, parts.password or "")
+            # aiohttp.BasicAuth is deprecated and encode_basic_auth needs aiohttp 3.14: the
+            # header is one line of RFC 7617.
+            user, password = unquote(parts.username), unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
         host = parts.hostname or ""
         netloc = f"{host}:{parts.port}" if parts.port else host
         base = urlunsplit(parts._replace(netloc=netloc))
-        return urljoin(base.rstrip("/") + "/", self.url.lstrip("/")), auth
+        return urljoin(base.rstrip("/") + "/", self.url.lstrip("/")), headers
 
     async def check(self) -> dict[str, Any] | None:
-        url, auth = self._target()
+        url, headers = self._target()
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         try:
             async with (
-                aiohttp.ClientSession(timeout=timeout, auth=auth) as session,
-                session.request(self.method, url, headers=self.headers, data=self.data) as resp,
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.request(self.method, url, headers=headers, data=self.data) as resp,
             ):
                 text = await resp.text()
                 status = resp.status
-                headers = dict(resp.headers)
+                answer_headers = dict(resp.headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.log.info("%s %s: %s: %s; trying again", self.method, url, type(exc).__name__, exc)
             return None
@@ -121,6 +127,8 @@ class HttpTrigger(PollingTrigger):
         check = self.response_check_fn
         if check is None and self.response_check is not None:
             check = import_callable(self.response_check, "response_check")
-        if check is not None and not check(HttpResponse(status=status, headers=headers, text=text)):
+        if check is not None and not check(
+            HttpResponse(status=status, headers=answer_headers, text=text)
+        ):
             return None
         return {"status": status, "url": self.url, "text": text[:MAX_BODY_CHARS]}
