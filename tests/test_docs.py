@@ -1,0 +1,25 @@
+"""Docs that describe code stay in step with it."""
+
+from __future__ import annotations
+
+import msgspec
+
+from engine.config import Settings
+from engine.states import TRANSITIONS
+from tests.helpers import REPO_ROOT
+
+
+def test_the_state_page_lists_every_transition_and_no_other() -> None:
+    text = (REPO_ROOT / "docs/explanation/states.md").read_text()
+    listed = {
+        (line.split("`")[1], line.split("`")[3])
+        for line in text.splitlines()
+        if line.startswith("| `")
+    }
+    assert listed == set(TRANSITIONS)
+
+
+def test_every_setting_is_documented() -> None:
+    text = (REPO_ROOT / "docs/reference/settings.md").read_text()
+    missing = [f for f in msgspec.structs.fields(Settings) if f"`{f.name}`" not in text]
+    assert not missing, [f.name for f in missing]
