@@ -63,7 +63,7 @@ def embedded_database_url(home: Path, database: str = "postgres") -> str:
             if pgdata.exists():
                 with PostgresServer._lock:
                     _prune_dead_handles(pgdata)
-            log.info("starting embedded PostgreSQL in %s", pgdata)
+            log.debug("using the embedded PostgreSQL in %s", pgdata)
             try:
                 server = get_server(pgdata, cleanup_mode="stop")
             except Exception as exc:
