@@ -1,0 +1,73 @@
+"""Log lines carry the ids of what emitted them: a trigger's lines name its trigger, a task's
+lines name the task instance."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import msgspec
+import pytest
+
+from engine import DAG, logs
+from engine.store import Store
+from tests.helpers import running_engine
+from tests.log_triggers import ChattyOperator
+
+pytestmark = pytest.mark.anyio
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[str, dict[str, object]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.getMessage(), dict(logs.bound())))
+
+
+async def test_trigger_and_task_log_lines_carry_their_ids(store: Store) -> None:
+    capture = _Capture()
+    logging.getLogger("tests.log_triggers").addHandler(capture)
+    logging.getLogger("tests.log_triggers").setLevel(logging.INFO)
+    try:
+        with DAG(dag_id="chatty") as dag:
+            ChattyOperator(task_id="talk")
+        async with running_engine(store) as engine:
+            tis = await engine.run_dag(dag)
+    finally:
+        logging.getLogger("tests.log_triggers").removeHandler(capture)
+    assert tis["__run__"]["state"] == "success"
+    by_message = dict(capture.lines)
+    trigger_ids = by_message["hello from the trigger talk"]
+    assert trigger_ids["classpath"] == "tests.log_triggers.ChattyTrigger"
+    assert isinstance(trigger_ids["trigger"], int)
+    for message in ("hello from execute", "hello from the resumed method"):
+        ids = by_message[message]
+        assert (ids["dag"], ids["run"], ids["task"], ids["attempt"]) == (
+            "chatty",
+            "run1",
+            "talk",
+            1,
+        )
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_formatters_print_the_bound_ids(fmt: str) -> None:
+    stream = io.StringIO()
+    logs.configure_logging("INFO", fmt)
+    root = logging.getLogger()
+    handler = next(h for h in root.handlers if getattr(h, "_deferral", False))
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+    try:
+        with logs.binding(trigger=42, classpath="a.B"):
+            logging.getLogger("x").info("fired")
+    finally:
+        root.removeHandler(handler)
+    line = stream.getvalue().strip()
+    if fmt == "json":
+        doc = msgspec.json.decode(line)
+        assert (doc["msg"], doc["trigger"], doc["classpath"]) == ("fired", 42, "a.B")
+    else:
+        assert "[trigger=42 classpath=a.B] fired" in line
