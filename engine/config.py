@@ -57,6 +57,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     triggerer_claim_batch: int = DEFAULT_CLAIM_BATCH
     triggerer_blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S
     triggerer_cleanup_timeout_s: float = 5.0
+    #: Cancel a trigger that blocks the event loop this many times, failing its tasks (0: never).
+    triggerer_cancel_blocking_after: int = 0
 
     scheduler_interval_s: float = 1.0
     zombie_threshold_s: float = 30.0

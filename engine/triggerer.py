@@ -55,6 +55,14 @@ log = logging.getLogger(__name__)
 WRITE_BATCH = 5000
 
 
+def _trigger_id_of(task_name: str | None) -> int | None:
+    """The trigger id in a trigger task's name ("trigger-<id> <classpath>")."""
+    if not task_name or not task_name.startswith("trigger-"):
+        return None
+    head = task_name[len("trigger-") :].split(" ", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 class _Held:
     """One trigger this triggerer runs."""
 
@@ -80,6 +88,7 @@ class Triggerer:
         claim_batch: int = DEFAULT_CLAIM_BATCH,
         blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S,
         cleanup_timeout_s: float = 5.0,
+        cancel_blocking_after: int = 0,
         allow: Callable[[str], bool] | None = None,
     ) -> None:
         if capacity < 1:
@@ -91,7 +100,10 @@ class Triggerer:
         self.claim_batch = claim_batch
         self.blocked_loop_s = blocked_loop_s
         self.cleanup_timeout_s = cleanup_timeout_s
+        #: Cancel a trigger (and fail its tasks) the n-th time it blocks the loop; 0 = never.
+        self.cancel_blocking_after = cancel_blocking_after
         self._allow = allow
+        self._block_counts: dict[int, int] = {}
         self.id: int | None = None
         self.held: dict[int, _Held] = {}
         self.peak_held = 0
@@ -455,23 +467,51 @@ class Triggerer:
     # -- a blocked loop ------------------------------------------------------------------
 
     def _on_block(self, report: BlockReport) -> None:
-        name = report.task_name or "(no task: a callback)"
+        """Runs on the watchdog's thread: name the trigger that blocks, count its offences."""
+        trigger_id = _trigger_id_of(report.task_name)
+        held = self.held.get(trigger_id) if trigger_id is not None else None
+        if held is not None:
+            culprit = f"trigger {trigger_id} ({held.classpath})"
+        else:
+            culprit = report.task_name or "(no task: a callback)"
         if report.ended:
             log.warning(
                 "event loop was blocked for %.3fs by %s at %s",
                 report.duration_s,
-                name,
+                culprit,
                 report.location,
             )
-        else:
-            self.blocks.append(report)
-            log.warning(
-                "event loop blocked for over %.3fs by %s at %s; trigger code must not block "
-                "(use await, or run blocking calls in a thread)",
-                report.duration_s,
-                name,
-                report.location,
+            return
+        self.blocks.append(report)
+        log.warning(
+            "event loop blocked for over %.3fs by %s at %s; trigger code must not block "
+            "(use await, or run blocking calls in a thread)",
+            report.duration_s,
+            culprit,
+            report.location,
+        )
+        if trigger_id is None or held is None or self.cancel_blocking_after <= 0:
+            return
+        count = self._block_counts.get(trigger_id, 0) + 1
+        self._block_counts[trigger_id] = count
+        if count >= self.cancel_blocking_after and self._loop is not None:
+            reason = (
+                f"trigger {held.classpath} was cancelled: it blocked the triggerer's event loop "
+                f"{count} time(s) (over {self.blocked_loop_s:.3f}s each; last at "
+                f"{report.location})"
             )
+            self._loop.call_soon_threadsafe(self._cancel_blocker, trigger_id, held, reason)
+
+    def _cancel_blocker(self, trigger_id: int, held: _Held, reason: str) -> None:
+        """On the loop: end a repeat offender; its tasks fail with the reason."""
+        if self.held.get(trigger_id) is not held or held.task is None or held.task.done():
+            return
+        log.error("%s", reason)
+        self._block_counts.pop(trigger_id, None)
+        self._emit(
+            TriggerOutcome(trigger_id=trigger_id, fence=held.fence, kind="failed", error=reason)
+        )
+        held.task.cancel()
 
     # -- introspection -------------------------------------------------------------------
 
