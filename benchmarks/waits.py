@@ -54,6 +54,13 @@ __all__ = ["waits"]
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG here.")
 @click.option("--keep-db", is_flag=True, help="Do not drop the benchmark database.")
+@click.option(
+    "--synchronous-commit/--no-synchronous-commit",
+    default=True,
+    show_default=True,
+    help="PostgreSQL synchronous_commit for the benchmark's database (off: a commit does not "
+    "wait for the WAL flush; an OS crash may lose the last commits, a process crash loses none).",
+)
 def waits(**options: Any) -> None:
     """Timer waits held by K triggerers: memory, claim time, lateness, failover."""
     from benchmarks.waits_run import run_waits

@@ -181,6 +181,22 @@ def _journal_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("resumed-*.log"))
 
 
+async def _commit_rate(url: str, count: int = 200) -> float:
+    """Sequential one-row commits per second: what the database's disk allows one session."""
+    conn = await asyncpg.connect(url)
+    try:
+        # A logged table: a temporary one writes no WAL and would not wait for the disk.
+        await conn.execute("CREATE TABLE bench_commit_probe (i int)")
+        started = time.perf_counter()
+        for i in range(count):
+            await conn.execute("INSERT INTO bench_commit_probe VALUES ($1)", i)
+        rate = round(count / (time.perf_counter() - started), 1)
+        await conn.execute("DROP TABLE bench_commit_probe")
+        return rate
+    finally:
+        await conn.close()
+
+
 def _with_database(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
 
@@ -208,6 +224,7 @@ async def _run(
     out: str | None,
     plot: str | None,
     keep_db: bool,
+    synchronous_commit: bool,
 ) -> dict[str, Any]:
     settings = load_settings()
     if lease_s is not None:
@@ -232,9 +249,12 @@ async def _run(
     conn = await asyncpg.connect(admin)
     try:
         await conn.execute(f'CREATE DATABASE "{db_name}"')
+        if not synchronous_commit:
+            await conn.execute(f'ALTER DATABASE "{db_name}" SET synchronous_commit = off')
     finally:
         await conn.close()
     url = _with_database(admin, db_name)
+    commits_per_s = await _commit_rate(url)
     work = Path(tempfile.mkdtemp(prefix="deferral-bench-waits-"))
     dags = work / "dags"
     journal = work / "journal"
@@ -274,6 +294,8 @@ async def _run(
         if floor["rss_per_wait_bytes"] > 0
         else None
     )
+    result["synchronous_commit"] = synchronous_commit
+    result["db_commits_per_s"] = commits_per_s
     result["logs"] = str(work)
     _table(result)
     if plot:
