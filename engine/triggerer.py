@@ -34,7 +34,14 @@ from engine.config import (
     DEFAULT_TRIGGERER_LEASE_S,
 )
 from engine.retry import TRANSIENT_ERRORS, with_db_retry
-from engine.store import CHANNEL_TRIGGERS, ClaimedTrigger, Listener, Store, TriggerOutcome
+from engine.store import (
+    CHANNEL_DEADLINES,
+    CHANNEL_TRIGGERS,
+    ClaimedTrigger,
+    Listener,
+    Store,
+    TriggerOutcome,
+)
 from engine.wakeup import Wakeup
 from engine.watchdog import BlockReport, LoopWatchdog
 from triggers.base import (
@@ -131,8 +138,8 @@ class Triggerer:
         self._stopping = False
         self._loop = asyncio.get_running_loop()
         await self._register()
-        listener = self.store.listener(CHANNEL_TRIGGERS)
-        listener.on_notify(lambda _channel, _payload: self._claim_wake.set())
+        listener = self.store.listener(CHANNEL_TRIGGERS, CHANNEL_DEADLINES)
+        listener.on_notify(self._on_notify)
         await listener.ensure_connected()
         watchdog = LoopWatchdog(
             self._loop, threshold_s=self.blocked_loop_s, on_block=self._on_block
@@ -382,6 +389,14 @@ class Triggerer:
     def _deadline(self, trigger_id: int) -> None:
         self._due.add(trigger_id)
         self._due_wake.set()
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel != CHANNEL_DEADLINES:
+            self._claim_wake.set()
+        elif payload.isdigit() and int(payload) in self.held:
+            # A task joined a trigger held here with an earlier deadline than its timer's: a
+            # deadline pass re-reads the trigger's earliest deadline and re-arms the timer.
+            self._deadline(int(payload))
 
     async def _deadline_loop(self) -> None:
         while True:

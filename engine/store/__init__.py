@@ -8,6 +8,7 @@ from engine.config import Settings
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
 from engine.store.models import ClaimedTask, ClaimedTrigger, Deferral, TriggerOutcome
 from engine.store.store import (
+    CHANNEL_DEADLINES,
     CHANNEL_FINISHED,
     CHANNEL_RUNS,
     CHANNEL_TASKS,
@@ -19,6 +20,7 @@ from engine.store.store import (
 )
 
 __all__ = [
+    "CHANNEL_DEADLINES",
     "CHANNEL_FINISHED",
     "CHANNEL_RUNS",
     "CHANNEL_TASKS",

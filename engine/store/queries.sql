@@ -179,7 +179,9 @@ RETURNING id;
 -- The running try of task instance $1, held by worker $2, waits on a trigger: store the
 -- trigger (or join the identical one already waiting: same classpath and kwargs, keeping the
 -- earliest deadline) and park the task on it, in one statement. Nothing is written unless the
--- worker still holds the task. A new trigger row signals the triggerers.
+-- worker still holds the task. A new trigger row signals the triggerers; joining a trigger a
+-- triggerer already runs with a deadline earlier than its others signals that triggerer (the
+-- payload is the trigger id), whose timer was set for the later deadline.
 WITH held AS (
     SELECT id FROM deferral_task_instances
     WHERE id = $1 AND worker_id = $2 AND state = 'running'
@@ -189,7 +191,7 @@ WITH held AS (
     SELECT $3, $4, $5, now() + make_interval(secs => $6) WHERE EXISTS (SELECT 1 FROM held)
     ON CONFLICT (dedup_key) DO UPDATE
     SET timeout_at = LEAST(deferral_triggers.timeout_at, EXCLUDED.timeout_at)
-    RETURNING id, (xmax = 0) AS inserted
+    RETURNING id, (xmax = 0) AS inserted, triggerer_id, timeout_at
 ), parked AS (
     UPDATE deferral_task_instances ti
     SET state = 'deferred', trigger_id = trig.id,
@@ -200,7 +202,10 @@ WITH held AS (
     RETURNING ti.id
 )
 SELECT trig.id AS trigger_id,
-       CASE WHEN trig.inserted THEN pg_notify('deferral_triggers', '') END AS notified
+       CASE WHEN trig.inserted THEN pg_notify('deferral_triggers', '')
+            WHEN trig.triggerer_id IS NOT NULL
+                 AND trig.timeout_at = now() + make_interval(secs => $6)
+            THEN pg_notify('deferral_deadlines', trig.id::text) END AS notified
 FROM trig, parked;
 
 -- name: resolve_pending

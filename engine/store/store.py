@@ -16,6 +16,7 @@ from engine.store.models import ClaimedTask, ClaimedTrigger, Deferral, TriggerOu
 from engine.store.queries import load_queries, migrations
 
 __all__ = [
+    "CHANNEL_DEADLINES",
     "CHANNEL_FINISHED",
     "CHANNEL_RUNS",
     "CHANNEL_TASKS",
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 CHANNEL_TASKS = "deferral_tasks"
 #: A trigger is unowned: triggerers claim.
 CHANNEL_TRIGGERS = "deferral_triggers"
+#: A task joined a running trigger with an earlier deadline; the payload is the trigger id.
+CHANNEL_DEADLINES = "deferral_deadlines"
 #: A leaf task instance finished: the scheduler checks whether its run is over.
 CHANNEL_FINISHED = "deferral_finished"
 #: A DAG run ended; the payload is "<dag_id> <run_id> <state>".
