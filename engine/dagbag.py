@@ -128,11 +128,18 @@ class DagBag:
         spec.loader.exec_module(module)
         return module
 
-    def get_dag(self, dag_id: str) -> DAG:
+    def is_current(self, dag_id: str) -> bool:
+        """True when the DAG is loaded and its file has not changed since (no import needed)."""
+        if dag_id in self._extra:
+            return True
         dag = self.dags.get(dag_id)
-        if dag is None or (dag.fileloc and self._changed(Path(dag.fileloc))):
+        return dag is not None and not (dag.fileloc and self._changed(Path(dag.fileloc)))
+
+    def get_dag(self, dag_id: str) -> DAG:
+        """The DAG, (re)loading the folder first if it is unknown or its file changed."""
+        if not self.is_current(dag_id):
             self.collect()
-            dag = self.dags.get(dag_id)
+        dag = self.dags.get(dag_id)
         if dag is None:
             where = f" in {self.folder}" if self.folder else " (no DAGs folder is configured)"
             error = next((f"; {f} failed to import" for f in self.import_errors if dag_id in f), "")

@@ -78,6 +78,7 @@ class Worker:
         self._idle = Wakeup()
         self._stopping = False
         self._limiter = anyio.CapacityLimiter(slots)
+        self._dag_lock = anyio.Lock()
 
     def stop(self) -> None:
         """Ask for a graceful stop: claim nothing more, let running tries finish (up to the
@@ -237,6 +238,10 @@ class Worker:
         started = time.perf_counter()
         what = f"resume at {ti.next_method}" if ti.next_method else "execute"
         try:
+            if not self.dagbag.is_current(ti.dag_id):
+                # Importing DAG files is blocking work: keep it off the loop, one at a time.
+                async with self._dag_lock:
+                    await anyio.to_thread.run_sync(self.dagbag.get_dag, ti.dag_id)
             op = self.dagbag.get_task(ti.dag_id, ti.task_id).fresh_copy()
             result = await self._call(op, ti)
         except anyio.get_cancelled_exc_class():
