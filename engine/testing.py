@@ -78,7 +78,35 @@ def assert_serializable(trigger: BaseTrigger) -> BaseTrigger:
     classpath, kwargs = rebuilt.serialize()
     if classpath != serialized.classpath or encode_value(kwargs) != serialized.kwargs:
         raise TriggerTestError(f"{trigger!r} does not rebuild into an equal trigger")
+    lost = sorted(
+        name
+        for name, value in _plain_attributes(trigger).items()
+        if _plain_attributes(rebuilt).get(name, _MISSING) != value
+    )
+    if lost:
+        raise TriggerTestError(
+            f"{trigger!r} does not survive a round trip: after rebuilding from its kwargs, "
+            f"attribute(s) {', '.join(lost)} differ; serialize() must return every argument "
+            "__init__ needs"
+        )
     return rebuilt
+
+
+_MISSING = object()
+
+
+def _plain_attributes(trigger: BaseTrigger) -> dict[str, Any]:
+    """Public instance attributes that hold plain data (live objects are not compared)."""
+    plain = {}
+    for name, value in vars(trigger).items():
+        if name.startswith("_"):
+            continue
+        try:
+            encode_value(value)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        plain[name] = value
+    return plain
 
 
 class _BlockWatch:
@@ -98,12 +126,14 @@ class _BlockWatch:
         )
 
     def __enter__(self) -> _BlockWatch:
-        self._watcher.start()
+        if self.threshold_s != float("inf"):
+            self._watcher.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._watcher.join()
+        if self._watcher.is_alive():
+            self._watcher.join()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.threshold_s / 4):
