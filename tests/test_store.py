@@ -1,0 +1,226 @@
+"""The schema: schema.sql is what the migrations build, and migrating is idempotent and safe to
+run from several processes at once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from engine.store import Store
+from engine.store.queries import migrations, schema_sql
+from tests.conftest import _with_database
+
+pytestmark = pytest.mark.anyio
+
+MIGRATIONS_TABLE = "deferral_migrations"
+
+#: Catalog queries, each returning rows that describe one aspect of the public schema.
+_CATALOG: dict[str, str] = {
+    "columns": """
+        SELECT c.relname AS table, a.attnum AS position, a.attname AS column,
+               format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null,
+               pg_get_expr(d.adbin, d.adrelid) AS default, a.attidentity AS identity,
+               a.attgenerated AS generated
+        FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')
+          AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes
+        WHERE schemaname = 'public' ORDER BY 1, 2""",
+    "constraints": """
+        SELECT c.relname AS table, k.conname, k.contype, pg_get_constraintdef(k.oid) AS def
+        FROM pg_constraint k
+        JOIN pg_class c ON c.oid = k.conrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' ORDER BY 1, 2""",
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid) AS args,
+               pg_get_functiondef(p.oid) AS def
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public' ORDER BY 1, 2""",
+    "sequences": """
+        SELECT sequencename, data_type::text, start_value, increment_by, max_value, cycle
+        FROM pg_sequences WHERE schemaname = 'public' ORDER BY 1""",
+    "relations": """
+        SELECT c.relname, c.relkind::text FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' ORDER BY 1""",
+    "triggers": """
+        SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid) AS def
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY 1, 2""",
+}
+
+
+async def catalog(url: str, *, without: str | None = None) -> dict[str, list[tuple[Any, ...]]]:
+    """Describe the public schema of a database (leaving out the relations of table
+    ``without`` and its sequences and indexes)."""
+    conn = await asyncpg.connect(url)
+    try:
+        dump: dict[str, list[tuple[Any, ...]]] = {}
+        for aspect, sql in _CATALOG.items():
+            rows = [tuple(r) for r in await conn.fetch(sql)]
+            if without is not None:
+                rows = [r for r in rows if not str(r[0]).startswith(without)]
+            dump[aspect] = rows
+        return dump
+    finally:
+        await conn.close()
+
+
+EmptyDb = Callable[[], Awaitable[str]]
+
+
+@pytest.fixture
+async def empty_db(admin_url: str) -> AsyncIterator[EmptyDb]:
+    """Make empty databases (no schema) on the test server; dropped after the test."""
+    names: list[str] = []
+
+    async def make() -> str:
+        name = f"t_empty_{uuid.uuid4().hex[:12]}"
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        names.append(name)
+        return _with_database(admin_url, name)
+
+    try:
+        yield make
+    finally:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            for name in names:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+async def _execute(url: str, *scripts: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        for script in scripts:
+            await conn.execute(script)
+    finally:
+        await conn.close()
+
+
+async def test_the_schema_file_equals_the_migrations_applied_in_order(empty_db: EmptyDb) -> None:
+    from_schema, from_migrations = await empty_db(), await empty_db()
+    await _execute(from_schema, schema_sql())
+    found = migrations()
+    assert [version for version, _, _ in found] == list(range(1, len(found) + 1))
+    await _execute(from_migrations, *(sql for _, _, sql in found))
+
+    expected = await catalog(from_schema)
+    got = await catalog(from_migrations)
+    assert expected["columns"], "the catalog dump is empty: the comparison would prove nothing"
+    assert {r[0] for r in expected["relations"]} >= {
+        "deferral_dags",
+        "deferral_dag_runs",
+        "deferral_task_instances",
+        "deferral_triggers",
+        "deferral_triggerers",
+        "deferral_workers",
+    }
+    for aspect in _CATALOG:
+        assert got[aspect] == expected[aspect], f"schema.sql and the migrations differ in {aspect}"
+
+
+async def test_the_catalog_comparison_notices_a_difference(empty_db: EmptyDb) -> None:
+    """The dump is sensitive enough: a changed default, an extra index, a changed function."""
+    base, changed = await empty_db(), await empty_db()
+    await _execute(base, schema_sql())
+    await _execute(changed, schema_sql())
+    before = await catalog(changed)
+    assert before == await catalog(base)
+    await _execute(
+        changed,
+        "ALTER TABLE deferral_workers ALTER COLUMN slots SET DEFAULT 1",
+        "CREATE INDEX extra ON deferral_workers (pid)",
+        "CREATE OR REPLACE FUNCTION deferral_fail_state(try_number integer, retries integer) "
+        "RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT 'failed' $$",
+    )
+    after = await catalog(changed)
+    assert after["columns"] != before["columns"]
+    assert after["indexes"] != before["indexes"]
+    assert after["functions"] != before["functions"]
+
+
+async def test_migrate_builds_the_schema_and_a_second_migrate_is_a_no_op(
+    empty_db: EmptyDb,
+) -> None:
+    url, reference = await empty_db(), await empty_db()
+    await _execute(reference, schema_sql())
+    versions = [version for version, _, _ in migrations()]
+    store = await Store.connect(url, pool_size=2, migrate=False)
+    try:
+        assert await store.migrate() == versions
+        first = await catalog(url)
+        assert await store.migrate() == []
+        assert await catalog(url) == first
+    finally:
+        await store.close()
+    assert await catalog(url, without=MIGRATIONS_TABLE) == await catalog(reference)
+    conn = await asyncpg.connect(url)
+    try:
+        ledger = [r["version"] for r in await conn.fetch(f"SELECT version FROM {MIGRATIONS_TABLE}")]
+    finally:
+        await conn.close()
+    assert sorted(ledger) == versions
+
+
+async def test_the_test_template_is_fully_migrated(store: Store) -> None:
+    assert await store.migrate() == []
+
+
+async def test_concurrent_migrations_apply_each_version_once(empty_db: EmptyDb) -> None:
+    url, reference = await empty_db(), await empty_db()
+    await _execute(reference, schema_sql())
+    stores = [await Store.connect(url, pool_size=1, migrate=False) for _ in range(6)]
+    applied: list[list[int]] = []
+
+    async def migrate(store: Store) -> None:
+        applied.append(await store.migrate())
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for store in stores:
+                tg.start_soon(migrate, store)
+    finally:
+        for store in stores:
+            await store.close()
+    versions = [version for version, _, _ in migrations()]
+    assert sorted(v for batch in applied for v in batch) == versions
+    assert sum(1 for batch in applied if batch) == 1
+    assert await catalog(url, without=MIGRATIONS_TABLE) == await catalog(reference)
+
+
+async def test_concurrent_connects_with_migrate_succeed(empty_db: EmptyDb) -> None:
+    """What several processes starting at once do: connect(migrate=True)."""
+    url = await empty_db()
+    stores: list[Store] = []
+
+    async def connect() -> None:
+        stores.append(await Store.connect(url, pool_size=1))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(connect)
+        assert len(stores) == 4
+        assert await stores[0].migrate() == []
+    finally:
+        for store in stores:
+            await store.close()
