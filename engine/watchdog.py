@@ -48,6 +48,8 @@ class LoopWatchdog:
         self._interval = threshold_s / 4
         self._on_block = on_block
         self._last = time.monotonic()
+        #: The longest a tick ran past its time since the watchdog last reset it.
+        self._worst = 0.0
         self._stop = threading.Event()
         self._loop_thread = threading.get_ident()
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
@@ -63,7 +65,10 @@ class LoopWatchdog:
             self._handle.cancel()
 
     def _tick(self) -> None:
-        self._last = time.monotonic()
+        now = time.monotonic()
+        # How long past its time this tick ran: a block's length, measured by the loop itself.
+        self._worst = max(self._worst, now - self._last - self._interval)
+        self._last = now
         self._handle = self._loop.call_later(self._interval, self._tick)
 
     def _culprit(self) -> tuple[str | None, str | None]:
@@ -93,11 +98,12 @@ class LoopWatchdog:
             if lag > self.threshold_s:
                 if report is None:
                     name, location = self._culprit()
+                    self._worst = 0.0  # the blocked tick has not run yet: it sets this
                     report = BlockReport(name, location, lag, since=self._last)
                     self._emit(report)
             elif report is not None:
                 # The loop ran the overdue tick as soon as it was free again.
-                report.duration_s = max(self._last - report.since - self._interval, 0.0)
+                report.duration_s = max(self._worst, report.duration_s)
                 report.ended = True
                 self._emit(report)
                 report = None

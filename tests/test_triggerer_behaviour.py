@@ -1,0 +1,247 @@
+"""The triggerer in the test's event loop: capacity, deduplication, deadlines, a blocked loop,
+and triggers that fail in every way a trigger can."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from engine import DAG
+from engine.dagbag import DagBag
+from engine.store import Store
+from engine.triggerer import Triggerer
+from engine.worker import Worker
+from tests.helpers import wait_until
+from tests.triggerer_support import WaitOn, read_journal
+
+pytestmark = pytest.mark.anyio
+
+
+class Parts:
+    def __init__(self, store: Store, dagbag: DagBag, worker: Worker, triggerer: Triggerer):
+        self.store = store
+        self.dagbag = dagbag
+        self.worker = worker
+        self.triggerer = triggerer
+
+    async def start(self, dag: DAG, run_id: str = "r1") -> None:
+        self.dagbag.add_dag(dag)
+        await self.store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), None)
+        now = await self.store.now()
+        await self.store.create_dag_run(dag.dag_id, run_id, logical_date=now)
+
+    async def tis(self, dag_id: str) -> dict[str, dict[str, Any]]:
+        return {ti["task_id"]: ti for ti in await self.store.list_task_instances(dag_id=dag_id)}
+
+    async def states(self, dag_id: str) -> dict[str, str]:
+        return {k: v["state"] for k, v in (await self.tis(dag_id)).items()}
+
+
+@contextlib.asynccontextmanager
+async def engine_parts(store: Store, **triggerer_options: Any) -> AsyncIterator[Parts]:
+    """A worker and a triggerer (no scheduler: nothing here may rely on its backstops)."""
+    dagbag = DagBag(None)
+    worker = Worker(store, dagbag, slots=8, poll_interval_s=0.5, heartbeat_s=1.0)
+    options: dict[str, Any] = {"capacity": 1000, "poll_interval_s": 0.5, "lease_s": 10.0}
+    options.update(triggerer_options)
+    triggerer = Triggerer(store, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(triggerer.run)
+        await tg.start(worker.run)
+        try:
+            yield Parts(store, dagbag, worker, triggerer)
+        finally:
+            worker.stop()
+            triggerer.stop()
+
+
+def _flag(tmp_path: Path, key: str, journal: Path | None = None) -> dict[str, Any]:
+    return {
+        "flag": str(tmp_path / "go"),
+        "key": key,
+        "journal": None if journal is None else str(journal),
+    }
+
+
+async def test_capacity_is_never_exceeded_and_the_rest_waits_as_backlog(
+    store: Store, tmp_path: Path
+) -> None:
+    with DAG(dag_id="cap") as dag:
+        for i in range(10):
+            WaitOn(task_id=f"w{i}", trigger="FlagTrigger", trigger_kwargs=_flag(tmp_path, f"k{i}"))
+    seen: list[int] = []
+
+    async with engine_parts(store, capacity=3, claim_batch=2) as parts:
+        await parts.start(dag)
+
+        async def held_full_and_backlog() -> bool:
+            held = sum(r["held"] for r in await store.list_triggerers())
+            seen.append(held)
+            return held == 3 and await store.count_unowned_triggers() == 7
+
+        await wait_until(held_full_and_backlog, what="3 held, 7 waiting unowned")
+        (tmp_path / "go").touch()
+
+        async def all_done() -> bool:
+            seen.append(sum(r["held"] for r in await store.list_triggerers()))
+            return set((await parts.states("cap")).values()) == {"success"}
+
+        await wait_until(all_done, what="every task resumed through the backlog")
+        assert parts.triggerer.peak_held <= 3
+    assert max(seen) <= 3
+
+
+async def test_identical_triggers_share_one_coroutine_and_its_event_resumes_every_task(
+    store: Store, tmp_path: Path
+) -> None:
+    journal = tmp_path / "starts.log"
+    with DAG(dag_id="dedup") as dag:
+        for i in range(5):
+            WaitOn(
+                task_id=f"w{i}",
+                trigger="FlagTrigger",
+                trigger_kwargs=_flag(tmp_path, "same", journal),
+            )
+    async with engine_parts(store) as parts:
+        await parts.start(dag)
+
+        async def all_deferred_and_running() -> bool:
+            states = await parts.states("dedup")
+            return set(states.values()) == {"deferred"} and bool(read_journal(journal))
+
+        await wait_until(all_deferred_and_running, what="5 tasks waiting on one running trigger")
+        triggers = await store.list_triggers()
+        assert [t["waiting"] for t in triggers] == [5]
+        (tmp_path / "go").touch()
+
+        async def all_done() -> bool:
+            return set((await parts.states("dedup")).values()) == {"success"}
+
+        await wait_until(all_done, what="the one event resumed all five tasks")
+    assert [line[:2] for line in read_journal(journal)] == [["start", "same"]]
+    assert await store.list_triggers() == []
+
+
+@pytest.mark.parametrize("soft_fail", [False, True])
+async def test_a_deferral_deadline_ends_the_task_on_the_triggerer_without_a_worker(
+    store: Store, tmp_path: Path, soft_fail: bool
+) -> None:
+    with DAG(dag_id="deadline") as dag:
+        WaitOn(
+            task_id="w",
+            trigger="FlagTrigger",
+            trigger_kwargs=_flag(tmp_path, "never"),
+            timeout=0.3,
+            soft_fail=soft_fail,
+        )
+    async with engine_parts(store) as parts:
+        await parts.start(dag)
+
+        async def deferred() -> bool:
+            return (await parts.states("deadline")) == {"w": "deferred"}
+
+        await wait_until(deferred, what="the task deferred")
+        # From here no worker exists: only the triggerer's timer can end the task.
+        parts.worker.stop()
+
+        async def worker_gone() -> bool:
+            return not await store.list_task_instances(state="running")
+
+        await wait_until(worker_gone)
+        finished = parts.worker.finished
+
+        async def ended() -> bool:
+            return (await parts.states("deadline"))["w"] != "deferred"
+
+        await wait_until(ended, what="the deadline ended the deferral")
+        ti = (await parts.tis("deadline"))["w"]
+        assert parts.worker.finished == finished
+    assert ti["state"] == ("skipped" if soft_fail else "failed")
+    assert "deferral timed out" in ti["error"]
+
+
+async def test_a_trigger_that_blocks_the_loop_is_named_in_the_log(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="engine.triggerer")
+    with DAG(dag_id="blocker") as dag:
+        WaitOn(task_id="w", trigger="BlockingTrigger", trigger_kwargs={"block_s": 0.3})
+    async with engine_parts(store, blocked_loop_s=0.08) as parts:
+        await parts.start(dag)
+
+        async def trigger_running() -> bool:
+            return bool(await store.list_triggers()) and bool(parts.triggerer.held)
+
+        await wait_until(trigger_running)
+        trigger_id = (await store.list_triggers())[0]["id"]
+        name = f"trigger {trigger_id} (tests.triggerer_support.BlockingTrigger)"
+
+        def lines(marker: str) -> list[str]:
+            return [
+                r.getMessage()
+                for r in caplog.records
+                if marker in r.getMessage() and name in r.getMessage()
+            ]
+
+        async def named_while_blocking_and_after() -> bool:
+            return bool(lines("blocked for over")) and bool(lines("was blocked for"))
+
+        await wait_until(named_while_blocking_and_after, what="log lines naming the trigger")
+    # The line says where in the trigger's code the loop was stuck, and for how long.
+    assert "triggerer_support.py" in lines("blocked for over")[0]
+    assert "loop was blocked for 0." in lines("was blocked for")[0]
+
+
+async def test_a_trigger_that_keeps_blocking_the_loop_is_cancelled_and_its_task_fails(
+    store: Store,
+) -> None:
+    with DAG(dag_id="offender") as dag:
+        WaitOn(task_id="w", trigger="BlockingTrigger", trigger_kwargs={"block_s": 0.2, "times": 0})
+    async with engine_parts(store, blocked_loop_s=0.08, cancel_blocking_after=2) as parts:
+        await parts.start(dag)
+
+        async def failed() -> bool:
+            return (await parts.states("offender"))["w"] == "failed"
+
+        await wait_until(failed, what="the offender cancelled and its task failed")
+        ti = (await parts.tis("offender"))["w"]
+        assert "blocked the triggerer's event loop 2 time(s)" in ti["error"]
+        assert not parts.triggerer.held
+
+
+async def test_a_trigger_that_raises_returns_or_hangs_in_cleanup_affects_only_its_own_task(
+    store: Store, tmp_path: Path
+) -> None:
+    with DAG(dag_id="isolation") as dag:
+        WaitOn(task_id="raises", trigger="RaisingTrigger")
+        WaitOn(task_id="silent", trigger="SilentTrigger")
+        WaitOn(task_id="hangs", trigger="HangingCleanupTrigger")
+        WaitOn(task_id="good", trigger="FlagTrigger", trigger_kwargs=_flag(tmp_path, "good"))
+    async with engine_parts(store, cleanup_timeout_s=0.2) as parts:
+        await parts.start(dag)
+
+        async def bad_ones_ended() -> bool:
+            states = await parts.states("isolation")
+            return (
+                states["raises"] == "failed"
+                and states["silent"] == "failed"
+                and states["hangs"] == "success"
+                and states["good"] == "deferred"
+            )
+
+        await wait_until(bad_ones_ended, what="each bad trigger ended only its own task")
+        (tmp_path / "go").touch()
+
+        async def good_done() -> bool:
+            return (await parts.states("isolation"))["good"] == "success"
+
+        await wait_until(good_done, what="the good trigger still fired")
+        tis = await parts.tis("isolation")
+    assert "the remote service said no" in tis["raises"]["error"]
+    assert "returned without yielding an event" in tis["silent"]["error"]
