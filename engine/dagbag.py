@@ -112,6 +112,10 @@ class DagBag:
         except Exception as exc:
             self.import_errors[str(file)] = "".join(traceback.format_exception(exc)).rstrip()
             log.error("DAG file %s failed to import:\n%s", file, self.import_errors[str(file)])
+            if known is not None:
+                # A failed reload leaves the half-run module in sys.modules; once the file is
+                # fixed, import_module would return it without running the fixed code.
+                sys.modules.pop(known[0].__name__, None)
             self._modules.pop(file, None)
             return
         self.import_errors.pop(str(file), None)
