@@ -1,0 +1,217 @@
+"""DAG files in a folder: import errors by name, trigger classes importable by classpath,
+reload on change."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.dagbag import DagBag
+from engine.store import Store
+from tests.helpers import running_engine
+from triggers.base import decode_value, import_trigger_class, validate_trigger
+
+
+@pytest.fixture(autouse=True)
+def isolated_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test's DAGs folder leaves sys.path, and its modules leave sys.modules, afterwards."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+_mtime_step = 0
+
+
+def write(path: Path, source: str) -> Path:
+    """Write a module and give it a modification time no earlier write had (a rewrite within
+    the same second must still count as a change, for the DagBag and for cached bytecode)."""
+    global _mtime_step
+    _mtime_step += 10
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    stamp = path.stat().st_mtime + _mtime_step
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def dag_source(dag_id: str, *task_ids: str, trailer: str = "") -> str:
+    tasks = "\n".join(
+        f"    PythonOperator(task_id={t!r}, python_callable=lambda: {t!r})" for t in task_ids
+    )
+    return (
+        "from engine import DAG\n"
+        "from operators.python import PythonOperator\n"
+        f"with DAG(dag_id={dag_id!r}):\n{tasks}\n{trailer}"
+    )
+
+
+def test_a_broken_file_is_reported_by_name_and_the_others_load(tmp_path: Path) -> None:
+    uid = _uid()
+    write(tmp_path / f"a_good_{uid}.py", dag_source(f"first_{uid}", "t"))
+    broken = write(tmp_path / f"b_broken_{uid}.py", "raise RuntimeError('broken on purpose')\n")
+    syntax = write(tmp_path / f"c_syntax_{uid}.py", "def (:\n")
+    cycle = write(
+        tmp_path / f"d_cycle_{uid}.py",
+        f"""
+        from engine import DAG
+        from operators.python import PythonOperator
+        with DAG(dag_id="cyclic_{uid}"):
+            x = PythonOperator(task_id="x", python_callable=print)
+            y = PythonOperator(task_id="y", python_callable=print)
+            x >> y >> x
+        """,
+    )
+    write(tmp_path / f"e_good_{uid}.py", dag_source(f"last_{uid}", "t"))
+    write(tmp_path / f"team_{uid}" / "etl.py", dag_source(f"nested_{uid}", "t"))
+    write(tmp_path / f"_private_{uid}.py", "raise RuntimeError('never imported')\n")
+
+    bag = DagBag(tmp_path)
+    dags = bag.collect()
+
+    assert set(dags) == {f"first_{uid}", f"last_{uid}", f"nested_{uid}"}
+    assert set(bag.import_errors) == {str(broken), str(syntax), str(cycle)}
+    assert "RuntimeError: broken on purpose" in bag.import_errors[str(broken)]
+    assert "SyntaxError" in bag.import_errors[str(syntax)]
+    assert "DagCycleError" in bag.import_errors[str(cycle)]
+    assert dags[f"nested_{uid}"].fileloc == str(tmp_path / f"team_{uid}" / "etl.py")
+    assert f"team_{uid}.etl" in sys.modules
+    with pytest.raises(LookupError, match=f"no DAG 'missing_{uid}'"):
+        bag.get_dag(f"missing_{uid}")
+
+
+def test_the_same_dag_id_in_two_files_is_an_error_for_the_second(tmp_path: Path) -> None:
+    uid = _uid()
+    write(tmp_path / f"a_{uid}.py", dag_source(f"twice_{uid}", "one"))
+    second = write(tmp_path / f"b_{uid}.py", dag_source(f"twice_{uid}", "two"))
+    bag = DagBag(tmp_path)
+    dags = bag.collect()
+    assert set(dags[f"twice_{uid}"].tasks) == {"one"}
+    assert f"DAG 'twice_{uid}' is also defined in" in bag.import_errors[str(second)]
+
+
+def test_a_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        DagBag(tmp_path / "nowhere")
+
+
+_FOLDER_TRIGGER = """
+    import asyncio
+    from typing import Any
+    from triggers.base import BaseTrigger, TriggerEvent
+
+    class FolderTrigger(BaseTrigger):
+        def __init__(self, label: str) -> None:
+            self.label = label
+
+        def serialize(self) -> tuple[str, dict[str, Any]]:
+            return (__name__ + ".FolderTrigger", {"label": self.label})
+
+        async def run(self):
+            await asyncio.sleep(0.01)
+            yield TriggerEvent("fired " + self.label)
+"""
+
+
+def test_a_trigger_class_in_the_dags_folder_is_importable_by_classpath(tmp_path: Path) -> None:
+    module = f"folder_triggers_{_uid()}"
+    write(tmp_path / f"{module}.py", _FOLDER_TRIGGER)
+    DagBag(tmp_path)  # puts the folder on sys.path, as workers and triggerers do
+    cls = import_trigger_class(f"{module}.FolderTrigger")
+    stored = validate_trigger(cls(label="x"))  # type: ignore[call-arg]
+    assert stored.classpath == f"{module}.FolderTrigger"
+    assert decode_value(stored.kwargs) == {"label": "x"}
+
+
+@pytest.mark.anyio
+async def test_a_dag_deferring_to_a_folder_trigger_runs(store: Store, tmp_path: Path) -> None:
+    uid = _uid()
+    module = f"folder_triggers_{uid}"
+    write(tmp_path / f"{module}.py", _FOLDER_TRIGGER)
+    write(
+        tmp_path / f"dag_{uid}.py",
+        f"""
+        from typing import Any
+        from engine import DAG
+        from operators.base import BaseOperator
+        from {module} import FolderTrigger
+
+        class Waits(BaseOperator):
+            def execute(self, context: Any) -> None:
+                self.defer(trigger=FolderTrigger("from the folder"), method_name="done")
+
+            def done(self, context: Any, event: Any = None) -> Any:
+                return event
+
+        with DAG(dag_id="folder_{uid}"):
+            Waits(task_id="waits")
+        """,
+    )
+    bag = DagBag(tmp_path)
+    dag = bag.get_dag(f"folder_{uid}")
+    async with running_engine(store) as engine:
+        tis = await engine.run_dag(dag)
+    assert tis["waits"]["state"] == "success", tis["waits"]["error"]
+    assert decode_value(tis["waits"]["result"]) == "fired from the folder"
+
+
+def test_a_changed_file_is_reloaded(tmp_path: Path) -> None:
+    uid = _uid()
+    dag_id = f"reload_{uid}"
+    path = write(tmp_path / f"reload_{uid}.py", dag_source(dag_id, "a"))
+    bag = DagBag(tmp_path)
+    first = bag.collect()[dag_id]
+    assert set(first.tasks) == {"a"}
+    assert bag.is_current(dag_id)
+
+    # Unchanged: the same DAG object, no re-import.
+    assert bag.collect()[dag_id] is first
+
+    write(path, dag_source(dag_id, "a", "b"))
+    assert not bag.is_current(dag_id)
+    assert set(bag.collect()[dag_id].tasks) == {"a", "b"}
+
+    # get_dag notices the change by itself.
+    write(path, dag_source(dag_id, "c"))
+    assert set(bag.get_dag(dag_id).tasks) == {"c"}
+    assert bag.get_task(dag_id, "c").task_id == "c"
+
+
+def test_a_file_that_breaks_is_reported_and_loads_again_once_fixed(tmp_path: Path) -> None:
+    uid = _uid()
+    dag_id = f"fixme_{uid}"
+    path = write(tmp_path / f"fixme_{uid}.py", dag_source(dag_id, "a"))
+    bag = DagBag(tmp_path)
+    assert set(bag.collect()) == {dag_id}
+
+    write(path, "raise ImportError('half-saved file')\n")
+    assert dag_id not in bag.collect()
+    assert "half-saved file" in bag.import_errors[str(path)]
+
+    write(path, dag_source(dag_id, "a", "b"))
+    dags = bag.collect()
+    assert str(path) not in bag.import_errors
+    assert set(dags[dag_id].tasks) == {"a", "b"}
+
+
+def test_a_removed_file_takes_its_dags_with_it(tmp_path: Path) -> None:
+    uid = _uid()
+    keep = write(tmp_path / f"keep_{uid}.py", dag_source(f"keep_{uid}", "a"))
+    gone = write(tmp_path / f"gone_{uid}.py", dag_source(f"gone_{uid}", "a"))
+    bag = DagBag(tmp_path)
+    assert set(bag.collect()) == {f"keep_{uid}", f"gone_{uid}"}
+    gone.unlink()
+    assert set(bag.collect()) == {f"keep_{uid}"}
+    assert keep.exists()
