@@ -1,0 +1,82 @@
+"""Sensor fleet: N sensors whose conditions come true at random times over a window, each
+followed by a short compute task, on W worker slots, in each way a sensor can wait.
+
+For each mode (poke, reschedule, deferrable) against a fresh database: makespan, worker
+slot-seconds spent waiting, peak slots held by waiting sensors, queueing delay of the compute
+tasks, database statements per sensor, and condition-true -> downstream-start latency.
+The condition is real: a file that the benchmark creates at its due time; every mode checks
+it every ``--poke-interval`` seconds (the deferrable mode's FileTrigger polls at the same
+interval, off the loop). Scheduler, triggerer and worker run in this one process on uvloop,
+as ``deferral standalone`` would run them in three.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from benchmarks.cli import bench
+
+__all__ = ["fleet"]
+
+MODES = ("poke", "reschedule", "deferrable")
+
+
+@bench.command("fleet")
+@click.option("--sensors", "n", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option("--slots", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--mode", type=click.Choice([*MODES, "all"]), default="all", show_default=True)
+@click.option(
+    "--window",
+    "window_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds over which the conditions come true (uniformly at random).",
+)
+@click.option("--poke-interval", "poke_interval_s", type=float, default=5.0, show_default=True)
+@click.option(
+    "--compute-ms",
+    type=float,
+    default=50.0,
+    show_default=True,
+    help="Duration of each downstream compute task.",
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Write a PNG of slots held over time (needs the 'plot' extra).",
+)
+@click.option("--keep-db", is_flag=True, help="Do not drop the benchmark databases.")
+def fleet(**options: Any) -> None:
+    """A fleet of sensors on a few worker slots, in poke, reschedule and deferrable mode."""
+    from benchmarks.fleet_run import print_table, run_fleet
+
+    plot = options.pop("plot")
+    out = options.pop("out")
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError(
+                "--plot needs matplotlib: pip install 'deferral[plot]'"
+            ) from None
+    mode = options.pop("mode")
+    modes = list(MODES) if mode == "all" else [mode]
+    result = run_fleet(modes=modes, **options)
+    text = json.dumps(result, indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+    print_table(result)
+    if plot:
+        from benchmarks.fleet_run import plot_slots
+
+        plot_slots(result, plot)
