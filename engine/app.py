@@ -77,6 +77,9 @@ _MAKERS: dict[str, Callable[[Store, Settings], Component]] = {
 async def run_component(kind: str, settings: Settings) -> None:
     """Run one process kind (worker, triggerer, scheduler) until signalled."""
     store = await open_store(settings)
+    # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
+    # also when it is the embedded server, whose URL is known only now.
+    os.environ.setdefault("DEFERRAL_CONN_DEFERRAL", store.url)
     try:
         await serve([_MAKERS[kind](store, settings)])
     finally:
