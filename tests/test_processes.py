@@ -1,0 +1,332 @@
+"""Real processes with real signals: ``python -m engine <kind>`` children on the test database.
+
+The event loops under test run in the children (uvloop, as in production); the test's own loop
+only watches the database, so these tests run on one backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from engine import DAG
+from engine.store import Store
+from operators.base import BaseOperator, Context
+from tests.conftest import REPO
+from tests.helpers import running_engine, wait_until
+from tests.triggers_for_tests import FileTrigger
+from triggers.base import decode_value
+
+pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+
+#: How long a child gets to stop after SIGTERM before it is killed.
+STOP_GRACE_S = 20.0
+
+RESUMES: Counter[str] = Counter()
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, bool]]:
+    return ("asyncio", {"use_uvloop": True})
+
+
+class Children:
+    """Child processes of one test, each logging to its own file; all stopped at the end."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, name: str) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("wb")
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "engine", *args],
+                env=self.env,
+                cwd=self.logs,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self.procs.append(proc)
+        return proc
+
+    def output(self) -> str:
+        return "\n".join(
+            f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"
+            for path in sorted(self.logs.glob("*.log"))
+        )
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _env(db_url: str, tmp_path: Path, dags: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
+    env.update(
+        DEFERRAL_DATABASE_URL=db_url,
+        DEFERRAL_HOME=str(tmp_path / "home"),
+        DEFERRAL_LOG_LEVEL="INFO",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    if dags is not None:
+        env["DEFERRAL_DAGS_FOLDER"] = str(dags)
+    return env
+
+
+@pytest.fixture
+def children(db_url: str, tmp_path: Path) -> Iterator[Children]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    kids = Children(_env(db_url, tmp_path), logs)
+    try:
+        yield kids
+    finally:
+        kids.stop_all()
+
+
+@contextlib.asynccontextmanager
+async def explained(children: Children) -> AsyncIterator[None]:
+    """On failure, show what the children logged."""
+    try:
+        yield
+    except BaseException:
+        print(children.output())
+        raise
+
+
+async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
+    return await anyio.to_thread.run_sync(proc.wait, STOP_GRACE_S)
+
+
+# -- SIGTERM to a triggerer -----------------------------------------------------------------------
+
+
+class WaitForFile(BaseOperator):
+    def __init__(self, *, path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.path = path
+
+    def execute(self, context: Context) -> Any:
+        self.defer(trigger=FileTrigger(self.path), method_name="resume")
+
+    def resume(self, context: Context, event: Any = None) -> Any:
+        RESUMES[self.path] += 1
+        return event["text"]
+
+
+async def test_sigterm_releases_a_triggerers_triggers_to_another(
+    store: Store, children: Children, tmp_path: Path
+) -> None:
+    files = [str(tmp_path / f"release-{i}-{uuid.uuid4().hex}") for i in range(3)]
+    with DAG(dag_id="handover") as dag:
+        for i, path in enumerate(files):
+            WaitForFile(task_id=f"w{i}", path=path)
+
+    async def triggerer_ids() -> list[int]:
+        return [t["id"] for t in await store.list_triggerers()]
+
+    async def owners() -> list[int | None]:
+        return [t["triggerer_id"] for t in await store.list_triggers()]
+
+    async with explained(children):
+        first = children.start("triggerer", name="triggerer-1")
+
+        async def first_registered() -> bool:
+            return len(await triggerer_ids()) == 1
+
+        await wait_until(first_registered, what="the first triggerer to register")
+        (first_id,) = await triggerer_ids()
+
+        async with running_engine(store, triggerer=False) as engine:
+            await engine.start_run(dag)
+
+            async def held_by_first() -> bool:
+                return await owners() == [first_id] * 3
+
+            await wait_until(held_by_first, what="the first triggerer to hold the 3 triggers")
+
+            first.send_signal(signal.SIGTERM)
+            assert await _wait_exit(first) == 0
+            # Released at once on the way out: unowned, and the triggerer's row gone.
+            assert await owners() == [None, None, None]
+            assert await triggerer_ids() == []
+            deferred = await store.list_task_instances(dag_id="handover", state="deferred")
+            assert len(deferred) == 3
+
+            children.start("triggerer", name="triggerer-2")
+
+            async def held_by_second() -> bool:
+                ids = await triggerer_ids()
+                return len(ids) == 1 and await owners() == ids * 3
+
+            await wait_until(held_by_second, what="the second triggerer to adopt the 3 triggers")
+            for path in files:
+                await anyio.Path(path).write_text(f"done {Path(path).name}")
+
+            async def run_ended() -> bool:
+                run = await store.get_dag_run("handover", "run1")
+                return run is not None and run["state"] != "running"
+
+            await wait_until(run_ended, what="the run to end")
+
+    tis = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id="handover")}
+    assert (await store.get_dag_run("handover", "run1") or {})["state"] == "success"
+    for i, path in enumerate(files):
+        assert tis[f"w{i}"]["state"] == "success"
+        assert tis[f"w{i}"]["try_number"] == 1
+        assert decode_value(tis[f"w{i}"]["result"]) == f"done {Path(path).name}"
+        assert RESUMES[path] == 1
+    assert await store.list_triggers() == []
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+_CLI_TRIGGERS = """
+    import asyncio
+    from typing import Any
+    from triggers.base import BaseTrigger, TriggerEvent
+
+    class JobDoneTrigger(BaseTrigger):
+        def __init__(self, job_id: str, delay_s: float = 0.05) -> None:
+            self.job_id = job_id
+            self.delay_s = delay_s
+
+        def serialize(self) -> tuple[str, dict[str, Any]]:
+            return ("cli_triggers.JobDoneTrigger", {"job_id": self.job_id, "delay_s": self.delay_s})
+
+        async def run(self):
+            await asyncio.sleep(self.delay_s)
+            yield TriggerEvent({"job_id": self.job_id, "rows": 3})
+"""
+
+_CLI_DAGS = """
+    from typing import Any
+    from cli_triggers import JobDoneTrigger
+    from engine import DAG
+    from operators.base import BaseOperator
+    from operators.python import PythonOperator
+
+    class SubmitAndWait(BaseOperator):
+        def execute(self, context: Any) -> None:
+            self.defer(trigger=JobDoneTrigger("job-1"), method_name="complete")
+
+        def complete(self, context: Any, event: Any = None) -> Any:
+            return event
+
+    def load() -> dict[str, int]:
+        return {"loaded": 3}
+
+    def explode() -> None:
+        raise RuntimeError("the load failed")
+
+    with DAG(dag_id="cli_ok"):
+        SubmitAndWait(task_id="wait") >> PythonOperator(task_id="load", python_callable=load)
+
+    with DAG(dag_id="cli_fail"):
+        PythonOperator(task_id="explode", python_callable=explode)
+"""
+
+
+async def _cli(children: Children, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return await anyio.run_process(
+        [sys.executable, "-m", "engine", *args],
+        env=children.env,
+        cwd=children.logs,
+        check=False,
+    )
+
+
+def _json_rows(result: subprocess.CompletedProcess[bytes]) -> list[dict[str, Any]]:
+    assert result.returncode == 0, result.stderr.decode()
+    rows = json.loads(result.stdout)
+    assert isinstance(rows, list)
+    assert all(isinstance(row, dict) for row in rows)
+    return rows
+
+
+async def test_the_cli_triggers_runs_waits_for_them_and_lists_as_json(
+    store: Store, children: Children, tmp_path: Path
+) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "cli_triggers.py").write_text(textwrap.dedent(_CLI_TRIGGERS))
+    (dags / "cli_dags.py").write_text(textwrap.dedent(_CLI_DAGS))
+    children.env["DEFERRAL_DAGS_FOLDER"] = str(dags)
+
+    async with explained(children):
+        children.start("scheduler", name="scheduler")
+        children.start("worker", "--slots", "2", name="worker")
+        children.start("triggerer", name="triggerer")
+
+        async def ready() -> bool:
+            dag_ids = {d["dag_id"] for d in await store.list_dags()}
+            return bool(await store.list_triggerers()) and {"cli_ok", "cli_fail"} <= dag_ids
+
+        await wait_until(ready, what="the triggerer and the scheduler's DAG sync")
+
+        ok = await _cli(children, "dags", "trigger", "cli_ok", "--dags", str(dags), "--wait")
+        assert ok.returncode == 0, ok.stdout.decode() + ok.stderr.decode()
+        assert b"success" in ok.stdout
+
+        failed = await _cli(
+            children, "dags", "trigger", "cli_fail", "--dags", str(dags), "--run-id", "r2", "--wait"
+        )
+        assert failed.returncode == 1, failed.stdout.decode() + failed.stderr.decode()
+        assert b"failed" in failed.stdout
+
+        unknown = await _cli(children, "dags", "trigger", "no_such_dag", "--wait")
+        assert unknown.returncode != 0
+        assert b"no_such_dag" in unknown.stderr
+
+        tasks = _json_rows(await _cli(children, "tasks", "list", "--json"))
+        for row in tasks:
+            assert {"dag_id", "run_id", "task_id", "state", "try_number", "result"} <= set(row)
+        by_task = {(row["dag_id"], row["task_id"]): row for row in tasks}
+        assert set(by_task) == {("cli_ok", "wait"), ("cli_ok", "load"), ("cli_fail", "explode")}
+        assert by_task["cli_ok", "wait"]["state"] == "success"
+        assert by_task["cli_ok", "wait"]["result"] == {"job_id": "job-1", "rows": 3}
+        assert by_task["cli_ok", "wait"]["try_number"] == 1
+        assert by_task["cli_ok", "load"]["result"] == {"loaded": 3}
+        assert by_task["cli_fail", "explode"]["state"] == "failed"
+        assert by_task["cli_fail", "explode"]["run_id"] == "r2"
+        assert by_task["cli_fail", "explode"]["result"] is None
+
+        only_failed = _json_rows(
+            await _cli(
+                children, "tasks", "list", "--dag", "cli_fail", "--state", "failed", "--json"
+            )
+        )
+        assert [row["task_id"] for row in only_failed] == ["explode"]
+
+        dag_rows = _json_rows(await _cli(children, "dags", "list", "--json"))
+        runs = {row["dag_id"]: row for row in dag_rows}
+        assert set(runs) == {"cli_ok", "cli_fail"}
+        assert runs["cli_ok"]["last_run_state"] == "success"
+        assert runs["cli_fail"]["last_run_state"] == "failed"
+
+        assert _json_rows(await _cli(children, "triggers", "list", "--json")) == []
