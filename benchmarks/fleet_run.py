@@ -297,20 +297,22 @@ async def _measure(
                 return
             await anyio.sleep(0.25)
 
+    # The runs exist before the engine starts, so every mode starts from the same backlog and
+    # creating them is not part of the measure (their statements are counted).
+    statements.reset()
+    started = time.monotonic()
+    now = await store.now()
+    with console.status(f"[{mode}] creating {n} runs"):
+        for _, run_id in sorted(due, key=lambda d: d[1]):
+            await store.create_dag_run(DAG_ID, run_id, logical_date=now)
+    create_runs_s = time.monotonic() - started
     async with anyio.create_task_group() as tg:
         await tg.start(scheduler.run)
         await tg.start(triggerer.run)
         await tg.start(worker.run)
-        statements.reset()
         t0 = time.monotonic()
         tg.start_soon(sample, t0)
-        now = await store.now()
-        with console.status(f"[{mode}] creating {n} runs"):
-            for _, run_id in sorted(due, key=lambda d: d[1]):
-                await store.create_dag_run(DAG_ID, run_id, logical_date=now)
-        create_runs_s = time.monotonic() - t0
-        window_start = time.monotonic()
-        tg.start_soon(create_files, window_start)
+        tg.start_soon(create_files, t0)
         with console.status(f"[{mode}] {n} sensors on {slots} slots"):
             await wait_all_finished()
         makespan_s = time.monotonic() - t0
@@ -477,15 +479,12 @@ def plot_slots(result: dict[str, Any], path: str) -> None:
             label="slots running compute",
         )
         ax.axhline(result["slots"], color="grey", linestyle="--", linewidth=1)
-        start = result["modes"][mode]["create_runs_s"]
-        ax.axvspan(
-            start, start + result["window_s"], color="grey", alpha=0.1, label="conditions come true"
-        )
+        ax.axvspan(0, result["window_s"], color="grey", alpha=0.1, label="conditions come true")
         ax.set_ylim(0, result["slots"] + 1)
         ax.set_ylabel("slots")
         ax.set_title(f"{mode}: makespan {result['modes'][mode]['makespan_s']} s", fontsize=10)
     axes[0, 0].legend(loc="upper right", fontsize=8)
-    axes[-1, 0].set_xlabel("seconds since the runs were created")
+    axes[-1, 0].set_xlabel("seconds since the engine started on the backlog of runs")
     fig.suptitle(f"{result['sensors']} sensors on {result['slots']} worker slots")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

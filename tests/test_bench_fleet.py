@@ -1,0 +1,58 @@
+"""The sensor-fleet benchmark runs end to end on a tiny fleet and reports the shape the docs
+promise (figures are measured by the benchmark, never asserted here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from benchmarks.cli import bench
+
+
+def test_fleet_reports_every_mode(
+    admin_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEFERRAL_DATABASE_URL", admin_url)
+    out = tmp_path / "fleet.json"
+    result = CliRunner().invoke(
+        bench,
+        [
+            "fleet",
+            "--sensors",
+            "6",
+            "--slots",
+            "2",
+            "--mode",
+            "all",
+            "--window",
+            "0.2",
+            "--poke-interval",
+            "0.05",
+            "--compute-ms",
+            "1",
+            "--out",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["sensors"] == 6
+    assert data["slots"] == 2
+    assert set(data["modes"]) == {"poke", "reschedule", "deferrable"}
+    for mode, figures in data["modes"].items():
+        for key in (
+            "makespan_s",
+            "slot_seconds_waiting",
+            "peak_slots_waiting",
+            "db_statements_per_sensor",
+        ):
+            assert isinstance(figures[key], int | float), (mode, key)
+        for key in ("compute_queue_delay_ms", "condition_to_downstream_ms"):
+            assert set(figures[key]) >= {"p50", "p99"}, (mode, key)
+        assert figures["sensor_states"] == {"success": 6}
+    # A deferrable sensor gives its slot back after one check: never more than that.
+    assert data["modes"]["deferrable"]["sensor_calls_on_workers"] == 6
