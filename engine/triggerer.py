@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import gc
 import logging
 import os
 import socket
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -49,9 +51,10 @@ from triggers.base import (
     BaseTrigger,
     TaskEndEvent,
     TriggerEvent,
+    TriggerSerializationError,
     decode_value,
     encode_value,
-    rebuild_trigger,
+    import_trigger_class,
 )
 
 __all__ = ["Triggerer"]
@@ -60,10 +63,12 @@ log = logging.getLogger(__name__)
 
 #: Outcomes written per transaction at most.
 WRITE_BATCH = 5000
+#: Claimed triggers started per loop iteration.
+START_SLICE = 1000
 
 
 def _trigger_id_of(task_name: str | None) -> int | None:
-    """The trigger id in a trigger task's name ("trigger-<id> <classpath>")."""
+    """The trigger id in a trigger task's name ("trigger-<id>")."""
     if not task_name or not task_name.startswith("trigger-"):
         return None
     head = task_name[len("trigger-") :].split(" ", 1)[0]
@@ -111,6 +116,10 @@ class Triggerer:
         self.cancel_blocking_after = cancel_blocking_after
         self._allow = allow
         self._block_counts: dict[int, int] = {}
+        #: One string object per classpath, shared by every trigger of that class.
+        self._classpaths: dict[str, str] = {}
+        self._classes: dict[str, type[BaseTrigger]] = {}
+        self._frozen_at = 0
         self.id: int | None = None
         self.held: dict[int, _Held] = {}
         self.peak_held = 0
@@ -210,32 +219,76 @@ class Triggerer:
 
     async def _claim_available(self) -> None:
         assert self.id is not None
+        assert self._loop is not None
         if len(self.held) < self.capacity:
             await self.store.reap_triggerers()
-        while not self._stopping:
-            free = self.capacity - len(self.held)
-            if free <= 0:
+        asked = min(self.capacity - len(self.held), self.claim_batch)
+        if asked <= 0 or self._stopping:
+            return
+        batch = await self.store.claim_triggers(self.id, asked)
+        while batch:
+            # Ask for the next batch while this one starts: the database and the loop overlap.
+            room = self.capacity - len(self.held) - len(batch)
+            next_asked = min(room, self.claim_batch) if len(batch) == asked else 0
+            pending = None
+            if next_asked > 0 and not self._stopping:
+                pending = self._loop.create_task(self.store.claim_triggers(self.id, next_asked))
+            await self._start_batch(batch)
+            log.info("claimed %d trigger(s); holding %d", len(batch), len(self.held))
+            if pending is None:
                 return
-            asked = min(free, self.claim_batch)
-            claimed = await self.store.claim_triggers(self.id, asked)
-            for row in claimed:
+            # Always awaited, never cancelled: a claim that committed must be started.
+            batch, asked = await pending, next_asked
+
+    async def _start_batch(self, rows: list[ClaimedTrigger]) -> None:
+        """Start claimed triggers a slice at a time, letting the loop run in between (timers
+        of the triggers already held stay on time), and take them out of the garbage
+        collector's generations once started."""
+        for first in range(0, len(rows), START_SLICE):
+            for row in rows[first : first + START_SLICE]:
                 self._start(row)
             self.peak_held = max(self.peak_held, len(self.held))
-            if claimed:
-                log.info("claimed %d trigger(s); holding %d", len(claimed), len(self.held))
-            if len(claimed) < asked:
-                return
+            await asyncio.sleep(0)  # the new tasks take their first step, up to their wait
+            self._freeze()
+
+    def _rebuild(self, classpath: str, kwargs: dict[str, Any]) -> BaseTrigger:
+        """``rebuild_trigger``, importing and checking each class once per triggerer."""
+        cls = self._classes.get(classpath)
+        if cls is None:
+            cls = self._classes[classpath] = import_trigger_class(classpath)
+        try:
+            return cls(**kwargs)
+        except Exception as exc:
+            raise TriggerSerializationError(
+                f"trigger {classpath} cannot be rebuilt from its kwargs {sorted(kwargs)}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _freeze(self) -> None:
+        # A full collection walks every tracked object: at 100,000 waiting triggers (a dozen
+        # objects each) that is a pause of a second or more on the loop, in whichever trigger
+        # happened to allocate. Frozen objects are skipped by the collector and still freed by
+        # reference counting when their trigger ends; the collector gets them back (and any
+        # cycles among them) once the triggerer holds less than half of what it froze.
+        gc.freeze()
+        self._frozen_at = max(self._frozen_at, len(self.held))
+
+    def _thaw_if_shrunk(self) -> None:
+        if self._frozen_at and len(self.held) < self._frozen_at // 2:
+            gc.unfreeze()
+            self._frozen_at = 0
 
     def _start(self, row: ClaimedTrigger) -> None:
         assert self._loop is not None
-        held = _Held(row.fence, row.classpath)
+        classpath = self._classpaths.setdefault(row.classpath, row.classpath)
+        held = _Held(row.fence, classpath)
         self.held[row.id] = held
         try:
             if self._allow is not None and not self._allow(row.classpath):
                 raise PermissionError(
                     f"trigger classpath {row.classpath} is not allowed on this triggerer"
                 )
-            trigger = rebuild_trigger(row.classpath, decode_value(row.kwargs))
+            trigger = self._rebuild(classpath, decode_value(row.kwargs))
         except Exception as exc:
             self._emit(
                 TriggerOutcome(
@@ -247,7 +300,7 @@ class Triggerer:
             )
             return
         held.task = self._loop.create_task(
-            self._watch(row.id, held, trigger), name=f"trigger-{row.id} {row.classpath}"
+            self._watch(row.id, held, trigger), name=f"trigger-{row.id}"
         )
         if row.timeout_at is not None:
             self._arm(row.id, held, row.timeout_at, row.db_now)
@@ -371,6 +424,7 @@ class Triggerer:
                             outcome.trigger_id,
                         )
                 self.fired += len(accepted)
+                self._thaw_if_shrunk()
                 log.debug("wrote %d outcome(s); %d task(s) moved", len(batch), moved)
                 self._claim_wake.set()
             self._flushed.set()
