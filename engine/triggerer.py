@@ -543,31 +543,42 @@ class Triggerer:
             culprit = f"trigger {trigger_id} ({held.classpath})"
         else:
             culprit = report.task_name or "(no task: a callback)"
-        if report.ended:
+        if not report.ended:
+            self.blocks.append(report)
             log.warning(
-                "event loop was blocked for %.3fs by %s at %s",
+                "event loop blocked for over %.3fs by %s at %s; trigger code must not block "
+                "(use await, or run blocking calls in a thread)",
                 report.duration_s,
                 culprit,
                 report.location,
             )
             return
-        self.blocks.append(report)
+        if not report.stable:
+            # Different tasks were running each time the watchdog looked: the loop was busy
+            # (many callbacks at once, a garbage collection), not blocked by one trigger.
+            log.warning(
+                "event loop was busy for %.3fs with many callbacks (first seen: %s)",
+                report.duration_s,
+                culprit,
+            )
+            return
         log.warning(
-            "event loop blocked for over %.3fs by %s at %s; trigger code must not block "
-            "(use await, or run blocking calls in a thread)",
+            "event loop was blocked for %.3fs by %s at %s",
             report.duration_s,
             culprit,
             report.location,
         )
         if trigger_id is None or held is None or self.cancel_blocking_after <= 0:
             return
+        # Only a block seen at least twice, in the same trigger each time, counts against it.
+        if report.samples < 2:
+            return
         count = self._block_counts.get(trigger_id, 0) + 1
         self._block_counts[trigger_id] = count
         if count >= self.cancel_blocking_after and self._loop is not None:
             reason = (
                 f"trigger {held.classpath} was cancelled: it blocked the triggerer's event loop "
-                f"{count} time(s) (over {self.blocked_loop_s:.3f}s each; last at "
-                f"{report.location})"
+                f"{count} time(s) (last for {report.duration_s:.3f}s at {report.location})"
             )
             self._loop.call_soon_threadsafe(self._cancel_blocker, trigger_id, held, reason)
 

@@ -9,6 +9,7 @@ code stands, and reports it: once when the block is seen, once when it ends.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import threading
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 class BlockReport:
     """Which task blocked the loop, where, and for how long (so far, or in all once ``ended``)."""
 
-    __slots__ = ("duration_s", "ended", "location", "since", "task_name")
+    __slots__ = ("duration_s", "ended", "location", "samples", "since", "stable", "task_name")
 
     def __init__(
         self, task_name: str | None, location: str | None, duration_s: float, since: float
@@ -33,6 +34,11 @@ class BlockReport:
         self.duration_s = duration_s
         self.since = since
         self.ended = False
+        #: How many times the watchdog looked while the loop was blocked.
+        self.samples = 1
+        #: The same task was running every time it looked: that task blocked the loop. False
+        #: means the loop was busy with many callbacks (or collecting garbage), not one culprit.
+        self.stable = True
 
 
 class LoopWatchdog:
@@ -54,15 +60,24 @@ class LoopWatchdog:
         self._loop_thread = threading.get_ident()
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
         self._handle: asyncio.TimerHandle | None = None
+        self._collecting: int | None = None
 
     def start(self) -> None:
         self._tick()
+        gc.callbacks.append(self._on_gc)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         if self._handle is not None:
             self._handle.cancel()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # A collection in progress on the loop's thread is the culprit, not the task it hit.
+        if threading.get_ident() == self._loop_thread:
+            self._collecting = info["generation"] if phase == "start" else None
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -78,6 +93,9 @@ class LoopWatchdog:
         )
         task = current.get(self._loop)
         name = task.get_name() if task is not None else None
+        collecting = self._collecting
+        if collecting is not None:
+            return f"garbage collection (generation {collecting})", None
         frame = sys._current_frames().get(self._loop_thread)
         location = None
         # The innermost frame outside the standard library and the engine names the code.
@@ -101,6 +119,10 @@ class LoopWatchdog:
                     self._worst = 0.0  # the blocked tick has not run yet: it sets this
                     report = BlockReport(name, location, lag, since=self._last)
                     self._emit(report)
+                else:
+                    report.samples += 1
+                    if self._culprit()[0] != report.task_name:
+                        report.stable = False
             elif report is not None:
                 # The loop ran the overdue tick as soon as it was free again.
                 report.duration_s = max(self._worst, report.duration_s)
