@@ -295,7 +295,7 @@ _plain = st.recursive(
 )
 
 
-@settings(max_examples=60, database=None, deadline=None)
+@settings(max_examples=40, database=None, deadline=None)
 @given(data=_plain)
 def test_plain_kwargs_round_trip(data: Any) -> None:
     stored = validate_trigger(EchoTrigger(data))

@@ -698,3 +698,66 @@ async def test_joining_a_running_trigger_with_an_earlier_deadline_is_enforced_by
     assert state == "failed"
     tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id="late_join")}
     assert tis["patient"]["state"] == "success"
+
+
+class TwoStepDeferrer(BaseOperator):
+    """Defers, and defers again from the resumed method before finishing."""
+
+    def __init__(self, *, tag: str, fail_second_resume_on_try: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tag = tag
+        self.fail_on = fail_second_resume_on_try
+
+    def execute(self, context: Context) -> Any:
+        CALLS[f"{self.tag}:execute"] += 1
+        self.defer(trigger=WaitTrigger(0.01, "one"), method_name="step", kwargs={"seen": []})
+
+    def step(self, context: Context, event: Any, seen: list[Any]) -> Any:
+        CALLS[f"{self.tag}:step"] += 1
+        self.defer(
+            trigger=WaitTrigger(0.01, "two"), method_name="finish", kwargs={"seen": [*seen, event]}
+        )
+
+    def finish(self, context: Context, event: Any, seen: list[Any]) -> Any:
+        CALLS[f"{self.tag}:finish"] += 1
+        if context["try_number"] == self.fail_on:
+            raise RuntimeError("the last step failed")
+        return {"seen": [*seen, event], "try_number": context["try_number"]}
+
+
+async def test_a_resumed_method_can_defer_again(store: Store) -> None:
+    tag = _tag()
+    with DAG(dag_id="two_steps") as dag:
+        TwoStepDeferrer(task_id="t", tag=tag)
+    async with running_engine(store) as engine:
+        tis = await engine.run_dag(dag)
+    assert tis["t"]["state"] == "success", tis["t"]["error"]
+    assert _result(tis["t"]) == {"seen": ["one", "two"], "try_number": 1}
+    assert [CALLS[f"{tag}:{m}"] for m in ("execute", "step", "finish")] == [1, 1, 1]
+
+
+async def test_a_failure_after_a_resume_retries_from_execute(store: Store) -> None:
+    tag = _tag()
+    with DAG(dag_id="fail_after_resume") as dag:
+        TwoStepDeferrer(task_id="t", tag=tag, fail_second_resume_on_try=1, retries=1, retry_delay=0)
+    async with running_engine(store) as engine:
+        tis = await engine.run_dag(dag)
+    assert tis["t"]["state"] == "success", tis["t"]["error"]
+    assert tis["t"]["try_number"] == 2
+    assert _result(tis["t"]) == {"seen": ["one", "two"], "try_number": 2}
+    assert [CALLS[f"{tag}:{m}"] for m in ("execute", "step", "finish")] == [2, 2, 2]
+
+
+class Unstorable(BaseOperator):
+    def execute(self, context: Context) -> Any:
+        return object()
+
+
+async def test_unrecoverable_outcomes_fail_the_task_with_a_clear_error(store: Store) -> None:
+    with DAG(dag_id="unrecoverable") as dag:
+        Unstorable(task_id="unstorable", retries=3, retry_delay=0)
+    async with running_engine(store) as engine:
+        tis = await engine.run_dag(dag)
+    assert tis["unstorable"]["state"] == "failed"
+    assert tis["unstorable"]["try_number"] == 1  # no retry can fix the code
+    assert "cannot be stored as its result" in tis["unstorable"]["error"]
