@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from engine import DAG
@@ -761,3 +762,44 @@ async def test_unrecoverable_outcomes_fail_the_task_with_a_clear_error(store: St
     assert tis["unstorable"]["state"] == "failed"
     assert tis["unstorable"]["try_number"] == 1  # no retry can fix the code
     assert "cannot be stored as its result" in tis["unstorable"]["error"]
+
+
+async def test_an_event_racing_the_deadline_moves_the_task_once(store: Store) -> None:
+    """The event and the deadline arrive together: one of them ends the wait, never both."""
+    tag = _tag()
+    with DAG(dag_id="event_vs_deadline") as dag:
+        Deferrer(task_id="t", tag=tag, trigger=NeverTrigger(tag), timeout=0)
+    async with running_engine(store, triggerer=False) as engine:
+        engine.scheduler.timeout_backstop_grace_s = 3600.0  # the test plays the triggerer
+        await engine.start_run(dag)
+
+        async def is_deferred() -> bool:
+            return await _deferred(store, "event_vs_deadline", "t") is not None
+
+        await wait_until(is_deferred, what="the task to defer")
+        me = await store.register_triggerer("test", 1, 10, 60.0)
+        (claimed,) = await store.claim_triggers(me, 10)
+        event = TriggerOutcome(
+            trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value("won")
+        )
+        moved: list[int] = []
+
+        async def fire() -> None:
+            moved.append((await store.fire_triggers(me, [event]))[1])
+
+        async def time_out() -> None:
+            moved.append(len(await store.timeout_deferrals([claimed.id])))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fire)
+            tg.start_soon(time_out)
+        assert sorted(moved) == [0, 1]
+        state = await _run_state(store, "event_vs_deadline")
+    (ti,) = await store.list_task_instances(dag_id="event_vs_deadline")
+    if state == "success":
+        assert _result(ti)["event"] == "won"
+        assert CALLS[f"{tag}:resume"] == 1
+    else:
+        assert ti["state"] == "failed"
+        assert ti["error"].startswith("deferral timed out")
+        assert CALLS[f"{tag}:resume"] == 0
