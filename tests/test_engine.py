@@ -26,6 +26,7 @@ from tests.triggers_for_tests import (
     RaisingTrigger,
     SilentTrigger,
     WaitTrigger,
+    release_file,
 )
 from triggers.base import BaseTrigger, decode_value, encode_value
 
@@ -453,7 +454,7 @@ async def test_the_worker_slot_is_free_while_its_task_is_deferred(
         assert tis["waiter"]["first_try_at"] < tis["other"]["started_at"]
         assert engine.worker.peak_running == 1
 
-        release.write_text("go")
+        release_file(release, "go")
         state = await _run_state(store, "free_slot")
     assert state == "success"
     tis = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id="free_slot")}
@@ -618,7 +619,7 @@ async def test_identical_triggers_share_one_row_and_the_event_fans_out(
         tis = await store.list_task_instances(dag_id="fan_out", state="deferred")
         assert {ti["trigger_id"] for ti in tis} == {triggers[0]["id"]}
 
-        release.write_text("all of you")
+        release_file(release, "all of you")
         state = await _run_state(store, "fan_out")
     assert state == "success"
     ended = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id="fan_out")}
@@ -651,7 +652,7 @@ async def test_one_waiter_timing_out_leaves_the_others_waiting(
         tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id=dag.dag_id)}
         assert tis["patient"]["state"] == "deferred"
         assert tis["hasty"]["error"].startswith("deferral timed out")
-        release.write_text("late")
+        release_file(release, "late")
         state = await _run_state(store, dag.dag_id)
     assert state == "failed"  # "hasty" is a leaf and failed
     tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id=dag.dag_id)}
@@ -684,7 +685,7 @@ async def test_joining_a_running_trigger_with_an_earlier_deadline_is_enforced_by
             return bool(rows and rows[0]["triggerer_id"] is not None)
 
         await wait_until(patient_trigger_running, what="the shared trigger to be claimed")
-        gate_file.write_text("open")
+        release_file(gate_file, "open")
 
         async def hasty_failed() -> bool:
             tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id="late_join")}
@@ -694,7 +695,7 @@ async def test_joining_a_running_trigger_with_an_earlier_deadline_is_enforced_by
         tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id="late_join")}
         assert tis["hasty"]["error"].startswith("deferral timed out")
         assert tis["patient"]["state"] == "deferred"
-        release.write_text("done")
+        release_file(release, "done")
         state = await _run_state(store, "late_join")
     assert state == "failed"
     tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id="late_join")}

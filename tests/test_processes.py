@@ -27,7 +27,7 @@ from engine.store import Store
 from operators.base import BaseOperator, Context
 from tests.conftest import REPO
 from tests.helpers import running_engine, wait_until
-from tests.triggers_for_tests import FileTrigger
+from tests.triggers_for_tests import FileTrigger, release_file
 from triggers.base import decode_value
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
@@ -186,7 +186,7 @@ async def test_sigterm_releases_a_triggerers_triggers_to_another(
 
             await wait_until(held_by_second, what="the second triggerer to adopt the 3 triggers")
             for path in files:
-                await anyio.Path(path).write_text(f"done {Path(path).name}")
+                release_file(path, f"done {Path(path).name}")
 
             async def run_ended() -> bool:
                 run = await store.get_dag_run("handover", "run1")

@@ -8,6 +8,7 @@ this process; each test keys them by something unique to it (a file path, a tag)
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,6 +43,14 @@ class WaitTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         await asyncio.sleep(self.delay_s)
         yield TriggerEvent(self.payload)
+
+
+def release_file(path: str | os.PathLike[str], text: str) -> None:
+    """Create the file a FileTrigger waits for, atomically: the trigger never sees it half
+    written."""
+    tmp = Path(f"{os.fspath(path)}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _read_if_exists(path: str) -> str | None:
