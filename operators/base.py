@@ -236,6 +236,12 @@ class BaseOperator:
                 f"of {type(self).__qualname__}"
             )
         resume_kwargs = dict(kwargs or {})
+        reserved = sorted({"context", "event"} & set(resume_kwargs))
+        if reserved:
+            raise TriggerSerializationError(
+                f"task {self.task_id}: defer(kwargs=...) must not use the names {reserved}: the "
+                f"resumed method is called as {method_name}(context, event=<payload>, **kwargs)"
+            )
         try:
             encode_value(resume_kwargs)
         except (TypeError, ValueError, OverflowError) as exc:
