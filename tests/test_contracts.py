@@ -114,6 +114,14 @@ def test_defer_refuses_resume_kwargs_that_are_not_plain_data() -> None:
         _op().defer(trigger=WaitTrigger(0.0), method_name="resume", kwargs={"f": print})
 
 
+@pytest.mark.parametrize("name", ["event", "context"])
+def test_defer_refuses_resume_kwargs_the_resume_call_passes_itself(name: str) -> None:
+    # The resumed method is called as method(context, event=payload, **kwargs): a kwarg of
+    # either name would be silently replaced by the payload, or break the call at resume time.
+    with pytest.raises(TriggerSerializationError, match=f"'{name}'"):
+        _op().defer(trigger=WaitTrigger(0.0), method_name="resume", kwargs={name: 1})
+
+
 def test_defer_refuses_a_non_trigger() -> None:
     with pytest.raises(TriggerSerializationError, match="not a BaseTrigger instance"):
         _op().defer(trigger="not a trigger", method_name="resume")  # type: ignore[arg-type]

@@ -804,3 +804,32 @@ async def test_an_event_racing_the_deadline_moves_the_task_once(store: Store) ->
         assert ti["state"] == "failed"
         assert ti["error"].startswith("deferral timed out")
         assert CALLS[f"{tag}:resume"] == 0
+
+
+async def test_the_scheduler_ends_an_overdue_deferral_when_no_triggerer_runs(store: Store) -> None:
+    tag = _tag()
+    with DAG(dag_id="backstop") as dag:
+        Deferrer(task_id="t", tag=tag, trigger=NeverTrigger(tag), timeout=0.01)
+    async with running_engine(store, triggerer=False) as engine:
+        engine.scheduler.timeout_backstop_grace_s = 0.0
+        tis = await engine.run_dag(dag)
+    assert tis["t"]["state"] == "failed"
+    assert tis["t"]["error"].startswith("deferral timed out")
+    assert RUNS[tag] == 0  # no triggerer ever ran it
+    assert CALLS[f"{tag}:resume"] == 0
+
+
+def _echo_context(conf: dict[str, Any], run_id: str, try_number: int) -> dict[str, Any]:
+    return {"conf": conf, "run_id": run_id, "try_number": try_number}
+
+
+async def test_the_run_conf_and_ids_reach_the_task(store: Store) -> None:
+    with DAG(dag_id="conf") as dag:
+        PythonOperator(task_id="echo", python_callable=_echo_context)
+    async with running_engine(store) as engine:
+        tis = await engine.run_dag(dag, run_id="nightly", conf={"region": "eu", "n": 2})
+    assert _result(tis["echo"]) == {
+        "conf": {"region": "eu", "n": 2},
+        "run_id": "nightly",
+        "try_number": 1,
+    }
