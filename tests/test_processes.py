@@ -23,6 +23,7 @@ import anyio
 import pytest
 
 from engine import DAG
+from engine.dagbag import DagBag
 from engine.store import Store
 from operators.base import BaseOperator, Context
 from tests.conftest import REPO
@@ -342,3 +343,66 @@ async def test_the_cli_triggers_runs_waits_for_them_and_lists_as_json(
         assert runs["cli_fail"]["last_run_state"] == "failed"
 
         assert trigger_rows == []
+
+
+# -- SIGKILL to a worker ---------------------------------------------------------------------------
+
+_STUCK_DAG = """
+    import threading
+    from engine import DAG
+    from operators.python import PythonOperator
+
+    def work(try_number: int) -> str:
+        if try_number == 1:
+            threading.Event().wait()  # stuck until the process is killed
+        return f"done on try {try_number}"
+
+    with DAG(dag_id="stuck"):
+        PythonOperator(task_id="work", python_callable=work, retries=1, retry_delay=0)
+"""
+
+
+async def test_a_killed_workers_task_is_reaped_and_retried(
+    store: Store, children: Children, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "stuck_dag.py").write_text(textwrap.dedent(_STUCK_DAG))
+    children.env["DEFERRAL_DAGS_FOLDER"] = str(dags)
+    children.env["DEFERRAL_WORKER_HEARTBEAT_S"] = "0.2"
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the DagBag puts the folder on it
+    dag = DagBag(dags).get_dag("stuck")
+
+    async def work() -> dict[str, Any]:
+        (ti,) = await store.list_task_instances(dag_id="stuck")
+        return ti
+
+    async with explained(children), running_engine(store, worker=False, triggerer=False) as engine:
+        engine.scheduler.zombie_threshold_s = 2.0
+        first = children.start("worker", name="worker-1")
+        await engine.start_run(dag)
+
+        async def running() -> bool:
+            return bool((await work())["state"] == "running")
+
+        await wait_until(running, what="the first worker to run the task")
+        first.send_signal(signal.SIGKILL)
+        assert await _wait_exit(first) == -signal.SIGKILL
+
+        async def reaped() -> bool:
+            return (await work())["state"] in ("up_for_retry", "scheduled")
+
+        await wait_until(reaped, what="the scheduler to reap the dead worker's task")
+        assert "stopped heartbeating" in (await work())["error"]
+
+        children.start("worker", name="worker-2")
+
+        async def run_ended() -> bool:
+            run = await store.get_dag_run("stuck", "run1")
+            return run is not None and run["state"] != "running"
+
+        await wait_until(run_ended, what="the retry to finish the run")
+    ti = await work()
+    assert ti["state"] == "success"
+    assert ti["try_number"] == 2
+    assert decode_value(ti["result"]) == "done on try 2"
