@@ -34,6 +34,8 @@ from engine.store import Store, database_url
 __all__ = ["floor_main", "percentiles", "run_waits"]
 
 CHUNK = 1000
+#: The run gives up when no task ended for this long.
+STALL_S = 60.0
 console = Console(stderr=True)
 
 
@@ -412,14 +414,18 @@ async def _measure(
         rss_growth = sum(max(0, rss_held[p] - rss_base[p]) for p in registered_at)
 
         # -- window: timers fire, tasks resume ----------------------------------------------
+        load_at_window = os.getloadavg()[0]
         late_start = t0 - time.time()
         bar = progress.add_task("fire + resume", total=n)
         failover_s = None
         killed = None
         kill_at = t0 + window / 2 if kill_one else None
-        deadline = t0 + window + 60 + (3 * lease_s if kill_one else 0)
+        # The run ends when every task ended, or when nothing ended for STALL_S (what did not
+        # resume by then counts as lost).
         done = 0
-        while time.time() < deadline:
+        last_progress = time.time()
+        all_done_at = None
+        while time.time() - last_progress < STALL_S + (3 * lease_s if kill_one else 0):
             if kill_at is not None and time.time() >= kill_at:
                 kill_at = None
                 killed = await _kill_one(store, tpids)
@@ -428,9 +434,15 @@ async def _measure(
             progress.update(bar, completed=min(lines, n))
             if time.time() > t0 + window:
                 states = await store.count_task_states()
-                done = sum(states.get(s, 0) for s in ("success", "failed", "skipped"))
+                ended = sum(states.get(s, 0) for s in ("success", "failed", "skipped"))
+                if ended > done:
+                    done, last_progress = ended, time.time()
                 if done >= n:
+                    all_done_at = time.time()
                     break
+                await asyncio.sleep(0.75)
+            else:
+                last_progress = time.time()
             await asyncio.sleep(0.25)
         progress.update(bar, completed=n if done >= n else _journal_bytes(journal) / 60)
 
@@ -482,11 +494,14 @@ async def _measure(
         "fire_to_event_written_ms": percentiles(to_write),
         "event_written_to_worker_claim_ms": percentiles(to_claim),
         "worker_claim_to_method_ms": percentiles(to_method),
+        "all_ended_after_first_due_s": None if all_done_at is None else round(all_done_at - t0, 1),
         "events_lost": n - len(fired),
         "resumed_twice": sum(1 for c in fired.values() if c > 1),
         "failover_s": None if failover_s is None else round(failover_s, 3),
         "killed_triggerer_held": None if killed is None else killed[1],
         "task_states": states,
+        # The machine is shared: the 1-minute load average when the timers started firing.
+        "load_avg_1m_at_window": round(load_at_window, 2),
     }
 
 
