@@ -5,7 +5,10 @@ test created from a migrated template, and the engine's processes running in the
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -37,12 +40,21 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, bool]]
 
 
 @pytest.fixture(scope="session")
-def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A superuser URL: DEFERRAL_TEST_DSN, or the embedded server in a session temp folder."""
+def admin_url() -> str:
+    """A superuser URL: DEFERRAL_TEST_DSN, or an embedded server of this session's own.
+
+    Its data lives in a folder of its own, not under pytest's basetemp: pytest deletes old
+    basetemp folders when another session starts, which would pull the data from under a
+    running server.
+    """
     dsn = os.environ.get("DEFERRAL_TEST_DSN")
     if dsn:
         return dsn
-    return embedded_database_url(tmp_path_factory.mktemp("deferral-home"))
+    home = Path(tempfile.mkdtemp(prefix="deferral-tests-"))
+    # Registered before the server starts, so it runs after the server's own exit handler
+    # has stopped it (exit handlers run last-registered first).
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return embedded_database_url(home)
 
 
 @pytest.fixture(scope="session")
