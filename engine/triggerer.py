@@ -484,12 +484,28 @@ class Triggerer:
                     self._arm(trigger_id, held, deadline, db_now)
             if unused:
                 assert self.id is not None
-                await with_db_retry(
+                dropped = await with_db_retry(
                     "drop unused triggers",
                     functools.partial(self.store.delete_owned_triggers, self.id, unused),
                 )
+                joined: set[int] = set()
+                if len(dropped) < len(unused):
+                    # The drop refused some: a task joined them meanwhile (keep running them,
+                    # timed for the new waiters), or this triggerer no longer owns them.
+                    refused = [tid for tid in unused if tid not in dropped]
+                    again = await with_db_retry(
+                        "read trigger waiters",
+                        functools.partial(self.store.trigger_waiters, refused),
+                    )
+                    for trigger_id, waiting, deadline, db_now in again:
+                        held = self.held.get(trigger_id)
+                        if held is not None and waiting > 0:
+                            joined.add(trigger_id)
+                            if deadline is not None:
+                                self._arm(trigger_id, held, deadline, db_now)
                 for trigger_id in unused:
-                    self._drop(trigger_id)
+                    if trigger_id not in joined:
+                        self._drop(trigger_id)
 
     def _drop(self, trigger_id: int) -> None:
         """Stop running a trigger without writing anything (nobody waits, or not ours)."""

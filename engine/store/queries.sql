@@ -371,7 +371,9 @@ SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 -- task instances moved, each by a conditional update on state = 'deferred' AND trigger_id: a
 -- duplicate or stale event changes nothing. Outcome kinds: 'event' (resume on a worker),
 -- 'success' / 'skipped' (end the task), 'failed' (the retry policy applies). Returns one row
--- per accepted trigger and moved task instance (task columns null when nobody waited).
+-- per accepted trigger (task columns null) and one per moved task instance. (A UNION ALL, not
+-- a join of the two CTEs: the planner estimates one row for each and joins them in a nested
+-- loop, quadratic in the batch: over a second of CPU for 1,000 outcomes.)
 WITH outcome AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bytea[], $6::text[])
         AS o(trigger_id, fence, kind, payload, error)
@@ -402,8 +404,11 @@ WITH outcome AS (
     WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id
 )
-SELECT f.id AS fired_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf
-FROM fired f LEFT JOIN moved m ON m.trigger_id = f.id;
+SELECT f.id AS fired_id, NULL::bigint AS id, NULL::bigint AS dag_run_id, NULL::text AS task_id,
+       NULL::text AS state, NULL::boolean AS is_leaf
+FROM fired f
+UNION ALL
+SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf FROM moved m;
 
 -- name: timeout_deferrals
 -- End the deferrals that passed their deadline: of the given triggers ($1), or of every
@@ -433,18 +438,39 @@ FROM unnest($1::bigint[]) AS t(id)
 LEFT JOIN deferral_task_instances ti ON ti.trigger_id = t.id AND ti.state = 'deferred'
 GROUP BY t.id;
 
+-- name: lock_owned_triggers
+-- Lock triggers before dropping them: a task joining one holds its row until it commits, and
+-- the drop's waiter check must run after that, in a statement of its own (a fresh snapshot
+-- that sees the joined task). Under READ COMMITTED a check inside the DELETE that waited for
+-- the row would still use the snapshot taken before the join and drop a trigger in use.
+SELECT id FROM deferral_triggers
+WHERE id = ANY ($2::bigint[]) AND triggerer_id = $1
+ORDER BY id
+FOR UPDATE;
+
 -- name: delete_owned_triggers
--- Drop triggers nobody waits on any more, if triggerer $1 still owns them.
+-- Drop triggers nobody waits on any more, if triggerer $1 still owns them (after
+-- lock_owned_triggers, in the same transaction).
 DELETE FROM deferral_triggers t
 WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id = $1
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
 RETURNING t.id;
 
--- name: delete_orphan_triggers
--- Drop triggers that no task instance waits on (every waiter timed out or was cleared).
-DELETE FROM deferral_triggers t
+-- name: lock_orphan_triggers
+-- Lock the triggers that look unused; see lock_owned_triggers for why the check is repeated.
+SELECT t.id FROM deferral_triggers t
 WHERE t.created_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
+                  WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+ORDER BY t.id
+FOR UPDATE OF t;
+
+-- name: delete_orphan_triggers
+-- Drop the locked triggers ($1, from lock_orphan_triggers) that no task instance waits on
+-- (every waiter timed out or was cleared).
+DELETE FROM deferral_triggers t
+WHERE t.id = ANY ($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
 RETURNING t.id;

@@ -426,9 +426,10 @@ class Store:
     async def delete_owned_triggers(
         self, triggerer_id: int, trigger_ids: Sequence[int]
     ) -> set[int]:
-        rows = await self._pool.fetch(
-            self._q["delete_owned_triggers"], triggerer_id, list(trigger_ids)
-        )
+        ids = list(trigger_ids)
+        async with self._tx() as conn:
+            await conn.execute(self._q["lock_owned_triggers"], triggerer_id, ids)
+            rows = await conn.fetch(self._q["delete_owned_triggers"], triggerer_id, ids)
         return {r["id"] for r in rows}
 
     async def list_triggers(self, limit: int = 10_000) -> list[dict[str, Any]]:
@@ -445,7 +446,11 @@ class Store:
         return rows
 
     async def delete_orphan_triggers(self, min_age_s: float) -> int:
-        rows = await self._pool.fetch(self._q["delete_orphan_triggers"], min_age_s)
+        async with self._tx() as conn:
+            locked = [r["id"] for r in await conn.fetch(self._q["lock_orphan_triggers"], min_age_s)]
+            if not locked:
+                return 0
+            rows = await conn.fetch(self._q["delete_orphan_triggers"], locked)
         return len(rows)
 
     # -- notifications -------------------------------------------------------------------
