@@ -11,9 +11,14 @@ import anyio
 import asyncpg
 import pytest
 
-from engine.store import Store
-from engine.store.queries import migrations, schema_sql
+from engine import DAG
+from engine.store import ClaimedTask, Deferral, Store
+from engine.store.queries import load_queries, migrations, schema_sql
+from operators.python import PythonOperator
 from tests.conftest import _with_database
+from tests.helpers import wait_until
+from tests.triggers_for_tests import NeverTrigger
+from triggers.base import encode_value, validate_trigger
 
 pytestmark = pytest.mark.anyio
 
@@ -224,3 +229,85 @@ async def test_concurrent_connects_with_migrate_succeed(empty_db: EmptyDb) -> No
     finally:
         for store in stores:
             await store.close()
+
+
+# -- races between joining a trigger and dropping it -------------------------------------------
+
+
+def _noop() -> None:
+    return None
+
+
+async def _two_running_tasks(store: Store) -> tuple[int, ClaimedTask, ClaimedTask]:
+    with DAG(dag_id="race") as dag:
+        PythonOperator(task_id="a", python_callable=_noop)
+        PythonOperator(task_id="b", python_callable=_noop)
+    await store.upsert_dag(dag.dag_id, "race.py", dag.serialize_tasks(), None)
+    await store.create_dag_run("race", "r1", logical_date=await store.now())
+    worker = await store.register_worker("test", 1, 2)
+    a, b = sorted(await store.claim_tasks(worker, 2), key=lambda ti: ti.task_id)
+    return worker, a, b
+
+
+def _deferral(timeout_s: float | None) -> Deferral:
+    trigger = validate_trigger(NeverTrigger("race"))
+    return Deferral(
+        classpath=trigger.classpath,
+        kwargs=trigger.kwargs,
+        dedup_key=trigger.dedup_key,
+        method_name="resume",
+        method_kwargs=encode_value({}),
+        timeout_s=timeout_s,
+    )
+
+
+async def test_a_trigger_joined_while_it_is_dropped_survives(store: Store, db_url: str) -> None:
+    """A triggerer drops a trigger nobody waits on while a task joins it (an identical deferral
+    whose transaction commits while the drop waits for the row): the task must not be left
+    deferred on a trigger that no longer exists, where nothing would ever fire it."""
+    worker, a, b = await _two_running_tasks(store)
+    assert await store.defer_task(a.id, worker, _deferral(0.0))
+    me = await store.register_triggerer("test", 1, 10, 60.0)
+    (claimed,) = await store.claim_triggers(me, 10)
+    assert len(await store.timeout_deferrals([claimed.id])) == 1  # a timed out: no waiter left
+
+    queries = load_queries()
+    join = await asyncpg.connect(db_url)
+    watch = await asyncpg.connect(db_url)
+    try:
+        tx = join.transaction()
+        await tx.start()
+        joined = _deferral(None)
+        row = await join.fetchrow(
+            queries["defer_task"],
+            b.id,
+            worker,
+            joined.classpath,
+            joined.kwargs,
+            joined.dedup_key,
+            joined.timeout_s,
+            joined.method_name,
+            joined.method_kwargs,
+        )
+        assert row is not None
+        assert row["trigger_id"] == claimed.id
+
+        async def drop_waits_for_the_row() -> bool:
+            n = await watch.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock' "
+                "AND query LIKE '%deferral_triggers%'"
+            )
+            return bool(n)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.delete_owned_triggers, me, [claimed.id])
+            await wait_until(drop_waits_for_the_row, what="the drop to wait for the joiner")
+            await tx.commit()
+    finally:
+        await join.close()
+        await watch.close()
+
+    (ti_b,) = await store.list_task_instances(dag_id="race", state="deferred")
+    assert ti_b["task_id"] == "b"
+    assert ti_b["trigger_id"] in {t["id"] for t in await store.list_triggers()}
