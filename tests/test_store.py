@@ -261,10 +261,14 @@ def _deferral(timeout_s: float | None) -> Deferral:
     )
 
 
-async def test_a_trigger_joined_while_it_is_dropped_survives(store: Store, db_url: str) -> None:
-    """A triggerer drops a trigger nobody waits on while a task joins it (an identical deferral
-    whose transaction commits while the drop waits for the row): the task must not be left
-    deferred on a trigger that no longer exists, where nothing would ever fire it."""
+@pytest.mark.parametrize("dropper", ["triggerer", "scheduler"])
+async def test_a_trigger_joined_while_it_is_dropped_survives(
+    store: Store, db_url: str, dropper: str
+) -> None:
+    """A triggerer (or the scheduler's orphan sweep) drops a trigger nobody waits on while a
+    task joins it (an identical deferral whose transaction commits while the drop waits for the
+    row): the task must not be left deferred on a trigger that no longer exists, where nothing
+    would ever fire it."""
     worker, a, b = await _two_running_tasks(store)
     assert await store.defer_task(a.id, worker, _deferral(0.0))
     me = await store.register_triggerer("test", 1, 10, 60.0)
@@ -301,7 +305,10 @@ async def test_a_trigger_joined_while_it_is_dropped_survives(store: Store, db_ur
             return bool(n)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(store.delete_owned_triggers, me, [claimed.id])
+            if dropper == "triggerer":
+                tg.start_soon(store.delete_owned_triggers, me, [claimed.id])
+            else:
+                tg.start_soon(store.delete_orphan_triggers, 0.0)
             await wait_until(drop_waits_for_the_row, what="the drop to wait for the joiner")
             await tx.commit()
     finally:
