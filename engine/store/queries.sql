@@ -438,18 +438,39 @@ FROM unnest($1::bigint[]) AS t(id)
 LEFT JOIN deferral_task_instances ti ON ti.trigger_id = t.id AND ti.state = 'deferred'
 GROUP BY t.id;
 
+-- name: lock_owned_triggers
+-- Lock triggers before dropping them: a task joining one holds its row until it commits, and
+-- the drop's waiter check must run after that, in a statement of its own (a fresh snapshot
+-- that sees the joined task). Under READ COMMITTED a check inside the DELETE that waited for
+-- the row would still use the snapshot taken before the join and drop a trigger in use.
+SELECT id FROM deferral_triggers
+WHERE id = ANY ($2::bigint[]) AND triggerer_id = $1
+ORDER BY id
+FOR UPDATE;
+
 -- name: delete_owned_triggers
--- Drop triggers nobody waits on any more, if triggerer $1 still owns them.
+-- Drop triggers nobody waits on any more, if triggerer $1 still owns them (after
+-- lock_owned_triggers, in the same transaction).
 DELETE FROM deferral_triggers t
 WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id = $1
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
 RETURNING t.id;
 
--- name: delete_orphan_triggers
--- Drop triggers that no task instance waits on (every waiter timed out or was cleared).
-DELETE FROM deferral_triggers t
+-- name: lock_orphan_triggers
+-- Lock the triggers that look unused; see lock_owned_triggers for why the check is repeated.
+SELECT t.id FROM deferral_triggers t
 WHERE t.created_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
+                  WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+ORDER BY t.id
+FOR UPDATE OF t;
+
+-- name: delete_orphan_triggers
+-- Drop the locked triggers ($1, from lock_orphan_triggers) that no task instance waits on
+-- (every waiter timed out or was cleared).
+DELETE FROM deferral_triggers t
+WHERE t.id = ANY ($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
 RETURNING t.id;
