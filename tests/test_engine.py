@@ -14,6 +14,7 @@ import pytest
 
 from engine import DAG
 from engine.store import Store, TriggerOutcome
+from engine.worker import Worker
 from operators.base import BaseOperator, Context, SkipTask
 from operators.python import PythonOperator
 from tests.helpers import running_engine, wait_until
@@ -833,3 +834,25 @@ async def test_the_run_conf_and_ids_reach_the_task(store: Store) -> None:
         "run_id": "nightly",
         "try_number": 1,
     }
+
+
+async def test_two_workers_run_and_resume_every_task_exactly_once(store: Store) -> None:
+    """Workers competing for the same tasks (claims with SKIP LOCKED) never run one twice."""
+    tag = _tag()
+    n = 24
+    with DAG(dag_id="contention") as dag:
+        for i in range(n):
+            Deferrer(task_id=f"t{i}", tag=f"{tag}{i}", trigger=WaitTrigger(0.01, i))
+    async with running_engine(store, slots=3) as engine:
+        second = Worker(store, engine.dagbag, slots=3, poll_interval_s=0.5, heartbeat_s=1.0)
+        async with anyio.create_task_group() as tg:
+            await tg.start(second.run)
+            tis = await engine.run_dag(dag)
+            second.stop()
+    assert tis["__run__"]["state"] == "success"
+    for i in range(n):
+        assert _result(tis[f"t{i}"])["event"] == i
+        assert CALLS[f"{tag}{i}:execute"] == 1
+        assert CALLS[f"{tag}{i}:resume"] == 1
+    assert engine.worker.finished > 0
+    assert second.finished > 0  # both took part
