@@ -293,6 +293,7 @@ async def test_a_deferral_timeout_fails_the_task_without_a_worker_hop(store: Sto
         after = PythonOperator(task_id="after", python_callable=_ok)
         waits >> after
     async with running_engine(store) as engine:
+        engine.scheduler.timeout_backstop_grace_s = 3600.0  # the triggerer's timer must do it
         tis = await engine.run_dag(dag)
         # The trigger nobody waits on any more is stopped, and its cleanup runs.
         await wait_until(lambda: _async_true(CLEANUPS[tag] == 1), what="trigger cleanup")
