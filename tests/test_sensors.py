@@ -23,7 +23,7 @@ from operators.sensors import (
     SqlSensor,
     TimeDeltaSensor,
 )
-from tests.helpers import running_engine, utcnow
+from tests.helpers import running_engine, utcnow, wait_until
 from tests.sensor_helpers import (
     FAST,
     MODES,
@@ -139,8 +139,6 @@ async def test_http_sensor_waits_for_status_and_check(store: Store, mode: str) -
             async def more_hits() -> bool:
                 return service.hits > hits + 1
 
-            from tests.helpers import wait_until
-
             await wait_until(more_hits)
             assert (await task_instance(store, "http", "wait"))["state"] != "success"
             service.ready = True
@@ -239,12 +237,17 @@ async def test_external_task_sensor_waits_for_the_other_dag(
         await engine.add_dag(producer)
         await start_run(engine, consumer, logical_date=logical)
         await wait_checked_once(store, "consumer", "wait", mode)
+        missing = "no run of DAG producer exists at logical date 2026-11-29T05:00:00+00:00"
+
+        async def said_so() -> bool:
+            return missing in caplog.text
+
+        # The first check finds no producer run and says so in the log at once.
+        await wait_until(said_so, what="the log to name the missing run")
         await start_run(engine, producer, "p1", logical - dt.timedelta(hours=1))
         tis = await finish(store, "consumer")
     assert tis["wait"]["state"] == "success"
     assert _result(tis["wait"])["state"] == "success"
-    # Before the producer's run existed, the log said so at once.
-    assert "no run of DAG producer exists at logical date 2026-11-29T05:00:00+00:00" in caplog.text
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
