@@ -80,6 +80,10 @@ async def run_component(kind: str, settings: Settings) -> None:
     # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
     # also when it is the embedded server, whose URL is known only now.
     os.environ.setdefault("DEFERRAL_CONN_DEFERRAL", store.url)
+    # Operators import no engine code: a deferral.toml default_deferrable reaches them here.
+    os.environ.setdefault(
+        "DEFERRAL_DEFAULT_DEFERRABLE", "true" if settings.default_deferrable else "false"
+    )
     try:
         await serve([_MAKERS[kind](store, settings)])
     finally:

@@ -65,6 +65,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: How late a deferral deadline may be before the scheduler ends it (no triggerer alive).
     timeout_backstop_grace_s: float = 5.0
 
+    #: Sensors defer by default (``deferrable=None``), like Airflow's ``default_deferrable``.
+    #: Operators read it from ``DEFERRAL_DEFAULT_DEFERRABLE``, which the processes export.
+    default_deferrable: bool = False
+
     def __post_init__(self) -> None:
         positive = {
             "pool_size": self.pool_size,
