@@ -61,6 +61,14 @@ __all__ = ["waits"]
     help="PostgreSQL synchronous_commit for the benchmark's database (off: a commit does not "
     "wait for the WAL flush; an OS crash may lose the last commits, a process crash loses none).",
 )
+@click.option(
+    "--pg-setting",
+    "pg_settings",
+    multiple=True,
+    type=(str, str),
+    metavar="NAME VALUE",
+    help="A PostgreSQL setting for the benchmark's database (ALTER DATABASE ... SET).",
+)
 def waits(**options: Any) -> None:
     """Timer waits held by K triggerers: memory, claim time, lateness, failover."""
     from benchmarks.waits_run import run_waits
