@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import asyncpg
 import click
 import msgspec
 from rich.console import Console
@@ -16,6 +17,7 @@ from rich.table import Table
 from engine import logs
 from engine.config import ConfigError, Settings, load_settings
 from engine.runner import run_async
+from engine.store.embedded import EmbeddedServerError
 
 T = TypeVar("T")
 console = Console()
@@ -29,8 +31,19 @@ def _settings(ctx: click.Context) -> Settings:
 
 def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     ctx = click.get_current_context(silent=True)
-    loop = ctx.obj["settings"].event_loop if ctx is not None and ctx.obj else "uvloop"
-    return run_async(fn, *args, loop=loop)
+    settings: Settings | None = ctx.obj["settings"] if ctx is not None and ctx.obj else None
+    try:
+        return run_async(fn, *args, loop=settings.event_loop if settings else "uvloop")
+    except (OSError, asyncpg.PostgresError, EmbeddedServerError) as exc:
+        where = (
+            "DEFERRAL_DATABASE_URL"
+            if settings is not None and settings.database_url
+            else "the embedded server"
+        )
+        err_console.print(
+            f"[red]error[/]: cannot use the database ({where}): {type(exc).__name__}: {exc}"
+        )
+        sys.exit(2)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -238,10 +251,12 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
 @click.option("--run-id", help="Default: manual__<time>.")
 @click.option("--conf", help="JSON object handed to tasks as context['conf'].")
 @click.option(
-    "--wait", is_flag=True, help="Wait for the run to end; exit 0 on success, 1 on failure."
+    "--wait",
+    is_flag=True,
+    help="Wait for the run to end; exit 0 on success, 1 when it failed.",
 )
 @click.option(
-    "--timeout", type=float, help="With --wait: give up after this many seconds (exit 2)."
+    "--timeout", type=float, help="With --wait: give up after this many seconds (exit 3)."
 )
 @click.pass_context
 def dags_trigger(
@@ -253,7 +268,11 @@ def dags_trigger(
     wait: bool,
     timeout: float | None,
 ) -> None:
-    """Create a run of DAG_ID."""
+    """Create a run of DAG_ID.
+
+    Exit codes: 0 the run was created (with --wait: it succeeded), 1 it failed, 2 it could
+    not be created (unknown DAG, duplicate run id, bad --conf), 3 --timeout passed first.
+    """
     settings = _settings(ctx).replace(dags_folder=dags_folder)
     try:
         conf_obj = msgspec.json.decode(conf) if conf else {}
@@ -265,10 +284,9 @@ def dags_trigger(
 
     try:
         outcome = _run(trigger_dag, settings, dag_id, run_id, conf_obj, wait, timeout)
-    except LookupError as exc:
-        raise click.ClickException(str(exc.args[0] if exc.args else exc)) from None
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    except (LookupError, ValueError) as exc:
+        err_console.print(f"[red]error[/]: {exc.args[0] if exc.args else exc}")
+        sys.exit(2)
     console.print(f"run [bold]{dag_id}/{outcome.run_id}[/]: {outcome.state}")
     if outcome.tasks:
         table = Table("task_id", "state", "try", "error")
@@ -279,7 +297,7 @@ def dags_trigger(
             )
         console.print(table)
     if wait:
-        sys.exit({"success": 0, "failed": 1}.get(outcome.state, 2))
+        sys.exit({"success": 0, "failed": 1}.get(outcome.state, 3))
 
 
 @cli.group()

@@ -1,27 +1,49 @@
-"""Regenerate docs/reference/cli.md from the click commands."""
+"""Write docs/reference/cli.md from the commands' own help: python tools/gen_cli_reference.py"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
 import click
+
 from engine.cli import cli
 
-out = ["# The `deferral` command", "",
-       "Generated from the command's own help (`deferral COMMAND --help` shows the same).", ""]
+DOC = Path(__file__).resolve().parent.parent / "docs" / "reference" / "cli.md"
 
-def walk(cmd, path):
-    ctx = click.Context(cmd, info_name=" ".join(path))
-    if path != ["deferral"]:
-        out.append(f"## `{' '.join(path)}`")
-        out.append("")
-        out.append("```")
-        out.append(cmd.get_help(ctx).replace("Usage: ", "usage: "))
-        out.append("```")
-        out.append("")
-    if isinstance(cmd, click.Group):
-        for name in sorted(cmd.list_commands(ctx)):
-            walk(cmd.get_command(ctx, name), path + [name])
 
-ctx = click.Context(cli, info_name="deferral")
-out.append("```")
-out.append(cli.get_help(ctx).replace("Usage: ", "usage: "))
-out.append("```")
-out.append("")
-walk(cli, ["deferral"])
-open("docs/reference/cli.md", "w").write("\n".join(out))
+def _help(cmd: click.Command, path: list[str]) -> str:
+    ctx = click.Context(cmd, info_name=" ".join(path), terminal_width=100, max_content_width=100)
+    return cmd.get_help(ctx).replace("Usage: ", "usage: ")
+
+
+def render() -> str:
+    out = [
+        "# The `deferral` command",
+        "",
+        "Generated from the command's own help by `python tools/gen_cli_reference.py`",
+        "(`deferral COMMAND --help` shows the same).",
+        "",
+        "```",
+        _help(cli, ["deferral"]),
+        "```",
+        "",
+    ]
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        if len(path) > 1:
+            out.extend([f"## `{' '.join(path)}`", "", "```", _help(cmd, path), "```", ""])
+        if isinstance(cmd, click.Group):
+            ctx = click.Context(cmd, info_name=" ".join(path))
+            for name in sorted(cmd.list_commands(ctx)):
+                sub = cmd.get_command(ctx, name)
+                if sub is not None:
+                    walk(sub, [*path, name])
+
+    walk(cli, ["deferral"])
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    DOC.write_text(render())
+    sys.stdout.write(f"wrote {DOC}\n")
