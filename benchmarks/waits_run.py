@@ -536,7 +536,7 @@ async def _kill_one(store: Store, tpids: dict[int, int]) -> tuple[int, int]:
 async def _wait_failover(store: Store, killed: tuple[int, int], progress: Progress) -> float:
     """Seconds from the kill until its lease was taken and no trigger is left unowned."""
     t_kill = time.time()
-    bar = progress.add_task("failover", total=None)
+    bar = progress.add_task("failover (waiting)", total=1)
     while True:
         rows = await store.list_triggerers()
         if all(r["id"] != killed[0] for r in rows) and await store.count_unowned_triggers() == 0:
