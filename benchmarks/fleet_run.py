@@ -28,7 +28,6 @@ from engine.dagbag import DagBag
 from engine.scheduler import Scheduler
 from engine.store import Store, database_url
 from engine.store.queries import load_queries
-from engine.store.store import _init_connection
 from engine.triggerer import Triggerer
 from engine.worker import Worker
 from operators.base import Context
@@ -183,16 +182,15 @@ class _Statements:
     def __call__(self, record: Any) -> None:
         query = record.query.strip()
         if query.startswith("SELECT pg_advisory_unlock_all()"):
-            # asyncpg's pool resets a connection on every release: a round trip the engine
-            # does not write, counted apart.
+            # asyncpg's reset of a connection on its release to the pool (the store turns it
+            # off; counted apart should it come back).
             self.pool_resets += 1
             return
         self.count += 1
         name = self._names.get(record.query) or query.split()[0].upper()
         self.by_name[name] = self.by_name.get(name, 0) + 1
 
-    async def init(self, conn: asyncpg.Connection) -> None:
-        await _init_connection(conn)
+    def attach(self, conn: asyncpg.Connection) -> None:
         conn.add_query_logger(self)
 
 
@@ -217,13 +215,10 @@ async def _run_mode(
     url = _with_database(admin_url, db_name)
     folder = tempfile.mkdtemp(prefix=f"fleet-{mode}-")
     statements = _Statements()
-    pool = await asyncpg.create_pool(
-        url, min_size=1, max_size=8, init=statements.init, command_timeout=60
-    )
-    store = Store(pool, url)
+    # The engine's own pool (as every process opens it), with a query logger on each connection.
+    store = await Store.connect(url, pool_size=8, on_connect=statements.attach)
     monitor = await Store.connect(url, pool_size=2, migrate=False)
     try:
-        await store.migrate()
         dag = _fleet_dag(mode, folder, poke_interval_s, compute_ms / 1000)
         dagbag = DagBag(None)
         dagbag.add_dag(dag)

@@ -75,12 +75,27 @@ class Store:
         self._q = load_queries()
 
     @classmethod
-    async def connect(cls, url: str, *, pool_size: int = 8, migrate: bool = True) -> Store:
+    async def connect(
+        cls,
+        url: str,
+        *,
+        pool_size: int = 8,
+        migrate: bool = True,
+        on_connect: Callable[[asyncpg.Connection], Any] | None = None,
+    ) -> Store:
+        """``on_connect`` also runs for each new pooled connection (benchmarks attach a query
+        logger with it)."""
+
+        async def init(conn: asyncpg.Connection) -> None:
+            await _init_connection(conn)
+            if on_connect is not None:
+                on_connect(conn)
+
         pool = await asyncpg.create_pool(
             url,
             min_size=1,
             max_size=pool_size,
-            init=_init_connection,
+            init=init,
             reset=_keep_session,
             command_timeout=60,
             # Plan every execution with its parameters. After five runs PostgreSQL may switch
