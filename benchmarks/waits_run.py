@@ -278,7 +278,7 @@ async def _run(
         **os.environ,
         "DEFERRAL_DATABASE_URL": url,
         "DEFERRAL_DAGS_FOLDER": str(dags),
-        "DEFERRAL_LOG_LEVEL": "WARNING",
+        "DEFERRAL_LOG_LEVEL": os.environ.get("DEFERRAL_BENCH_LOG_LEVEL", "WARNING"),
         "DEFERRAL_EVENT_LOOP": loop,
         "DEFERRAL_TRIGGERER_LEASE_S": str(settings.triggerer_lease_s),
     }
