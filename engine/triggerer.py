@@ -547,7 +547,11 @@ class Triggerer:
                 still = await self.store.owned_triggers(self.id)
                 for trigger_id, held in list(self.held.items()):
                     if still.get(trigger_id) != held.fence:
-                        log.info("trigger %s was removed or taken over; stopping it", trigger_id)
+                        log.warning(
+                            "trigger %s is no longer this triggerer's in the database (removed "
+                            "or taken over); stopping it without writing an event",
+                            trigger_id,
+                        )
                         self._drop(trigger_id)
 
     # -- a blocked loop ------------------------------------------------------------------
