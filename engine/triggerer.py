@@ -547,11 +547,13 @@ class Triggerer:
                 still = await self.store.owned_triggers(self.id)
                 for trigger_id, held in list(self.held.items()):
                     if still.get(trigger_id) != held.fence:
-                        log.warning(
-                            "trigger %s is no longer this triggerer's in the database (removed "
-                            "or taken over); stopping it without writing an event",
-                            trigger_id,
-                        )
+                        if held.task is not None and not held.task.done():
+                            # (A finished trigger here is one whose event was just written.)
+                            log.warning(
+                                "trigger %s is no longer this triggerer's in the database "
+                                "(removed or taken over); stopping it without writing an event",
+                                trigger_id,
+                            )
                         self._drop(trigger_id)
 
     # -- a blocked loop ------------------------------------------------------------------
