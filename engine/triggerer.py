@@ -134,6 +134,7 @@ class Triggerer:
         self._flushed = Wakeup()
         self._writing = False
         self._stopping = False
+        self._claiming = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -212,10 +213,13 @@ class Triggerer:
 
     async def _claim_loop(self) -> None:
         while not self._stopping:
+            self._claiming = True
             try:
                 await self._claim_available()
             except TRANSIENT_ERRORS as exc:
                 log.warning("claim failed (%s); retrying", exc)
+            finally:
+                self._claiming = False
             await self._claim_wake.wait(self.poll_interval_s)
 
     async def _claim_available(self) -> None:
@@ -543,6 +547,8 @@ class Triggerer:
                 self._outbox.clear()
                 await self._register()
                 self._claim_wake.set()
+            elif owned > len(self.held) and not self._claiming:
+                await self._release_unheld()
             elif owned < len(self.held):
                 still = await self.store.owned_triggers(self.id)
                 for trigger_id, held in list(self.held.items()):
@@ -555,6 +561,26 @@ class Triggerer:
                                 trigger_id,
                             )
                         self._drop(trigger_id)
+
+    async def _release_unheld(self) -> None:
+        """Give back triggers the database says are ours but that run nowhere here.
+
+        No path is meant to leave such triggers; if one does, they would wait unseen for as
+        long as this triggerer lives. Releasing them lets any triggerer claim them again."""
+        assert self.id is not None
+        still = await self.store.owned_triggers(self.id)
+        if self._claiming:
+            return  # a claim started meanwhile: its rows may not be held yet
+        unheld = [trigger_id for trigger_id in still if trigger_id not in self.held]
+        if unheld:
+            released = await self.store.release_triggers(self.id, unheld)
+            log.warning(
+                "%d trigger(s) were owned by triggerer %s in the database but not running "
+                "here (first: %s); released them to be claimed again",
+                len(released),
+                self.id,
+                sorted(released)[:5],
+            )
 
     # -- a blocked loop ------------------------------------------------------------------
 

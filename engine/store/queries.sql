@@ -322,6 +322,15 @@ RETURNING (SELECT count(*) FROM deferral_triggers WHERE triggerer_id = $1) AS ow
 -- The triggers a triggerer owns now.
 SELECT id, fence FROM deferral_triggers WHERE triggerer_id = $1;
 
+-- name: release_triggers
+-- Unown some of triggerer $1's triggers (ones it owns but does not run) and wake the others.
+WITH released AS (
+    UPDATE deferral_triggers SET triggerer_id = NULL
+    WHERE id = ANY ($2::bigint[]) AND triggerer_id = $1
+    RETURNING id
+)
+SELECT id, pg_notify('deferral_triggers', '') AS notified FROM released;
+
 -- name: release_triggerer
 -- A triggerer stops gracefully: its triggers become unowned at once and the others are woken.
 WITH released AS (

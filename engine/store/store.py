@@ -370,6 +370,11 @@ class Store:
         rows = await self._pool.fetch(self._q["owned_trigger_ids"], triggerer_id)
         return {r["id"]: r["fence"] for r in rows}
 
+    async def release_triggers(self, triggerer_id: int, trigger_ids: Sequence[int]) -> set[int]:
+        """Unown the given triggers of a triggerer, so any triggerer claims them again."""
+        rows = await self._pool.fetch(self._q["release_triggers"], triggerer_id, list(trigger_ids))
+        return {r["id"] for r in rows}
+
     async def release_triggerer(self, triggerer_id: int) -> int:
         """Give up every trigger at once (graceful stop) and remove the triggerer."""
         released: int = await self._pool.fetchval(self._q["release_triggerer"], triggerer_id)
