@@ -23,3 +23,11 @@ def test_every_setting_is_documented() -> None:
     text = (REPO_ROOT / "docs/reference/settings.md").read_text()
     missing = [f for f in msgspec.structs.fields(Settings) if f"`{f.name}`" not in text]
     assert not missing, [f.name for f in missing]
+
+
+def test_the_cli_reference_is_generated_from_the_current_commands() -> None:
+    import runpy
+
+    module = runpy.run_path(str(REPO_ROOT / "tools" / "gen_cli_reference.py"), run_name="check")
+    text = (REPO_ROOT / "docs/reference/cli.md").read_text()
+    assert text == module["render"](), "run: python tools/gen_cli_reference.py"
