@@ -55,6 +55,7 @@ from triggers.base import (
     decode_value,
     encode_value,
     import_trigger_class,
+    rebuild_trigger,
 )
 
 __all__ = ["Triggerer"]
@@ -249,6 +250,7 @@ class Triggerer:
         """Start claimed triggers a slice at a time, letting the loop run in between (timers
         of the triggers already held stay on time), and take them out of the garbage
         collector's generations once started."""
+        await self._import_new_classes(rows)
         for first in range(0, len(rows), START_SLICE):
             for row in rows[first : first + START_SLICE]:
                 self._start(row)
@@ -256,18 +258,24 @@ class Triggerer:
             await asyncio.sleep(0)  # the new tasks take their first step, up to their wait
             self._freeze()
 
+    async def _import_new_classes(self, rows: list[ClaimedTrigger]) -> None:
+        """Import the trigger classes not seen yet in a thread: a first import (aiohttp's,
+        say) can take a good part of a second, which would stall every held trigger."""
+        for classpath in {row.classpath for row in rows} - self._classes.keys():
+            if self._allow is not None and not self._allow(classpath):
+                continue
+            try:
+                cls = await anyio.to_thread.run_sync(import_trigger_class, classpath)
+            except TriggerSerializationError:
+                continue  # _start reports it, for each trigger of that classpath
+            self._classes[classpath] = cls
+
     def _rebuild(self, classpath: str, kwargs: dict[str, Any]) -> BaseTrigger:
         """``rebuild_trigger``, importing and checking each class once per triggerer."""
         cls = self._classes.get(classpath)
         if cls is None:
             cls = self._classes[classpath] = import_trigger_class(classpath)
-        try:
-            return cls(**kwargs)
-        except Exception as exc:
-            raise TriggerSerializationError(
-                f"trigger {classpath} cannot be rebuilt from its kwargs {sorted(kwargs)}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+        return rebuild_trigger(classpath, kwargs, cls)
 
     def _freeze(self) -> None:
         # A full collection walks every tracked object: at 100,000 waiting triggers (a dozen

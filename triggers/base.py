@@ -168,9 +168,13 @@ def import_trigger_class(classpath: str) -> type[BaseTrigger]:
     return obj
 
 
-def rebuild_trigger(classpath: str, kwargs: dict[str, Any]) -> BaseTrigger:
-    """Build the trigger a stored ``(classpath, kwargs)`` pair describes."""
-    cls = import_trigger_class(classpath)
+def rebuild_trigger(
+    classpath: str, kwargs: dict[str, Any], cls: type[BaseTrigger] | None = None
+) -> BaseTrigger:
+    """Build the trigger a stored ``(classpath, kwargs)`` pair describes; ``cls`` is the
+    class already imported from that classpath, if the caller has it."""
+    if cls is None:
+        cls = import_trigger_class(classpath)
     try:
         return cls(**kwargs)
     except Exception as exc:
