@@ -171,7 +171,9 @@ async def test_a_trigger_that_blocks_the_loop_is_named_in_the_log(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="engine.triggerer")
     with DAG(dag_id="blocker") as dag:
-        WaitOn(task_id="w", trigger="BlockingTrigger", trigger_kwargs={"block_s": 0.3})
+        # It blocks again and again (times=0): on a loaded machine the watchdog's thread may
+        # not get a core in time to see one single block.
+        WaitOn(task_id="w", trigger="BlockingTrigger", trigger_kwargs={"block_s": 0.3, "times": 0})
     async with engine_parts(store, blocked_loop_s=0.08) as parts:
         await parts.start(dag)
 
