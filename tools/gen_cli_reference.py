@@ -12,12 +12,25 @@ from engine.cli import cli
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reference" / "cli.md"
 
 
-def _help(cmd: click.Command, path: list[str]) -> str:
-    ctx = click.Context(cmd, info_name=" ".join(path), terminal_width=100, max_content_width=100)
-    return cmd.get_help(ctx).replace("Usage: ", "usage: ")
+def _context(cmd: click.Command, name: str, parent: click.Context | None) -> click.Context:
+    # Built the way click builds them when the command runs, so settings such as the help
+    # option's names are inherited from the parent exactly as users see them.
+    return cmd.make_context(
+        name,
+        [],
+        parent=parent,
+        resilient_parsing=True,
+        terminal_width=100,
+        max_content_width=100,
+    )
+
+
+def _help(ctx: click.Context) -> str:
+    return ctx.get_help().replace("Usage: ", "usage: ")
 
 
 def render() -> str:
+    root = _context(cli, "deferral", None)
     out = [
         "# The `deferral` command",
         "",
@@ -25,22 +38,24 @@ def render() -> str:
         "(`deferral COMMAND --help` shows the same).",
         "",
         "```",
-        _help(cli, ["deferral"]),
+        _help(root),
         "```",
         "",
     ]
 
-    def walk(cmd: click.Command, path: list[str]) -> None:
-        if len(path) > 1:
-            out.extend([f"## `{' '.join(path)}`", "", "```", _help(cmd, path), "```", ""])
+    def walk(ctx: click.Context) -> None:
+        cmd = ctx.command
         if isinstance(cmd, click.Group):
-            ctx = click.Context(cmd, info_name=" ".join(path))
             for name in sorted(cmd.list_commands(ctx)):
                 sub = cmd.get_command(ctx, name)
-                if sub is not None:
-                    walk(sub, [*path, name])
+                if sub is None:
+                    continue
+                sub_ctx = _context(sub, name, ctx)
+                out.extend(["## `" + sub_ctx.command_path + "`", "", "```", _help(sub_ctx)])
+                out.extend(["```", ""])
+                walk(sub_ctx)
 
-    walk(cli, ["deferral"])
+    walk(root)
     return "\n".join(out)
 
 
