@@ -154,7 +154,7 @@ class Worker:
             await anyio.sleep(self.heartbeat_s)
             assert self.id is not None
             try:
-                alive = await self.store.heartbeat_worker(self.id)
+                alive = await self.store.heartbeat_worker(self.id, list(self.running))
                 await listener.ensure_connected()
             except TRANSIENT_ERRORS as exc:
                 log.warning("heartbeat failed (%s)", exc)

@@ -107,13 +107,16 @@ INSERT INTO deferral_workers (hostname, pid, slots) VALUES ($1, $2, $3) RETURNIN
 DELETE FROM deferral_workers WHERE id = $1;
 
 -- name: heartbeat_worker
--- One statement keeps a worker and every task it runs alive. Returns false if the worker's row
--- is gone (it was declared dead and its tasks reaped).
+-- One statement keeps a worker and the tasks it runs ($2: the ids it is running now) alive.
+-- A task the database says the worker holds but that it does not run stops being kept alive,
+-- so the scheduler reaps it. Returns false if the worker's row is gone (it was declared dead
+-- and its tasks reaped).
 WITH w AS (
     UPDATE deferral_workers SET heartbeat_at = now() WHERE id = $1 RETURNING id
 ), t AS (
     UPDATE deferral_task_instances SET heartbeat_at = now()
-    WHERE worker_id = $1 AND state = 'running' AND EXISTS (SELECT 1 FROM w)
+    WHERE worker_id = $1 AND state = 'running' AND id = ANY ($2::bigint[])
+      AND EXISTS (SELECT 1 FROM w)
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;

@@ -284,8 +284,9 @@ class Store:
     async def unregister_worker(self, worker_id: int) -> None:
         await self._pool.execute(self._q["unregister_worker"], worker_id)
 
-    async def heartbeat_worker(self, worker_id: int) -> bool:
-        row = await self._pool.fetchrow(self._q["heartbeat_worker"], worker_id)
+    async def heartbeat_worker(self, worker_id: int, running: Sequence[int]) -> bool:
+        """Keep the worker and the task instances it runs alive; False if it was reaped."""
+        row = await self._pool.fetchrow(self._q["heartbeat_worker"], worker_id, list(running))
         return bool(row and row["alive"])
 
     async def claim_tasks(self, worker_id: int, limit: int) -> list[ClaimedTask]:

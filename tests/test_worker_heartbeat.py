@@ -1,0 +1,58 @@
+"""A worker keeps alive only the task instances it really runs: one it lost track of stops
+being heartbeated, and the scheduler reaps it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+
+from engine import DAG
+from engine.dagbag import DagBag
+from engine.scheduler import Scheduler
+from engine.store import Store
+from engine.worker import Worker
+from operators.base import BaseOperator, Context
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+class WaitsForever(BaseOperator):
+    async def execute(self, context: Context) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_running_task_the_worker_does_not_run_is_reaped(store: Store) -> None:
+    with DAG(dag_id="lost") as dag:
+        WaitsForever(task_id="w")
+    bag = DagBag(None)
+    bag.add_dag(dag)
+    await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), None)
+    worker = Worker(store, bag, slots=1, heartbeat_s=0.1, shutdown_grace_s=0.1)
+    scheduler = Scheduler(store, None, interval_s=0.1, zombie_threshold_s=0.5)
+    async with anyio.create_task_group() as tg:
+        await tg.start(scheduler.run)
+        await tg.start(worker.run)
+        await store.create_dag_run("lost", "r1", logical_date=await store.now())
+
+        async def running() -> bool:
+            return bool(worker.running)
+
+        await wait_until(running, what="the worker to run the task")
+        # The worker loses track of the task (as a bug would) while the database still says
+        # it runs there.
+        (ti_id,) = list(worker.running)
+        worker.running.pop(ti_id)
+
+        async def reaped() -> bool:
+            tis = await store.list_task_instances(dag_id="lost")
+            return tis[0]["state"] != "running"
+
+        await wait_until(reaped, what="the scheduler to reap the task")
+        worker.stop()
+        scheduler.stop()
+    (ti,) = await store.list_task_instances(dag_id="lost")
+    assert ti["state"] == "failed"
+    assert "stopped heartbeating" in ti["error"]
