@@ -286,6 +286,18 @@ WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY ($1::bigint[])
         AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed'))
 RETURNING r.id, r.dag_id, r.run_id, r.state;
 
+-- name: notify_finished_runs
+-- Wake the scheduler for those of the given runs that have no unfinished task instance left
+-- (it then ends them). For the others this is a read-only look, which costs no commit: a
+-- NOTIFY per finished task would make every completion a serialized, flushed commit.
+SELECT r.id, pg_notify('deferral_finished', r.id::text) AS notified
+FROM unnest($1::bigint[]) AS r(id)
+WHERE NOT EXISTS (
+    SELECT 1 FROM deferral_task_instances ti
+    WHERE ti.dag_run_id = r.id
+      AND ti.state IN ('pending', 'scheduled', 'queued', 'running', 'deferred',
+                       'up_for_reschedule', 'up_for_retry'));
+
 -- name: runs_with_pending
 -- Running runs that still have pending task instances (the scheduler's backstop resolves them).
 SELECT DISTINCT dag_run_id AS id FROM deferral_task_instances WHERE state = 'pending';

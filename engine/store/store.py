@@ -35,7 +35,7 @@ CHANNEL_TASKS = "deferral_tasks"
 CHANNEL_TRIGGERS = "deferral_triggers"
 #: A task joined a running trigger with an earlier deadline; the payload is the trigger id.
 CHANNEL_DEADLINES = "deferral_deadlines"
-#: A leaf task instance finished: the scheduler checks whether its run is over.
+#: A run has no unfinished task instance left: the scheduler ends it (payload: its id).
 CHANNEL_FINISHED = "deferral_finished"
 #: A DAG run ended; the payload is "<dag_id> <run_id> <state>".
 CHANNEL_RUNS = "deferral_runs"
@@ -164,7 +164,7 @@ class Store:
         cascading, and signal workers and the scheduler. If this process dies before it is
         done, the scheduler's backstop resolves what is left."""
         runnable = False
-        finished_leaf = False
+        leaf_runs: set[int] = set()
         rows = list(moved)
         while rows:
             runs: set[int] = set()
@@ -175,7 +175,7 @@ class Store:
                     runnable = True
                 elif state in TERMINAL_STATES:
                     if row["is_leaf"]:
-                        finished_leaf = True
+                        leaf_runs.add(row["dag_run_id"])
                     else:
                         runs.add(row["dag_run_id"])
                         finished.add(row["task_id"])
@@ -186,8 +186,8 @@ class Store:
             )
         if runnable:
             await self.notify(CHANNEL_TASKS)
-        if finished_leaf:
-            await self.notify(CHANNEL_FINISHED)
+        if leaf_runs:
+            await self._pool.execute(self._q["notify_finished_runs"], sorted(leaf_runs))
 
     # -- DAGs and runs -------------------------------------------------------------------
 
