@@ -71,7 +71,13 @@ async def test_submit_and_wait_end_to_end(
                 return (await task_instance(store, "jobs", "train"))["state"] == "deferred"
 
             await wait_until(deferred, what="the task to defer")
-            assert not engine.worker.running  # the only slot is free while the job runs
+
+            # The only slot is free while the job runs (the worker lets go of the task just
+            # after the deferral is committed).
+            async def slot_free() -> bool:
+                return not engine.worker.running
+
+            await wait_until(slot_free, what="the worker slot to be free")
             async with aiohttp.ClientSession() as session:
                 url = f"{base}/jobs/job-1/finish"
                 async with session.post(url, json={"state": outcome}) as response:
