@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["bind", "bound", "configure_logging", "get_logger"]
+__all__ = ["bind", "binding", "bound", "configure_logging"]
 
 _bound: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("deferral_log_context")
 
@@ -39,10 +39,6 @@ def binding(**ids: Any) -> Iterator[None]:
         yield
     finally:
         _bound.reset(token)
-
-
-def get_logger(name: str) -> logging.Logger:
-    return logging.getLogger(name)
 
 
 class _ContextFilter(logging.Filter):

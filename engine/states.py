@@ -1,36 +1,14 @@
-"""Task instance and DAG run states, and every transition between them, in one place.
+"""Task instance states and every transition between them, in one place.
 
-``docs/explanation/states.md`` draws this table; ``tests/test_states.py`` checks that the
-store's queries only ever make these moves.
+``docs/explanation/states.md`` draws this table (``tests/test_docs.py`` keeps the two equal).
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "RUN_STATES",
-    "TERMINAL_STATES",
-    "TRANSITIONS",
-    "TaskState",
-    "can_move",
-]
-
-
-class TaskState:
-    PENDING = "pending"  # waiting for its upstream tasks
-    SCHEDULED = "scheduled"  # runnable from run_after on
-    QUEUED = "queued"  # reserved for pool admission (a later issue); claims go straight on
-    RUNNING = "running"  # a worker slot runs execute() or the resumed method
-    DEFERRED = "deferred"  # waiting on a trigger; no worker slot held
-    UP_FOR_RESCHEDULE = "up_for_reschedule"  # a reschedule-mode sensor between checks
-    UP_FOR_RETRY = "up_for_retry"  # a failed try that will run again at run_after
-    SUCCESS = "success"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-    UPSTREAM_FAILED = "upstream_failed"
+__all__ = ["TERMINAL_STATES", "TRANSITIONS"]
 
 
 TERMINAL_STATES = frozenset({"success", "failed", "skipped", "upstream_failed"})
-RUN_STATES = frozenset({"running", "success", "failed"})
 
 #: (from, to) -> what makes the move.
 TRANSITIONS: dict[tuple[str, str], str] = {
@@ -54,7 +32,3 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     ("deferred", "failed"): "trigger error or timeout, no retries left; TaskFailedEvent",
     ("deferred", "up_for_retry"): "trigger error or timeout with retries left",
 }
-
-
-def can_move(source: str, target: str) -> bool:
-    return (source, target) in TRANSITIONS

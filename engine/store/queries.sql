@@ -91,13 +91,6 @@ SELECT run.id, (SELECT count(*) FROM tis) AS task_count FROM run;
 SELECT id, dag_id, run_id, logical_date, conf, state, created_at, ended_at
 FROM deferral_dag_runs WHERE dag_id = $1 AND run_id = $2;
 
--- name: list_dag_runs
--- Runs, newest first, optionally of one DAG and/or in one state.
-SELECT id, dag_id, run_id, logical_date, state, created_at, ended_at
-FROM deferral_dag_runs
-WHERE ($1::text IS NULL OR dag_id = $1) AND ($2::text IS NULL OR state = $2)
-ORDER BY id DESC LIMIT $3;
-
 -- name: register_worker
 -- A worker announces itself.
 INSERT INTO deferral_workers (hostname, pid, slots) VALUES ($1, $2, $3) RETURNING id;

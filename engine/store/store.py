@@ -231,12 +231,6 @@ class Store:
         row = await self._pool.fetchrow(self._q["get_dag_run"], dag_id, run_id)
         return dict(row) if row else None
 
-    async def list_dag_runs(
-        self, dag_id: str | None = None, state: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
-        rows = await self._pool.fetch(self._q["list_dag_runs"], dag_id, state, limit)
-        return [dict(r) for r in rows]
-
     async def finish_dag_runs(self, run_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
         """End the runs whose tasks are all finished; announces each on ``deferral_runs``."""
         async with self._tx() as conn:
