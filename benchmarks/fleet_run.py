@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import asyncpg
@@ -27,6 +26,7 @@ from engine.dag import DAG
 from engine.dagbag import DagBag
 from engine.scheduler import Scheduler
 from engine.store import Store, database_url
+from engine.store.databases import create_database, drop_database
 from engine.store.queries import load_queries
 from engine.triggerer import Triggerer
 from engine.worker import Worker
@@ -161,10 +161,6 @@ def _machine() -> dict[str, Any]:
 # -- one mode against its own database ----------------------------------------------------
 
 
-def _with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-
-
 class _Statements:
     """Counts every statement the engine's pool runs (asyncpg query logger), by query name."""
 
@@ -207,12 +203,7 @@ async def _run_mode(
     keep_db: bool,
 ) -> dict[str, Any]:
     db_name = f"deferral_fleet_{mode}_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{db_name}"')
-    finally:
-        await admin.close()
-    url = _with_database(admin_url, db_name)
+    url = await create_database(admin_url, db_name)
     folder = tempfile.mkdtemp(prefix=f"fleet-{mode}-")
     statements = _Statements()
     # The engine's own pool (as every process opens it), with a query logger on each connection.
@@ -240,11 +231,7 @@ async def _run_mode(
         await store.close()
         shutil.rmtree(folder, ignore_errors=True)
         if not keep_db:
-            admin = await asyncpg.connect(admin_url)
-            try:
-                await admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
-            finally:
-                await admin.close()
+            await drop_database(admin_url, db_name)
 
 
 async def _measure(

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import psutil
@@ -30,6 +29,7 @@ from benchmarks.waits_dag import DAG_ID, dag_file_source
 from engine.config import load_settings
 from engine.dagbag import DagBag
 from engine.store import Store, database_url
+from engine.store.databases import create_database, drop_database, with_database
 
 __all__ = ["floor_main", "percentiles", "run_waits"]
 
@@ -207,10 +207,6 @@ async def _commit_rate(url: str, count: int = 200) -> float:
         await conn.close()
 
 
-def _with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-
-
 # -- the run -------------------------------------------------------------------------------
 
 
@@ -257,16 +253,16 @@ async def _run(
 
     admin = await asyncio.to_thread(database_url, settings)
     db_name = f"bench_waits_{uuid.uuid4().hex[:12]}"
+    await create_database(admin, db_name)
     conn = await asyncpg.connect(admin)
     try:
-        await conn.execute(f'CREATE DATABASE "{db_name}"')
         if not synchronous_commit:
             await conn.execute(f'ALTER DATABASE "{db_name}" SET synchronous_commit = off')
         for name, value in pg_settings:
             await conn.execute(f'ALTER DATABASE "{db_name}" SET {name} = {value}')
     finally:
         await conn.close()
-    url = _with_database(admin, db_name)
+    url = with_database(admin, db_name)
     commits_per_s = await _commit_rate(url)
     work = Path(tempfile.mkdtemp(prefix="deferral-bench-waits-"))
     dags = work / "dags"
@@ -295,11 +291,7 @@ async def _run(
         await asyncio.to_thread(fleet.stop)
         await store.close()
         if not keep_db:
-            conn = await asyncpg.connect(admin)
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
-            finally:
-                await conn.close()
+            await drop_database(admin, db_name)
     result["floor_rss_per_wait_bytes"] = floor["rss_per_wait_bytes"]
     result["floor_fire_lateness_ms"] = floor["fire_lateness_ms"]
     result["rss_ratio_to_floor"] = (

@@ -12,20 +12,14 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 
 from engine.store import Store
+from engine.store.databases import create_database, drop_database
 from engine.store.embedded import embedded_database_url
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
 
 
 @pytest.fixture(
@@ -63,43 +57,21 @@ def template_db(admin_url: str) -> Iterator[str]:
     name = f"deferral_tpl_{os.getpid()}"
 
     async def create() -> None:
-        conn = await asyncpg.connect(admin_url)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-        store = await Store.connect(_with_database(admin_url, name), pool_size=1)
+        url = await create_database(admin_url, name, replace=True)
+        store = await Store.connect(url, pool_size=1)
         await store.close()
 
     asyncio.run(create())
     yield name
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(admin_url)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
+    asyncio.run(drop_database(admin_url, name))
 
 
 @pytest.fixture
 def db_url(admin_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for one test."""
     name = f"t_{uuid.uuid4().hex[:16]}"
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(admin_url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
-    yield _with_database(admin_url, name)
-    asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    yield asyncio.run(create_database(admin_url, name, template=template_db))
+    asyncio.run(drop_database(admin_url, name))
 
 
 @pytest.fixture

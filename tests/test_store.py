@@ -13,9 +13,9 @@ import pytest
 
 from engine import DAG
 from engine.store import ClaimedTask, Deferral, Store
+from engine.store.databases import create_database, drop_database
 from engine.store.queries import load_queries, migrations, schema_sql
 from operators.python import PythonOperator
-from tests.conftest import _with_database
 from tests.helpers import wait_until
 from tests.triggers_for_tests import NeverTrigger
 from triggers.base import encode_value, validate_trigger
@@ -93,23 +93,15 @@ async def empty_db(admin_url: str) -> AsyncIterator[EmptyDb]:
 
     async def make() -> str:
         name = f"t_empty_{uuid.uuid4().hex[:12]}"
-        conn = await asyncpg.connect(admin_url)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
+        url = await create_database(admin_url, name)
         names.append(name)
-        return _with_database(admin_url, name)
+        return url
 
     try:
         yield make
     finally:
-        conn = await asyncpg.connect(admin_url)
-        try:
-            for name in names:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+        for name in names:
+            await drop_database(admin_url, name)
 
 
 async def _execute(url: str, *scripts: str) -> None:

@@ -13,7 +13,6 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from rich.console import Console
@@ -28,6 +27,7 @@ from engine.demo.jobs import JobApi
 from engine.runner import run_async
 from engine.scheduler import sync_dags
 from engine.store import Store, database_url
+from engine.store.databases import create_database
 from triggers.base import decode_value
 
 __all__ = ["run_demo"]
@@ -48,17 +48,10 @@ def _percentile(values: list[float], q: float) -> float:
 async def _fresh_database(url: str, console: Console) -> str:
     """A new database for the demo on the same server; the given one if we may not create it."""
     try:
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{DEMO_DB}" WITH (FORCE)')
-            await conn.execute(f'CREATE DATABASE "{DEMO_DB}"')
-        finally:
-            await conn.close()
+        return await create_database(url, DEMO_DB, replace=True)
     except asyncpg.InsufficientPrivilegeError:
         console.print("[yellow]cannot create a demo database; using the configured one[/]")
         return url
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{DEMO_DB}"))
 
 
 class _Sampler:
