@@ -4,7 +4,9 @@ It claims runnable task instances up to its free slots (``FOR UPDATE SKIP LOCKED
 woken by ``LISTEN`` and polling as a backstop. A plain ``def`` runs in a worker
 thread, an ``async def`` on the loop. The outcome is one write: success (the
 return value is the result), failure (the traceback; retries apply), a deferral
-(trigger stored and slot freed in one transaction), or a reschedule.
+(trigger stored and slot freed in one transaction), or a reschedule. Successes and
+failures queue for one writer, which ends every try queued meanwhile in one statement
+(the slot stays held until its outcome is written).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from engine.config import (
 )
 from engine.dagbag import DagBag
 from engine.retry import TRANSIENT_ERRORS, with_db_retry
-from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store
+from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
 from engine.wakeup import Wakeup
 from operators.base import (
     BaseOperator,
@@ -43,6 +45,27 @@ from triggers.base import MAX_PAYLOAD_BYTES, decode_value, encode_value
 __all__ = ["ExecutionTimeout", "Worker"]
 
 log = logging.getLogger(__name__)
+
+#: At most this many outcomes, and about this many bytes of results and errors, per write.
+FINISH_BATCH = 500
+FINISH_BATCH_BYTES = 4 << 20
+
+
+class _Queued:
+    """An outcome waiting for the writer, and what the write made of it."""
+
+    __slots__ = ("done", "error", "outcome", "state")
+
+    def __init__(self, outcome: TaskOutcome) -> None:
+        self.outcome = outcome
+        self.done = anyio.Event()
+        self.state: str | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def size(self) -> int:
+        o = self.outcome
+        return 64 + len(o.result or b"") + len(o.error or "")
 
 
 class ExecutionTimeout(Exception):
@@ -79,6 +102,8 @@ class Worker:
         self._stopping = False
         self._limiter = anyio.CapacityLimiter(slots)
         self._dag_lock = anyio.Lock()
+        self._outbox: list[_Queued] = []
+        self._write_wake = Wakeup()
 
     def stop(self) -> None:
         """Ask for a graceful stop: claim nothing more, let running tries finish (up to the
@@ -99,6 +124,7 @@ class Worker:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_loop, listener)
+                tg.start_soon(self._writer_loop)
                 task_status.started()
                 async with anyio.create_task_group() as tasks:
                     await self._claim_loop(tasks)
@@ -321,22 +347,60 @@ class Worker:
     async def _record_end(
         self, ti: ClaimedTask, worker_id: int, state: str, payload: bytes | None
     ) -> None:
-        ok = await with_db_retry(
-            "record outcome",
-            lambda: self.store.complete_task(ti.id, worker_id, state=state, result=payload),
-        )
-        self._lost_if_not(ok, ti)
+        outcome = TaskOutcome(ti_id=ti.id, worker_id=worker_id, kind=state, result=payload)
+        self._lost_if_not(await self._finish(outcome) is not None, ti)
 
     async def _record_failure(
         self, ti: ClaimedTask, worker_id: int, error: str, *, no_retry: bool = False
     ) -> None:
-        state = await with_db_retry(
-            "record failure",
-            lambda: self.store.fail_task(ti.id, worker_id, error=error, no_retry=no_retry),
+        outcome = TaskOutcome(
+            ti_id=ti.id, worker_id=worker_id, kind="failed", error=error, no_retry=no_retry
         )
+        state = await self._finish(outcome)
         self._lost_if_not(state is not None, ti)
         if state is not None:
             log.error("try %d failed (now %s):\n%s", ti.try_number, state, error)
+
+    async def _finish(self, outcome: TaskOutcome) -> str | None:
+        """Queue the outcome for the writer and wait until it is written; the new state, or
+        None if the worker no longer held the task."""
+        queued = _Queued(outcome)
+        self._outbox.append(queued)
+        self._write_wake.set()
+        await queued.done.wait()
+        if queued.error is not None:
+            raise queued.error
+        return queued.state
+
+    async def _writer_loop(self) -> None:
+        """Write queued outcomes: everything that queued while the last write was in flight
+        goes in the next statement, so the batch grows with the load and a lone outcome is
+        written at once."""
+        while True:
+            await self._write_wake.wait(None)
+            while self._outbox:
+                batch: list[_Queued] = []
+                size = 0
+                for queued in self._outbox:
+                    if len(batch) == FINISH_BATCH or (batch and size >= FINISH_BATCH_BYTES):
+                        break
+                    batch.append(queued)
+                    size += queued.size
+                del self._outbox[: len(batch)]
+                outcomes = [q.outcome for q in batch]
+                try:
+                    states = await with_db_retry(
+                        "record outcomes", functools.partial(self.store.finish_tasks, outcomes)
+                    )
+                except Exception as exc:
+                    # Not a transient error: the tasks that wait on this write raise it.
+                    for queued in batch:
+                        queued.error = exc
+                        queued.done.set()
+                    continue
+                for queued in batch:
+                    queued.state = states.get(queued.outcome.ti_id)
+                    queued.done.set()
 
     @staticmethod
     def _lost_if_not(ok: bool, ti: ClaimedTask) -> None:

@@ -6,7 +6,13 @@ import anyio
 
 from engine.config import Settings
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
-from engine.store.models import ClaimedTask, ClaimedTrigger, Deferral, TriggerOutcome
+from engine.store.models import (
+    ClaimedTask,
+    ClaimedTrigger,
+    Deferral,
+    TaskOutcome,
+    TriggerOutcome,
+)
 from engine.store.store import (
     CHANNEL_DEADLINES,
     CHANNEL_FINISHED,
@@ -32,6 +38,7 @@ __all__ = [
     "EmbeddedServerError",
     "Listener",
     "Store",
+    "TaskOutcome",
     "TriggerOutcome",
     "UnknownDag",
     "database_url",

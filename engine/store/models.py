@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["ClaimedTask", "ClaimedTrigger", "Deferral", "TriggerOutcome"]
+__all__ = ["ClaimedTask", "ClaimedTrigger", "Deferral", "TaskOutcome", "TriggerOutcome"]
 
 
 class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,6 +27,19 @@ class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
     next_method: str | None = None
     next_kwargs: bytes | None = None
     next_event: bytes | None = None
+
+
+class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a running try ended: ``success`` / ``skipped`` (with its encoded result) or
+    ``failed`` (with the error; ``no_retry`` ends the task whatever retries remain), written
+    only while ``worker_id`` still holds the task."""
+
+    ti_id: int
+    worker_id: int
+    kind: str
+    result: bytes | None = None
+    error: str | None = None
+    no_retry: bool = False
 
 
 class Deferral(msgspec.Struct, frozen=True, kw_only=True):

@@ -144,25 +144,33 @@ SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision AS seconds
 FROM deferral_task_instances
 WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule');
 
--- name: complete_task
--- A running try ended as success or skipped. Only the worker that holds the task may end it.
-UPDATE deferral_task_instances
-SET state = $3, result = $4, ended_at = now(), worker_id = NULL, next_method = NULL,
-    next_kwargs = NULL, next_event = NULL, error = NULL
-WHERE id = $1 AND worker_id = $2 AND state = 'running'
-RETURNING id, dag_run_id, task_id, state, is_leaf;
-
--- name: fail_task
--- A running try failed: up_for_retry while retries remain (at the policy's delay), else failed.
--- $4 = true ends it as failed regardless of retries. The next try starts again at execute().
-UPDATE deferral_task_instances
-SET state = CASE WHEN $4 THEN 'failed' ELSE deferral_fail_state(try_number, retries) END,
-    run_after = deferral_retry_at(try_number, retry_delay_s, retry_exponential_backoff,
-                                  max_retry_delay_s),
-    error = $3, ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
+-- name: finish_tasks
+-- End a batch of running tries in one statement. Per task $1: $2 the worker that ran it (only
+-- a try that worker still holds changes), $3 the outcome kind, 'success' / 'skipped' (with $4
+-- its result) or 'failed' (with $5 the error; up_for_retry at the policy's delay while
+-- retries remain, unless $6 says no retry). Returns the tries that changed. One statement per
+-- batch, not per task: a worker resuming a thousand tasks a second would otherwise queue them
+-- on a thousand fsynced commits.
+WITH outcome AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::text[],
+                         $6::boolean[])
+        AS o(id, worker_id, kind, result, error, no_retry)
+)
+UPDATE deferral_task_instances ti
+SET state = CASE WHEN o.kind <> 'failed' THEN o.kind
+                 WHEN o.no_retry THEN 'failed'
+                 ELSE deferral_fail_state(ti.try_number, ti.retries) END,
+    result = CASE WHEN o.kind = 'failed' THEN ti.result ELSE o.result END,
+    error = o.error,
+    run_after = CASE WHEN o.kind = 'failed'
+                     THEN deferral_retry_at(ti.try_number, ti.retry_delay_s,
+                                            ti.retry_exponential_backoff, ti.max_retry_delay_s)
+                     ELSE ti.run_after END,
+    ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
     next_event = NULL
-WHERE id = $1 AND worker_id = $2 AND state = 'running'
-RETURNING id, dag_run_id, task_id, state, is_leaf;
+FROM outcome o
+WHERE ti.id = o.id AND ti.worker_id = o.worker_id AND ti.state = 'running'
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;
 
 -- name: reschedule_task
 -- A sensor in reschedule mode gives its slot back until $3.

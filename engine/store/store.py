@@ -12,7 +12,13 @@ import asyncpg
 import msgspec
 
 from engine.states import TERMINAL_STATES
-from engine.store.models import ClaimedTask, ClaimedTrigger, Deferral, TriggerOutcome
+from engine.store.models import (
+    ClaimedTask,
+    ClaimedTrigger,
+    Deferral,
+    TaskOutcome,
+    TriggerOutcome,
+)
 from engine.store.queries import load_queries, migrations
 
 __all__ = [
@@ -310,21 +316,20 @@ class Store:
         value: float | None = await self._pool.fetchval(self._q["next_runnable_in"])
         return value
 
-    async def complete_task(
-        self, ti_id: int, worker_id: int, *, state: str, result: bytes | None
-    ) -> bool:
-        """End a running try as ``success`` or ``skipped``; False if the worker lost it."""
-        rows = await self._pool.fetch(self._q["complete_task"], ti_id, worker_id, state, result)
+    async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> dict[int, str]:
+        """End running tries in one statement; returns the new state of each task instance
+        that changed (a missing id: its worker no longer held it)."""
+        rows = await self._pool.fetch(
+            self._q["finish_tasks"],
+            [o.ti_id for o in outcomes],
+            [o.worker_id for o in outcomes],
+            [o.kind for o in outcomes],
+            [o.result for o in outcomes],
+            [o.error for o in outcomes],
+            [o.no_retry for o in outcomes],
+        )
         await self._settle(rows)
-        return bool(rows)
-
-    async def fail_task(
-        self, ti_id: int, worker_id: int, *, error: str, no_retry: bool = False
-    ) -> str | None:
-        """Fail a running try; returns the new state (up_for_retry or failed)."""
-        rows = await self._pool.fetch(self._q["fail_task"], ti_id, worker_id, error, no_retry)
-        await self._settle(rows)
-        return rows[0]["state"] if rows else None
+        return {r["id"]: r["state"] for r in rows}
 
     async def reschedule_task(self, ti_id: int, worker_id: int, at: dt.datetime) -> bool:
         row = await self._pool.fetchrow(self._q["reschedule_task"], ti_id, worker_id, at)
