@@ -51,6 +51,9 @@ class DagBag:
         self.dags: dict[str, DAG] = {}
         self.import_errors: dict[str, str] = {}
         self._modules: dict[Path, tuple[ModuleType, float, list[DAG]]] = {}
+        #: Modification time of each loaded file, by path string: the check before every
+        #: task run is one stat(), with no Path to build.
+        self._mtimes: dict[str, float] = {}
         self._extra: dict[str, DAG] = {}
         if self.folder is not None and not self.folder.is_dir():
             raise FileNotFoundError(f"DAGs folder {self.folder} does not exist")
@@ -74,6 +77,7 @@ class DagBag:
             self._load(file)
         for gone in set(self._modules) - seen:
             del self._modules[gone]
+        self._mtimes = {str(file): known[1] for file, known in self._modules.items()}
         self.dags = dict(self._extra)
         for file, (_, _, dags) in self._modules.items():
             for dag in dags:
@@ -137,7 +141,7 @@ class DagBag:
         if dag_id in self._extra:
             return True
         dag = self.dags.get(dag_id)
-        return dag is not None and not (dag.fileloc and self._changed(Path(dag.fileloc)))
+        return dag is not None and not (dag.fileloc and self._changed(dag.fileloc))
 
     def get_dag(self, dag_id: str) -> DAG:
         """The DAG, (re)loading the folder first if it is unknown or its file changed."""
@@ -153,10 +157,10 @@ class DagBag:
     def get_task(self, dag_id: str, task_id: str) -> BaseOperator:
         return self.get_dag(dag_id).get_task(task_id)
 
-    def _changed(self, file: Path) -> bool:
-        known = self._modules.get(file)
+    def _changed(self, file: str) -> bool:
+        known = self._mtimes.get(file)
         try:
-            return known is None or file.stat().st_mtime != known[1]
+            return known is None or os.stat(file).st_mtime != known
         except OSError:
             return True
 

@@ -10,9 +10,11 @@ This module never imports the runtime (``engine``).
 from __future__ import annotations
 
 import copy
+import copyreg
 import datetime as dt
 import logging
 import re
+import types
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, NoReturn, Protocol, TypedDict
@@ -147,6 +149,40 @@ def to_seconds(value: dt.timedelta | float | int | None, name: str) -> float | N
     if seconds < 0:
         raise ValueError(f"{name} must not be negative, got {value!r}")
     return seconds
+
+
+#: Types whose values deepcopy returns as they are.
+_IMMUTABLE: frozenset[type] = frozenset(
+    {
+        type(None), bool, int, float, complex, str, bytes, range, type,
+        dt.datetime, dt.date, dt.time, dt.timedelta, dt.timezone,
+        types.FunctionType, types.BuiltinFunctionType,
+    }
+)  # fmt: skip
+
+
+_BY_DICT: dict[type, bool] = {}
+
+
+def _copies_by_dict(cls: type) -> bool:
+    """Whether deepcopy would copy an instance of ``cls`` as a new object with a deep copy
+    of its ``__dict__`` (no custom copy or pickle hooks, no ``__slots__``)."""
+    known = _BY_DICT.get(cls)
+    if known is None:
+        known = _BY_DICT[cls] = _plain_copy_hooks(cls)
+    return known
+
+
+def _plain_copy_hooks(cls: type) -> bool:
+    return (
+        getattr(cls, "__deepcopy__", None) is None
+        and cls not in copyreg.dispatch_table
+        and getattr(cls, "__reduce_ex__", None) is object.__reduce_ex__
+        and getattr(cls, "__reduce__", None) is object.__reduce__
+        and getattr(cls, "__getstate__", None) is object.__getstate__
+        and getattr(cls, "__setstate__", None) is None
+        and not any("__slots__" in vars(k) for k in cls.__mro__ if k is not object)
+    )
 
 
 class BaseOperator:
@@ -287,11 +323,24 @@ class BaseOperator:
         return self
 
     def fresh_copy(self) -> BaseOperator:
-        """An independent instance for one execution; nothing set on it leaks back."""
+        """An independent instance for one execution; nothing set on it leaks back.
+
+        What ``copy.deepcopy`` makes (the DAG shared, not copied), built faster for the usual
+        operator, whose state is its ``__dict__``: immutable attribute values are shared, not
+        sent through deepcopy one by one (a worker copies an operator for every try and
+        every resume)."""
         memo: dict[int, Any] = {}
         if self.dag is not None:
             memo[id(self.dag)] = self.dag
-        return copy.deepcopy(self, memo)
+        cls = type(self)
+        if not _copies_by_dict(cls):
+            return copy.deepcopy(self, memo)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        state = new.__dict__
+        for key, value in self.__dict__.items():
+            state[key] = value if type(value) in _IMMUTABLE else copy.deepcopy(value, memo)
+        return new
 
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} {self.task_id}>"

@@ -438,3 +438,44 @@ def test_a_duplicate_task_id_in_a_dag_is_refused() -> None:
 def test_a_bad_dag_id_is_refused() -> None:
     with pytest.raises(ValueError, match="dag_id"):
         DAG(dag_id="no spaces allowed")
+
+
+class Collector(BaseOperator):
+    """State that a run could change in place: a nested list and a dict."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seen: list[list[int]] = [[1]]
+        self.options = {"when": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "tags": {"a"}}
+        self.name = "collector"
+
+
+class CustomCopy(Collector):
+    def __deepcopy__(self, memo: dict[int, Any]) -> CustomCopy:
+        clone = CustomCopy(task_id=self.task_id)
+        clone.name = "made by __deepcopy__"
+        return clone
+
+
+def test_fresh_copy_is_a_deep_copy_that_shares_the_dag() -> None:
+    with DAG(dag_id="copies") as dag:
+        first = Collector(task_id="first")
+        second = Collector(task_id="second")
+        first >> second
+    copy_ = second.fresh_copy()
+    assert type(copy_) is Collector
+    assert copy_ is not second
+    assert copy_.dag is dag
+    assert copy_.__dict__ == second.__dict__
+    copy_.seen[0].append(2)
+    copy_.options["tags"].add("b")  # type: ignore[attr-defined]
+    copy_.upstream_task_ids.add("other")
+    assert second.seen == [[1]]
+    assert second.options["tags"] == {"a"}
+    assert second.upstream_task_ids == {"first"}
+
+
+def test_fresh_copy_honours_a_custom_deepcopy() -> None:
+    with DAG(dag_id="custom_copies"):
+        op = CustomCopy(task_id="op")
+    assert op.fresh_copy().name == "made by __deepcopy__"  # type: ignore[attr-defined]
