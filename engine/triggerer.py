@@ -17,6 +17,7 @@ import datetime as dt
 import functools
 import gc
 import logging
+import math
 import os
 import socket
 import time
@@ -136,6 +137,9 @@ class Triggerer:
         self._writing = False
         self._stopping = False
         self._claiming = False
+        #: The last claim stopped at capacity: unowned triggers may wait for room here.
+        self._full = False
+        self._reaped_at = -math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -226,16 +230,24 @@ class Triggerer:
     async def _claim_available(self) -> None:
         assert self.id is not None
         assert self._loop is not None
-        if len(self.held) < self.capacity:
+        room = self.capacity - len(self.held)
+        # Adopt the triggers of triggerers whose lease expired; once per poll interval, not
+        # at every wake-up (a busy fleet wakes the claim loop hundreds of times a second).
+        if room > 0 and time.monotonic() - self._reaped_at >= self.poll_interval_s:
+            self._reaped_at = time.monotonic()
             await self.store.reap_triggerers()
-        asked = min(self.capacity - len(self.held), self.claim_batch)
+        asked = min(room, self.claim_batch)
         if asked <= 0 or self._stopping:
+            self._full = asked <= 0
             return
         batch = await self.store.claim_triggers(self.id, asked)
+        self._full = False
         while batch:
             # Ask for the next batch while this one starts: the database and the loop overlap.
             room = self.capacity - len(self.held) - len(batch)
-            next_asked = min(room, self.claim_batch) if len(batch) == asked else 0
+            more = len(batch) == asked
+            self._full = more and room <= 0
+            next_asked = min(room, self.claim_batch) if more else 0
             pending = None
             if next_asked > 0 and not self._stopping:
                 pending = self._loop.create_task(self.store.claim_triggers(self.id, next_asked))
@@ -439,7 +451,8 @@ class Triggerer:
                 self.fired += len(accepted)
                 self._thaw_if_shrunk()
                 log.debug("wrote %d outcome(s); %d task(s) moved", len(batch), moved)
-                self._claim_wake.set()
+                if self._full:
+                    self._claim_wake.set()  # room again for the backlog
             self._flushed.set()
 
     # -- deferral deadlines --------------------------------------------------------------
@@ -528,6 +541,8 @@ class Triggerer:
             held.timer.cancel()
         if held.task is not None:
             held.task.cancel()
+        if self._full:
+            self._claim_wake.set()
 
     # -- the lease -----------------------------------------------------------------------
 

@@ -159,11 +159,9 @@ class Worker:
             timeout = self.poll_interval_s
             if free > 0:
                 try:
-                    claimed = await self.store.claim_tasks(self.id, free)
-                    if not claimed:
-                        next_in = await self.store.next_runnable_in()
-                        if next_in is not None:
-                            timeout = max(0.0, min(timeout, next_in))
+                    claimed, next_in = await self.store.claim_tasks(self.id, free)
+                    if next_in is not None:
+                        timeout = max(0.0, min(timeout, next_in))
                 except TRANSIENT_ERRORS as exc:
                     log.warning("claim failed (%s); retrying", exc)
                     claimed = []

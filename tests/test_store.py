@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from engine import DAG
-from engine.store import ClaimedTask, Deferral, Store
+from engine.store import ClaimedTask, Deferral, Store, TaskOutcome
 from engine.store.databases import create_database, drop_database
 from engine.store.queries import load_queries, migrations, schema_sql
 from operators.python import PythonOperator
@@ -237,8 +237,45 @@ async def _two_running_tasks(store: Store) -> tuple[int, ClaimedTask, ClaimedTas
     await store.upsert_dag(dag.dag_id, "race.py", dag.serialize_tasks(), None)
     await store.create_dag_run("race", "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, 2)
-    a, b = sorted(await store.claim_tasks(worker, 2), key=lambda ti: ti.task_id)
+    claimed, _ = await store.claim_tasks(worker, 2)
+    a, b = sorted(claimed, key=lambda ti: ti.task_id)
     return worker, a, b
+
+
+async def test_one_finish_statement_ends_each_try_by_its_own_outcome(store: Store) -> None:
+    """A worker's batch: a success with its result, a failure that retries, and a try the
+    worker no longer holds (left as it is); then an empty claim says when the retry is due."""
+    with DAG(dag_id="batch") as dag:
+        PythonOperator(task_id="ok", python_callable=_noop)
+        PythonOperator(task_id="flaky", python_callable=_noop, retries=1, retry_delay=600)
+        PythonOperator(task_id="taken", python_callable=_noop)
+    await store.upsert_dag(dag.dag_id, "batch.py", dag.serialize_tasks(), None)
+    await store.create_dag_run("batch", "r1", logical_date=await store.now())
+    worker = await store.register_worker("test", 1, 3)
+    claimed, _ = await store.claim_tasks(worker, 3)
+    by_name = {ti.task_id: ti for ti in claimed}
+    states = await store.finish_tasks(
+        [
+            TaskOutcome(ti_id=by_name["ok"].id, worker_id=worker, kind="success", result=b"\x01"),
+            TaskOutcome(ti_id=by_name["flaky"].id, worker_id=worker, kind="failed", error="boom"),
+            TaskOutcome(ti_id=by_name["taken"].id, worker_id=worker + 1, kind="success"),
+        ]
+    )
+    assert states == {by_name["ok"].id: "success", by_name["flaky"].id: "up_for_retry"}
+    rows = {r["task_id"]: r for r in await store.list_task_instances(dag_id="batch")}
+    assert (rows["ok"]["result"], rows["ok"]["error"]) == (b"\x01", None)
+    assert (rows["flaky"]["state"], rows["flaky"]["error"]) == ("up_for_retry", "boom")
+    assert rows["taken"]["state"] == "running"
+
+    again, next_in = await store.claim_tasks(worker, 3)
+    assert again == []
+    assert next_in is not None
+    assert 0 < next_in <= 600
+
+
+async def test_an_empty_claim_with_nothing_waiting_has_no_next_time(store: Store) -> None:
+    worker = await store.register_worker("test", 1, 1)
+    assert await store.claim_tasks(worker, 5) == ([], None)
 
 
 def _deferral(timeout_s: float | None) -> Deferral:

@@ -117,32 +117,36 @@ SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
 -- name: claim_tasks
 -- Claim up to $2 runnable task instances for worker $1, highest priority first. A new try
 -- counts up try_number; a resume (next_method set) or a reschedule continues the same try.
+-- When nothing was claimed, the one row returned has a null id and next_in: seconds until the
+-- earliest waiting task becomes runnable (retries, reschedules; database clock), null when
+-- none waits. (One round trip either way: an empty claim is common when several workers
+-- wake for the same notification.)
 WITH picked AS (
     SELECT id FROM deferral_task_instances
     WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule') AND run_after <= now()
     ORDER BY priority DESC, run_after, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE deferral_task_instances ti
+    SET state = 'running', worker_id = $1, heartbeat_at = now(), started_at = now(),
+        first_try_at = COALESCE(ti.first_try_at, now()),
+        try_number = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                          THEN ti.try_number + 1 ELSE ti.try_number END,
+        try_started_at = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                              THEN now() ELSE COALESCE(ti.try_started_at, now()) END
+    FROM picked, deferral_dag_runs r
+    WHERE ti.id = picked.id AND r.id = ti.dag_run_id
+    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
+              ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
+              ti.execution_timeout_s, ti.is_leaf, r.logical_date, r.conf
+), idle AS (
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
+        SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision
+        FROM deferral_task_instances
+        WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')) END AS next_in
 )
-UPDATE deferral_task_instances ti
-SET state = 'running', worker_id = $1, heartbeat_at = now(), started_at = now(),
-    first_try_at = COALESCE(ti.first_try_at, now()),
-    try_number = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
-                      THEN ti.try_number + 1 ELSE ti.try_number END,
-    try_started_at = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
-                          THEN now() ELSE COALESCE(ti.try_started_at, now()) END
-FROM picked, deferral_dag_runs r
-WHERE ti.id = picked.id AND r.id = ti.dag_run_id
-RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
-          ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
-          ti.execution_timeout_s, ti.is_leaf, r.logical_date, r.conf, now() AS db_now;
-
--- name: next_runnable_in
--- Seconds until the earliest waiting task becomes runnable (retries, reschedules), by the
--- database clock; null when none waits.
-SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision AS seconds
-FROM deferral_task_instances
-WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule');
+SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 
 -- name: finish_tasks
 -- End a batch of running tries in one statement. Per task $1: $2 the worker that ran it (only
@@ -398,7 +402,8 @@ SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 -- 'success' / 'skipped' (end the task), 'failed' (the retry policy applies). Returns one row
 -- per accepted trigger (task columns null) and one per moved task instance. (A UNION ALL, not
 -- a join of the two CTEs: the planner estimates one row for each and joins them in a nested
--- loop, quadratic in the batch: over a second of CPU for 1,000 outcomes.)
+-- loop, quadratic in the batch: over a second of CPU for 1,000 outcomes.) When a task became
+-- runnable, the same transaction wakes the workers (woke = 1): no second round trip.
 WITH outcome AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bytea[], $6::text[])
         AS o(trigger_id, fence, kind, payload, error)
@@ -428,12 +433,14 @@ WITH outcome AS (
     FROM fired f
     WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id
+), woke AS (
+    SELECT pg_notify('deferral_tasks', '') FROM moved WHERE state = 'scheduled' LIMIT 1
 )
 SELECT f.id AS fired_id, NULL::bigint AS id, NULL::bigint AS dag_run_id, NULL::text AS task_id,
-       NULL::text AS state, NULL::boolean AS is_leaf
+       NULL::text AS state, NULL::boolean AS is_leaf, (SELECT count(*) FROM woke) AS woke
 FROM fired f
 UNION ALL
-SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf FROM moved m;
+SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FROM moved m;
 
 -- name: timeout_deferrals
 -- End the deferrals that passed their deadline: of the given triggers ($1), or of every

@@ -165,20 +165,22 @@ class Store:
 
     # -- state changes that move downstream work on --------------------------------------
 
-    async def _settle(self, moved: Iterable[asyncpg.Record]) -> None:
+    async def _settle(self, moved: Iterable[asyncpg.Record], *, woke: bool = False) -> None:
         """After task instances changed state (committed): resolve their downstreams,
-        cascading, and signal workers and the scheduler. If this process dies before it is
-        done, the scheduler's backstop resolves what is left."""
+        cascading, and signal workers and the scheduler. ``woke``: the statement that moved
+        them already woke the workers. If this process dies before it is done, the
+        scheduler's backstop resolves what is left."""
         runnable = False
         leaf_runs: set[int] = set()
         rows = list(moved)
+        first = True
         while rows:
             runs: set[int] = set()
             finished: set[str] = set()
             for row in rows:
                 state = row["state"]
                 if state == "scheduled":
-                    runnable = True
+                    runnable = runnable or not (first and woke)
                 elif state in TERMINAL_STATES:
                     if row["is_leaf"]:
                         leaf_runs.add(row["dag_run_id"])
@@ -187,6 +189,7 @@ class Store:
                         finished.add(row["task_id"])
             if not runs:
                 break
+            first = False
             rows = await self._pool.fetch(
                 self._q["resolve_pending"], sorted(runs), sorted(finished)
             )
@@ -289,9 +292,14 @@ class Store:
         row = await self._pool.fetchrow(self._q["heartbeat_worker"], worker_id, list(running))
         return bool(row and row["alive"])
 
-    async def claim_tasks(self, worker_id: int, limit: int) -> list[ClaimedTask]:
+    async def claim_tasks(
+        self, worker_id: int, limit: int
+    ) -> tuple[list[ClaimedTask], float | None]:
+        """Claim up to ``limit`` runnable task instances. With none claimed, also says in how
+        many seconds the next waiting one becomes runnable (negative: already; None: none
+        waits)."""
         rows = await self._pool.fetch(self._q["claim_tasks"], worker_id, limit)
-        return [
+        claimed = [
             ClaimedTask(
                 id=r["id"],
                 dag_id=r["dag_id"],
@@ -309,12 +317,10 @@ class Store:
                 next_event=r["next_event"],
             )
             for r in rows
+            if r["id"] is not None
         ]
-
-    async def next_runnable_in(self) -> float | None:
-        """Seconds until the next task becomes runnable (negative: already), None if none."""
-        value: float | None = await self._pool.fetchval(self._q["next_runnable_in"])
-        return value
+        next_in: float | None = rows[0]["next_in"] if not claimed and rows else None
+        return claimed, next_in
 
     async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> dict[int, str]:
         """End running tries in one statement; returns the new state of each task instance
@@ -427,7 +433,7 @@ class Store:
             [o.error for o in outcomes],
         )
         moved = [r for r in rows if r["id"] is not None]
-        await self._settle(moved)
+        await self._settle(moved, woke=any(r["woke"] for r in rows))
         return {r["fired_id"] for r in rows}, len(moved)
 
     async def timeout_deferrals(
