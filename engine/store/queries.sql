@@ -410,7 +410,10 @@ WITH outcome AS (
 ), fired AS (
     DELETE FROM deferral_triggers t
     USING outcome o
-    WHERE t.id = o.trigger_id AND t.triggerer_id = $1 AND t.fence = o.fence
+    -- (IS NOT DISTINCT FROM, not =: no index on the owner can serve it, so every plan reaches
+    -- each row by its id. Without statistics, a generic plan otherwise read every trigger the
+    -- triggerer owns through the owner index, for each batch.)
+    WHERE t.id = o.trigger_id AND t.triggerer_id IS NOT DISTINCT FROM $1 AND t.fence = o.fence
     RETURNING t.id, o.kind, o.payload, o.error
 ), moved AS (
     UPDATE deferral_task_instances ti

@@ -104,12 +104,6 @@ class Store:
             init=init,
             reset=_keep_session,
             command_timeout=60,
-            # Plan every execution with its parameters. After five runs PostgreSQL may switch
-            # a prepared statement to a generic plan; for fire_triggers that plan (array sizes
-            # unknown, one row per CTE) scanned every waiting task once per fired trigger:
-            # 4-6 s per 1,000 events at 10,000 waits, against ~20 ms with custom plans
-            # (bench waits). Planning these statements costs well under a millisecond.
-            server_settings={"plan_cache_mode": "force_custom_plan"},
         )
         store = cls(pool, url)
         if migrate:
