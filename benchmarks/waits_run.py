@@ -155,6 +155,18 @@ def _cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
+def _cpu_groups(fleet: Fleet, pgdata: Path | None) -> dict[str, list[int]]:
+    """The live processes of the run by kind: workers, triggerers, scheduler, postgres."""
+    groups: dict[str, list[int]] = {"workers": [], "triggerers": [], "scheduler": []}
+    kinds = {"worker": "workers", "triggerer": "triggerers", "scheduler": "scheduler"}
+    for name, proc in fleet.procs.items():
+        if proc.poll() is None:
+            groups[kinds[name.split("-")[0]]].append(proc.pid)
+    if pgdata is not None:
+        groups["postgres"] = _postgres_pids(pgdata)
+    return groups
+
+
 def _rss(pid: int) -> int:
     try:
         return int(psutil.Process(pid).memory_info().rss)
@@ -424,6 +436,8 @@ async def _measure(
 
         # -- window: timers fire, tasks resume ----------------------------------------------
         load_at_window = os.getloadavg()[0]
+        cpu_groups = _cpu_groups(fleet, pgdata)
+        cpu_before = {name: _cpu_s(pids) for name, pids in cpu_groups.items()}
         late_start = t0 - time.time()
         bar = progress.add_task("fire + resume", total=n)
         failover_s = None
@@ -454,6 +468,11 @@ async def _measure(
                 last_progress = time.time()
             await asyncio.sleep(0.25)
         progress.update(bar, completed=n if done >= n else _journal_bytes(journal) / 60)
+        # CPU spent from the first due time until every task ended, per kind of process
+        # (processes that died meanwhile, such as a killed triggerer, drop out).
+        window_cpu = {
+            name: round(_cpu_s(pids) - cpu_before[name], 2) for name, pids in cpu_groups.items()
+        }
 
     states = await store.count_task_states()
     # When each resume was claimed by a worker (database clock: the same host's clock with
@@ -504,6 +523,7 @@ async def _measure(
         "event_written_to_worker_claim_ms": percentiles(to_claim),
         "worker_claim_to_method_ms": percentiles(to_method),
         "all_ended_after_first_due_s": None if all_done_at is None else round(all_done_at - t0, 1),
+        "window_cpu_s": window_cpu,
         "events_lost": n - len(fired),
         "resumed_twice": sum(1 for c in fired.values() if c > 1),
         "failover_s": None if failover_s is None else round(failover_s, 3),
@@ -571,7 +591,8 @@ def _table(result: dict[str, Any]) -> None:
         "rss_ratio_to_floor", "idle_cpu_fraction", "idle_db_cpu_fraction",
         "fire_lateness_ms", "floor_fire_lateness_ms", "resume_latency_ms",
         "fire_to_event_written_ms",
-        "event_written_to_worker_claim_ms", "worker_claim_to_method_ms", "events_lost",
+        "event_written_to_worker_claim_ms", "worker_claim_to_method_ms", "window_cpu_s",
+        "events_lost",
         "resumed_twice", "failover_s",
     ):  # fmt: skip
         value = result.get(key)
