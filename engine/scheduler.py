@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import anyio
@@ -53,6 +54,7 @@ class Scheduler:
         self.dag_sync_interval_s = dag_sync_interval_s
         self._wake = Wakeup()
         self._stopping = False
+        self._orphans_swept_at = -math.inf
 
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` and more than once."""
@@ -111,8 +113,14 @@ class Scheduler:
         resolved = await self.store.resolve_all_pending()
         if resolved:
             log.info("resolved %d pending task instance(s)", resolved)
-        orphans = await self.store.delete_orphan_triggers(self.zombie_threshold_s)
-        if orphans:
-            log.info("dropped %d trigger(s) nobody waits on", orphans)
+        # Orphans are dropped once older than zombie_threshold_s; looking every half of that
+        # keeps them at most 1.5 times as long. The look reads every trigger (about 90 ms at
+        # 100,000 waiting), which every second was most of the database's idle CPU.
+        now = time.monotonic()
+        if now - self._orphans_swept_at >= self.zombie_threshold_s / 2:
+            self._orphans_swept_at = now
+            orphans = await self.store.delete_orphan_triggers(self.zombie_threshold_s)
+            if orphans:
+                log.info("dropped %d trigger(s) nobody waits on", orphans)
         if zombies or late or resolved:
             await self.finish_runs()
