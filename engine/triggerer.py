@@ -134,7 +134,12 @@ class Triggerer:
         self._write_wake = Wakeup()
         self._due_wake = Wakeup()
         self._flushed = Wakeup()
-        self._writing = False
+        #: Outcomes in the write in flight (0: none).
+        self._in_flight = 0
+        #: Triggers ever taken into ``held`` and let go from it: the lease loop compares the
+        #: database's count with ``held`` knowing what changed while it asked.
+        self._taken = 0
+        self._let_go = 0
         self._stopping = False
         self._claiming = False
         #: The last claim stopped at capacity: unowned triggers may wait for room here.
@@ -199,7 +204,7 @@ class Triggerer:
     async def _drain_outbox(self) -> None:
         """Write every event already produced before letting go of the triggers."""
         with anyio.move_on_after(max(self.lease_s, 5.0)):
-            while self._outbox or self._writing:
+            while self._outbox or self._in_flight:
                 self._write_wake.set()
                 await self._flushed.wait(None)
 
@@ -308,6 +313,7 @@ class Triggerer:
         classpath = self._classpaths.setdefault(row.classpath, row.classpath)
         held = _Held(row.fence, classpath)
         self.held[row.id] = held
+        self._taken += 1
         try:
             if self._allow is not None and not self._allow(row.classpath):
                 raise PermissionError(
@@ -429,7 +435,7 @@ class Triggerer:
             while self._outbox:
                 batch = self._outbox[:WRITE_BATCH]
                 del self._outbox[:WRITE_BATCH]
-                self._writing = True
+                self._in_flight = len(batch)
                 try:
                     triggerer_id = self.id
                     accepted, moved = await with_db_retry(
@@ -437,11 +443,13 @@ class Triggerer:
                         functools.partial(self.store.fire_triggers, triggerer_id, batch),
                     )
                 finally:
-                    self._writing = False
+                    self._in_flight = 0
                 for outcome in batch:
                     held = self.held.pop(outcome.trigger_id, None)
-                    if held is not None and held.timer is not None:
-                        held.timer.cancel()
+                    if held is not None:
+                        self._let_go += 1
+                        if held.timer is not None:
+                            held.timer.cancel()
                     if outcome.trigger_id not in accepted:
                         log.warning(
                             "outcome of trigger %s refused: this triggerer no longer owns it "
@@ -537,6 +545,7 @@ class Triggerer:
         held = self.held.pop(trigger_id, None)
         if held is None:
             return
+        self._let_go += 1
         if held.timer is not None:
             held.timer.cancel()
         if held.task is not None:
@@ -551,6 +560,7 @@ class Triggerer:
         while True:
             await anyio.sleep(interval)
             assert self.id is not None
+            taken, let_go = self._taken, self._let_go
             try:
                 owned = await self.store.renew_triggerer_lease(self.id, self.lease_s)
                 await listener.ensure_connected()
@@ -570,9 +580,12 @@ class Triggerer:
                 self._outbox.clear()
                 await self._register()
                 self._claim_wake.set()
-            elif owned > len(self.held) and not self._claiming:
+            # The count is of the moment the statement ran: triggers let go of or taken since
+            # (events written, claims started) and outcomes being written account for a
+            # difference without anything being wrong.
+            elif owned > len(self.held) + (self._let_go - let_go) and not self._claiming:
                 await self._release_unheld()
-            elif owned < len(self.held):
+            elif owned + self._in_flight + (self._taken - taken) < len(self.held):
                 still = await self.store.owned_triggers(self.id)
                 for trigger_id, held in list(self.held.items()):
                     if still.get(trigger_id) != held.fence:
@@ -595,8 +608,9 @@ class Triggerer:
         if self._claiming:
             return  # a claim started meanwhile: its rows may not be held yet
         unheld = [trigger_id for trigger_id in still if trigger_id not in self.held]
-        if unheld:
-            released = await self.store.release_triggers(self.id, unheld)
+        released = await self.store.release_triggers(self.id, unheld) if unheld else set()
+        # (An event written meanwhile deletes its trigger: such ids are not released.)
+        if released:
             log.warning(
                 "%d trigger(s) were owned by triggerer %s in the database but not running "
                 "here (first: %s); released them to be claimed again",
