@@ -72,12 +72,14 @@ def _flag(tmp_path: Path, key: str, journal: Path | None = None) -> dict[str, An
 async def test_capacity_is_never_exceeded_and_the_rest_waits_as_backlog(
     store: Store, tmp_path: Path
 ) -> None:
+    """A full triggerer leaves the rest unowned, and claims it as soon as writing its events
+    makes room (its poll is ten minutes away: only that wake-up can drain the backlog)."""
     with DAG(dag_id="cap") as dag:
         for i in range(10):
             WaitOn(task_id=f"w{i}", trigger="FlagTrigger", trigger_kwargs=_flag(tmp_path, f"k{i}"))
     seen: list[int] = []
 
-    async with engine_parts(store, capacity=3, claim_batch=2) as parts:
+    async with engine_parts(store, capacity=3, claim_batch=2, poll_interval_s=600) as parts:
         await parts.start(dag)
 
         async def held_full_and_backlog() -> bool:
