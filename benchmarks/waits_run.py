@@ -155,8 +155,9 @@ def _cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
-def _cpu_groups(fleet: Fleet, pgdata: Path | None) -> dict[str, list[int]]:
-    """The live processes of the run by kind: workers, triggerers, scheduler, postgres."""
+def _cpu_by_group(fleet: Fleet, pgdata: Path | None) -> dict[str, dict[int, float]]:
+    """CPU seconds of each live process of the run, by kind: workers, triggerers, scheduler,
+    postgres (the embedded server's processes)."""
     groups: dict[str, list[int]] = {"workers": [], "triggerers": [], "scheduler": []}
     kinds = {"worker": "workers", "triggerer": "triggerers", "scheduler": "scheduler"}
     for name, proc in fleet.procs.items():
@@ -164,7 +165,16 @@ def _cpu_groups(fleet: Fleet, pgdata: Path | None) -> dict[str, list[int]]:
             groups[kinds[name.split("-")[0]]].append(proc.pid)
     if pgdata is not None:
         groups["postgres"] = _postgres_pids(pgdata)
-    return groups
+    return {name: _cpu_by_pid(pids) for name, pids in groups.items()}
+
+
+def _cpu_by_pid(pids: Sequence[int]) -> dict[int, float]:
+    cpu = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            cpu[pid] = t.user + t.system
+    return cpu
 
 
 def _rss(pid: int) -> int:
@@ -436,8 +446,7 @@ async def _measure(
 
         # -- window: timers fire, tasks resume ----------------------------------------------
         load_at_window = os.getloadavg()[0]
-        cpu_groups = _cpu_groups(fleet, pgdata)
-        cpu_before = {name: _cpu_s(pids) for name, pids in cpu_groups.items()}
+        cpu_before = _cpu_by_group(fleet, pgdata)
         late_start = t0 - time.time()
         bar = progress.add_task("fire + resume", total=n)
         failover_s = None
@@ -468,10 +477,14 @@ async def _measure(
                 last_progress = time.time()
             await asyncio.sleep(0.25)
         progress.update(bar, completed=n if done >= n else _journal_bytes(journal) / 60)
-        # CPU spent from the first due time until every task ended, per kind of process
-        # (processes that died meanwhile, such as a killed triggerer, drop out).
+        # CPU spent from the first due time until every task ended, per kind of process:
+        # processes alive at the end, from the start or from their birth (a database
+        # connection opened meanwhile); those that ended meanwhile (a killed triggerer, a
+        # pooled connection closed when idle) drop out.
+        cpu_after = _cpu_by_group(fleet, pgdata)
         window_cpu = {
-            name: round(_cpu_s(pids) - cpu_before[name], 2) for name, pids in cpu_groups.items()
+            name: round(sum(cpu - cpu_before[name].get(pid, 0.0) for pid, cpu in by_pid.items()), 2)
+            for name, by_pid in cpu_after.items()
         }
 
     states = await store.count_task_states()
