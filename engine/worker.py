@@ -385,20 +385,28 @@ class Worker:
                     batch.append(queued)
                     size += queued.size
                 del self._outbox[: len(batch)]
-                outcomes = [q.outcome for q in batch]
-                try:
-                    states = await with_db_retry(
-                        "record outcomes", functools.partial(self.store.finish_tasks, outcomes)
-                    )
-                except Exception as exc:
-                    # Not a transient error: the tasks that wait on this write raise it.
-                    for queued in batch:
-                        queued.error = exc
-                        queued.done.set()
-                    continue
+                await self._write(batch)
+
+    async def _write(self, batch: list[_Queued]) -> None:
+        outcomes = [q.outcome for q in batch]
+        try:
+            states = await with_db_retry(
+                "record outcomes", functools.partial(self.store.finish_tasks, outcomes)
+            )
+        except Exception as exc:
+            if len(batch) > 1:
+                # Not transient: one outcome the database refuses must not take the others
+                # with it. Written one by one, only its own task sees the error.
+                log.warning("writing %d outcomes failed (%s); writing each alone", len(batch), exc)
                 for queued in batch:
-                    queued.state = states.get(queued.outcome.ti_id)
-                    queued.done.set()
+                    await self._write([queued])
+                return
+            batch[0].error = exc
+            batch[0].done.set()
+            return
+        for queued in batch:
+            queued.state = states.get(queued.outcome.ti_id)
+            queued.done.set()
 
     @staticmethod
     def _lost_if_not(ok: bool, ti: ClaimedTask) -> None:

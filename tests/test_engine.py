@@ -208,6 +208,25 @@ async def test_a_failing_task_stores_its_traceback_and_fails_the_run(store: Stor
     assert tis["after"]["try_number"] == 0
 
 
+def _nul_boom() -> None:
+    raise ValueError("bad byte \x00 in the message")
+
+
+async def test_an_error_with_a_nul_character_is_stored_escaped(store: Store) -> None:
+    """PostgreSQL text cannot hold NUL: a task's and a trigger's error carrying one are
+    stored escaped, and the tasks written in the same batches are not affected."""
+    with DAG(dag_id="nul_errors") as dag:
+        PythonOperator(task_id="task_nul", python_callable=_nul_boom)
+        Deferrer(task_id="trigger_nul", tag=_tag(), trigger=RaisingTrigger("gone \x00 away"))
+        for i in range(3):
+            PythonOperator(task_id=f"fine{i}", python_callable=_ok)
+    async with running_engine(store) as engine:
+        tis = await engine.run_dag(dag)
+    assert "ValueError: bad byte \\x00 in the message" in tis["task_nul"]["error"]
+    assert "RuntimeError: gone \\x00 away" in tis["trigger_nul"]["error"]
+    assert {tis[f"fine{i}"]["state"] for i in range(3)} == {"success"}
+
+
 class FlakyTask(BaseOperator):
     """Fails until its try ``succeed_on``."""
 

@@ -49,6 +49,12 @@ CHANNEL_RUNS = "deferral_runs"
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
 
+def _storable_text(text: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL characters; an error message can (a task or trigger
+    may raise anything). Escaped, it is stored instead of failing the whole batch."""
+    return text.replace("\x00", "\\x00") if text and "\x00" in text else text
+
+
 class UnknownDag(LookupError):
     """No DAG with that id has been recorded (its file was never parsed)."""
 
@@ -325,7 +331,7 @@ class Store:
             [o.worker_id for o in outcomes],
             [o.kind for o in outcomes],
             [o.result for o in outcomes],
-            [o.error for o in outcomes],
+            [_storable_text(o.error) for o in outcomes],
             [o.no_retry for o in outcomes],
         )
         await self._settle(rows)
@@ -424,7 +430,7 @@ class Store:
             [o.fence for o in outcomes],
             [o.kind for o in outcomes],
             [o.payload for o in outcomes],
-            [o.error for o in outcomes],
+            [_storable_text(o.error) for o in outcomes],
         )
         moved = [r for r in rows if r["id"] is not None]
         await self._settle(moved, woke=any(r["woke"] for r in rows))
