@@ -173,8 +173,10 @@ SET state = CASE WHEN o.kind <> 'failed' THEN o.kind
     ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
     next_event = NULL
 FROM outcome o
-WHERE ti.id = o.id AND ti.worker_id = o.worker_id AND ti.state = 'running'
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;
+-- (IS NOT DISTINCT FROM: rows are reached by id in every plan, as in fire_triggers; without
+-- statistics a generic plan read every running task of the worker per outcome.)
+WHERE ti.id = o.id AND ti.worker_id IS NOT DISTINCT FROM o.worker_id AND ti.state = 'running'
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id;
 
 -- name: reschedule_task
 -- A sensor in reschedule mode gives its slot back until $3.
@@ -346,7 +348,7 @@ SELECT id, fence FROM deferral_triggers WHERE triggerer_id = $1;
 -- Unown some of triggerer $1's triggers (ones it owns but does not run) and wake the others.
 WITH released AS (
     UPDATE deferral_triggers SET triggerer_id = NULL
-    WHERE id = ANY ($2::bigint[]) AND triggerer_id = $1
+    WHERE id = ANY ($2::bigint[]) AND triggerer_id IS NOT DISTINCT FROM $1  -- see fire_triggers
     RETURNING id
 )
 SELECT id, pg_notify('deferral_triggers', '') AS notified FROM released;
@@ -479,7 +481,7 @@ GROUP BY t.id;
 -- that sees the joined task). Under READ COMMITTED a check inside the DELETE that waited for
 -- the row would still use the snapshot taken before the join and drop a trigger in use.
 SELECT id FROM deferral_triggers
-WHERE id = ANY ($2::bigint[]) AND triggerer_id = $1
+WHERE id = ANY ($2::bigint[]) AND triggerer_id IS NOT DISTINCT FROM $1  -- by id: see fire_triggers
 ORDER BY id
 FOR UPDATE;
 
@@ -487,7 +489,7 @@ FOR UPDATE;
 -- Drop triggers nobody waits on any more, if triggerer $1 still owns them (after
 -- lock_owned_triggers, in the same transaction).
 DELETE FROM deferral_triggers t
-WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id = $1
+WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id IS NOT DISTINCT FROM $1  -- see fire_triggers
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
 RETURNING t.id;
