@@ -437,16 +437,15 @@ class Triggerer:
                 del self._outbox[:WRITE_BATCH]
                 self._in_flight = len(batch)
                 try:
-                    triggerer_id = self.id
-                    accepted, moved = await with_db_retry(
-                        "write trigger events",
-                        functools.partial(self.store.fire_triggers, triggerer_id, batch),
-                    )
+                    accepted = await self._write(self.id, batch)
                 finally:
                     self._in_flight = 0
                 for outcome in batch:
-                    held = self.held.pop(outcome.trigger_id, None)
-                    if held is not None:
+                    held = self.held.get(outcome.trigger_id)
+                    # (A trigger claimed again meanwhile, under a new fence, is a new run of
+                    # it: this outcome is not its to end.)
+                    if held is not None and held.fence == outcome.fence:
+                        del self.held[outcome.trigger_id]
                         self._let_go += 1
                         if held.timer is not None:
                             held.timer.cancel()
@@ -458,10 +457,53 @@ class Triggerer:
                         )
                 self.fired += len(accepted)
                 self._thaw_if_shrunk()
-                log.debug("wrote %d outcome(s); %d task(s) moved", len(batch), moved)
+                log.debug("wrote %d outcome(s)", len(batch))
                 if self._full:
                     self._claim_wake.set()  # room again for the backlog
             self._flushed.set()
+
+    async def _write(self, triggerer_id: int, batch: list[TriggerOutcome]) -> set[int]:
+        """Write a batch of outcomes; returns the ids of the triggers whose outcome was
+        accepted. An outcome the database refuses for good (not a transient error) must not
+        take the others with it: the batch is then written one by one, and a refused outcome
+        is replaced by a failure of its tasks that says why."""
+        try:
+            accepted, _moved = await with_db_retry(
+                "write trigger events",
+                functools.partial(self.store.fire_triggers, triggerer_id, batch),
+            )
+            return accepted
+        except Exception as exc:
+            if len(batch) > 1:
+                log.warning("writing %d outcomes failed (%s); writing each alone", len(batch), exc)
+                accepted = set()
+                for outcome in batch:
+                    accepted |= await self._write(triggerer_id, [outcome])
+                return accepted
+            (outcome,) = batch
+            log.error(
+                "the outcome of trigger %s could not be stored (%s: %s); failing its tasks",
+                outcome.trigger_id,
+                type(exc).__name__,
+                exc,
+            )
+            substitute = TriggerOutcome(
+                trigger_id=outcome.trigger_id,
+                fence=outcome.fence,
+                kind="failed",
+                error=f"the trigger's outcome could not be stored: {type(exc).__name__}: {exc}",
+            )
+            try:
+                accepted, _moved = await with_db_retry(
+                    "write a substitute trigger failure",
+                    functools.partial(self.store.fire_triggers, triggerer_id, [substitute]),
+                )
+                return accepted
+            except Exception:
+                log.exception(
+                    "trigger %s: the substitute failure was refused too", outcome.trigger_id
+                )
+                return set()
 
     # -- deferral deadlines --------------------------------------------------------------
 

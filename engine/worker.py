@@ -54,13 +54,12 @@ FINISH_BATCH_BYTES = 4 << 20
 class _Queued:
     """An outcome waiting for the writer, and what the write made of it."""
 
-    __slots__ = ("done", "error", "outcome", "state")
+    __slots__ = ("done", "outcome", "state")
 
     def __init__(self, outcome: TaskOutcome) -> None:
         self.outcome = outcome
         self.done = anyio.Event()
         self.state: str | None = None
-        self.error: BaseException | None = None
 
     @property
     def size(self) -> int:
@@ -366,8 +365,6 @@ class Worker:
         self._outbox.append(queued)
         self._write_wake.set()
         await queued.done.wait()
-        if queued.error is not None:
-            raise queued.error
         return queued.state
 
     async def _writer_loop(self) -> None:
@@ -396,17 +393,43 @@ class Worker:
         except Exception as exc:
             if len(batch) > 1:
                 # Not transient: one outcome the database refuses must not take the others
-                # with it. Written one by one, only its own task sees the error.
+                # with it. Written one by one, only its own task is affected.
                 log.warning("writing %d outcomes failed (%s); writing each alone", len(batch), exc)
                 for queued in batch:
                     await self._write([queued])
                 return
-            batch[0].error = exc
-            batch[0].done.set()
-            return
+            states = await self._write_refused(batch[0].outcome, exc)
         for queued in batch:
-            queued.state = states.get(queued.outcome.ti_id)
+            queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
             queued.done.set()
+
+    async def _write_refused(
+        self, outcome: TaskOutcome, exc: Exception
+    ) -> dict[tuple[int, int], str]:
+        """The database refused this outcome for good: end the try as failed, without
+        retries, saying why. If even that is refused, the try is left to the scheduler, which
+        reaps it once its heartbeats stop (retries apply)."""
+        log.error(
+            "the outcome of task instance %s could not be stored (%s: %s); failing the try",
+            outcome.ti_id,
+            type(exc).__name__,
+            exc,
+        )
+        substitute = TaskOutcome(
+            ti_id=outcome.ti_id,
+            worker_id=outcome.worker_id,
+            kind="failed",
+            error=f"the outcome of this try could not be stored: {type(exc).__name__}: {exc}",
+            no_retry=True,
+        )
+        try:
+            return await with_db_retry(
+                "record a substitute outcome",
+                functools.partial(self.store.finish_tasks, [substitute]),
+            )
+        except Exception:
+            log.exception("task instance %s: the substitute failure was refused too", outcome.ti_id)
+            return {}
 
     @staticmethod
     def _lost_if_not(ok: bool, ti: ClaimedTask) -> None:

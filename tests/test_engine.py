@@ -212,11 +212,17 @@ def _nul_boom() -> None:
     raise ValueError("bad byte \x00 in the message")
 
 
+def _surrogate_boom() -> None:
+    raise FileNotFoundError("no such file: " + b"caf\xff".decode("utf-8", "surrogateescape"))
+
+
 async def test_an_error_with_a_nul_character_is_stored_escaped(store: Store) -> None:
-    """PostgreSQL text cannot hold NUL: a task's and a trigger's error carrying one are
-    stored escaped, and the tasks written in the same batches are not affected."""
+    """PostgreSQL text holds neither NUL nor a lone surrogate: errors carrying them (from a
+    task, from a trigger) are stored escaped, and the tasks written in the same batches are
+    not affected."""
     with DAG(dag_id="nul_errors") as dag:
         PythonOperator(task_id="task_nul", python_callable=_nul_boom)
+        PythonOperator(task_id="task_surrogate", python_callable=_surrogate_boom)
         Deferrer(task_id="trigger_nul", tag=_tag(), trigger=RaisingTrigger("gone \x00 away"))
         for i in range(3):
             PythonOperator(task_id=f"fine{i}", python_callable=_ok)
@@ -224,6 +230,7 @@ async def test_an_error_with_a_nul_character_is_stored_escaped(store: Store) -> 
         tis = await engine.run_dag(dag)
     assert "ValueError: bad byte \\x00 in the message" in tis["task_nul"]["error"]
     assert "RuntimeError: gone \\x00 away" in tis["trigger_nul"]["error"]
+    assert "no such file: caf\\udcff" in tis["task_surrogate"]["error"]
     assert {tis[f"fine{i}"]["state"] for i in range(3)} == {"success"}
 
 

@@ -12,9 +12,11 @@ import asyncpg
 import pytest
 
 from engine import DAG
+from engine.dagbag import DagBag
 from engine.store import ClaimedTask, Deferral, Store, TaskOutcome
 from engine.store.databases import create_database, drop_database
 from engine.store.queries import load_queries, migrations, schema_sql
+from engine.worker import Worker, _Queued
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 from tests.triggers_for_tests import NeverTrigger
@@ -261,7 +263,10 @@ async def test_one_finish_statement_ends_each_try_by_its_own_outcome(store: Stor
             TaskOutcome(ti_id=by_name["taken"].id, worker_id=worker + 1, kind="success"),
         ]
     )
-    assert states == {by_name["ok"].id: "success", by_name["flaky"].id: "up_for_retry"}
+    assert states == {
+        (by_name["ok"].id, worker): "success",
+        (by_name["flaky"].id, worker): "up_for_retry",
+    }
     rows = {r["task_id"]: r for r in await store.list_task_instances(dag_id="batch")}
     assert (rows["ok"]["result"], rows["ok"]["error"]) == (b"\x01", None)
     assert (rows["flaky"]["state"], rows["flaky"]["error"]) == ("up_for_retry", "boom")
@@ -271,6 +276,32 @@ async def test_one_finish_statement_ends_each_try_by_its_own_outcome(store: Stor
     assert again == []
     assert next_in is not None
     assert 0 < next_in <= 600
+
+
+async def test_an_outcome_the_database_refuses_fails_only_its_own_try(store: Store) -> None:
+    """A worker's batch with one outcome the database refuses for good (here a state its
+    CHECK constraint rejects): the others are written, and that try ends failed, without
+    retries, saying why (the worker does not crash)."""
+    with DAG(dag_id="refused") as dag:
+        PythonOperator(task_id="ok", python_callable=_noop)
+        PythonOperator(task_id="odd", python_callable=_noop, retries=3)
+    await store.upsert_dag(dag.dag_id, "refused.py", dag.serialize_tasks(), None)
+    await store.create_dag_run("refused", "r1", logical_date=await store.now())
+    worker = Worker(store, DagBag(None))
+    worker.id = await store.register_worker("test", 1, 2)
+    claimed, _ = await store.claim_tasks(worker.id, 2)
+    by_name = {ti.task_id: ti for ti in claimed}
+    queued = [
+        _Queued(TaskOutcome(ti_id=by_name["ok"].id, worker_id=worker.id, kind="success")),
+        _Queued(TaskOutcome(ti_id=by_name["odd"].id, worker_id=worker.id, kind="no-such-state")),
+    ]
+    await worker._write(queued)
+    assert [q.state for q in queued] == ["success", "failed"]
+    rows = {r["task_id"]: r for r in await store.list_task_instances(dag_id="refused")}
+    assert rows["ok"]["state"] == "success"
+    assert rows["odd"]["state"] == "failed"
+    assert rows["odd"]["error"].startswith("the outcome of this try could not be stored:")
+    assert "CheckViolationError" in rows["odd"]["error"]
 
 
 async def test_an_empty_claim_with_nothing_waiting_has_no_next_time(store: Store) -> None:

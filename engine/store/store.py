@@ -50,9 +50,12 @@ Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
 
 def _storable_text(text: str | None) -> str | None:
-    """PostgreSQL text cannot hold NUL characters; an error message can (a task or trigger
-    may raise anything). Escaped, it is stored instead of failing the whole batch."""
-    return text.replace("\x00", "\\x00") if text and "\x00" in text else text
+    """PostgreSQL text holds neither NUL characters nor lone surrogates (a filename decoded
+    with surrogateescape); an error message can carry both (a task or trigger may raise
+    anything). Escaped, it is stored instead of failing the whole batch."""
+    if not text:
+        return text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class UnknownDag(LookupError):
@@ -168,11 +171,24 @@ class Store:
     async def _settle(self, moved: Iterable[asyncpg.Record], *, woke: bool = False) -> None:
         """After task instances changed state (committed): resolve their downstreams,
         cascading, and signal workers and the scheduler. ``woke``: the statement that moved
-        them already woke the workers. If this process dies before it is done, the
-        scheduler's backstop resolves what is left."""
+        them already woke the workers.
+
+        Best effort: the change is committed, so an error here must not make the caller
+        write it again (it would find nothing to change and report the tries lost). What is
+        left, and what a process that dies here leaves, the scheduler's backstop resolves."""
+        try:
+            await self._resolve_and_signal(list(moved), woke)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning(
+                "resolving downstream tasks after a committed change failed (%s: %s); the "
+                "scheduler's backstop will",
+                type(exc).__name__,
+                exc,
+            )
+
+    async def _resolve_and_signal(self, rows: list[asyncpg.Record], woke: bool) -> None:
         runnable = False
         leaf_runs: set[int] = set()
-        rows = list(moved)
         first = True
         while rows:
             runs: set[int] = set()
@@ -322,9 +338,10 @@ class Store:
         next_in: float | None = rows[0]["next_in"] if not claimed and rows else None
         return claimed, next_in
 
-    async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> dict[int, str]:
+    async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> dict[tuple[int, int], str]:
         """End running tries in one statement; returns the new state of each task instance
-        that changed (a missing id: its worker no longer held it)."""
+        that changed, by (task instance id, worker id) (a missing one: that worker no longer
+        held it)."""
         rows = await self._pool.fetch(
             self._q["finish_tasks"],
             [o.ti_id for o in outcomes],
@@ -335,7 +352,7 @@ class Store:
             [o.no_retry for o in outcomes],
         )
         await self._settle(rows)
-        return {r["id"]: r["state"] for r in rows}
+        return {(r["id"], r["worker_id"]): r["state"] for r in rows}
 
     async def reschedule_task(self, ti_id: int, worker_id: int, at: dt.datetime) -> bool:
         row = await self._pool.fetchrow(self._q["reschedule_task"], ti_id, worker_id, at)
