@@ -181,6 +181,9 @@ def _plain_copy_hooks(cls: type) -> bool:
         and getattr(cls, "__reduce__", None) is object.__reduce__
         and getattr(cls, "__getstate__", None) is object.__getstate__
         and getattr(cls, "__setstate__", None) is None
+        and getattr(cls, "__getnewargs__", None) is None
+        and getattr(cls, "__getnewargs_ex__", None) is None
+        and getattr(cls, "__getattr__", None) is None  # could answer __deepcopy__ per instance
         and not any("__slots__" in vars(k) for k in cls.__mro__ if k is not object)
     )
 
