@@ -9,21 +9,35 @@ from typing import TypeVar
 import anyio
 import asyncpg
 
-__all__ = ["TRANSIENT_ERRORS", "with_db_retry"]
+__all__ = ["REFUSED_DATA_ERRORS", "TRANSIENT_ERRORS", "with_db_retry"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Errors after which the same statement may succeed if tried again.
+#: Errors after which the same statement may succeed if tried again: the connection or the
+#: server, not the statement's data (a shutdown, a cancelled query, no connection slot or
+#: memory left, a standby reached during a failover, a conflict between transactions).
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
+    TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
+    asyncpg.OperatorInterventionError,  # admin shutdown, cannot connect now, query canceled
+    asyncpg.InsufficientResourcesError,  # too many connections, disk full, out of memory
+    asyncpg.ReadOnlySQLTransactionError,
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
-    TimeoutError,
+)
+
+#: Errors that say the statement's data cannot be stored as it is (a value out of range or
+#: with characters the database refuses, a constraint): trying again cannot help.
+REFUSED_DATA_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.ProgramLimitExceededError,
+    ValueError,
+    TypeError,
+    OverflowError,
 )
 
 

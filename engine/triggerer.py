@@ -36,7 +36,7 @@ from engine.config import (
     DEFAULT_TRIGGERER_CAPACITY,
     DEFAULT_TRIGGERER_LEASE_S,
 )
-from engine.retry import TRANSIENT_ERRORS, with_db_retry
+from engine.retry import REFUSED_DATA_ERRORS, TRANSIENT_ERRORS, with_db_retry
 from engine.store import (
     CHANNEL_DEADLINES,
     CHANNEL_TRIGGERS,
@@ -465,8 +465,8 @@ class Triggerer:
     async def _write(self, triggerer_id: int, batch: list[TriggerOutcome]) -> set[int]:
         """Write a batch of outcomes; returns the ids of the triggers whose outcome was
         accepted. An outcome the database refuses for good (not a transient error) must not
-        take the others with it: the batch is then written one by one, and a refused outcome
-        is replaced by a failure of its tasks that says why."""
+        take the others with it: the batch is then written one by one, and an outcome whose
+        data is refused is replaced by a failure of its tasks that says why."""
         try:
             accepted, _moved = await with_db_retry(
                 "write trigger events",
@@ -480,6 +480,8 @@ class Triggerer:
                 for outcome in batch:
                     accepted |= await self._write(triggerer_id, [outcome])
                 return accepted
+            if not isinstance(exc, REFUSED_DATA_ERRORS):
+                raise  # neither transient nor about this outcome's data: stop, loudly
             (outcome,) = batch
             log.error(
                 "the outcome of trigger %s could not be stored (%s: %s); failing its tasks",
@@ -493,17 +495,11 @@ class Triggerer:
                 kind="failed",
                 error=f"the trigger's outcome could not be stored: {type(exc).__name__}: {exc}",
             )
-            try:
-                accepted, _moved = await with_db_retry(
-                    "write a substitute trigger failure",
-                    functools.partial(self.store.fire_triggers, triggerer_id, [substitute]),
-                )
-                return accepted
-            except Exception:
-                log.exception(
-                    "trigger %s: the substitute failure was refused too", outcome.trigger_id
-                )
-                return set()
+            accepted, _moved = await with_db_retry(
+                "write a substitute trigger failure",
+                functools.partial(self.store.fire_triggers, triggerer_id, [substitute]),
+            )
+            return accepted
 
     # -- deferral deadlines --------------------------------------------------------------
 

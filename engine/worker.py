@@ -29,7 +29,7 @@ from engine.config import (
     DEFAULT_WORKER_SLOTS,
 )
 from engine.dagbag import DagBag
-from engine.retry import TRANSIENT_ERRORS, with_db_retry
+from engine.retry import REFUSED_DATA_ERRORS, TRANSIENT_ERRORS, with_db_retry
 from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
 from engine.wakeup import Wakeup
 from operators.base import (
@@ -344,14 +344,25 @@ class Worker:
     async def _record_end(
         self, ti: ClaimedTask, worker_id: int, state: str, payload: bytes | None
     ) -> None:
-        outcome = TaskOutcome(ti_id=ti.id, worker_id=worker_id, kind=state, result=payload)
+        outcome = TaskOutcome(
+            ti_id=ti.id,
+            worker_id=worker_id,
+            try_number=ti.try_number,
+            kind=state,
+            result=payload,
+        )
         self._lost_if_not(await self._finish(outcome) is not None, ti)
 
     async def _record_failure(
         self, ti: ClaimedTask, worker_id: int, error: str, *, no_retry: bool = False
     ) -> None:
         outcome = TaskOutcome(
-            ti_id=ti.id, worker_id=worker_id, kind="failed", error=error, no_retry=no_retry
+            ti_id=ti.id,
+            worker_id=worker_id,
+            try_number=ti.try_number,
+            kind="failed",
+            error=error,
+            no_retry=no_retry,
         )
         state = await self._finish(outcome)
         self._lost_if_not(state is not None, ti)
@@ -398,6 +409,8 @@ class Worker:
                 for queued in batch:
                     await self._write([queued])
                 return
+            if not isinstance(exc, REFUSED_DATA_ERRORS):
+                raise  # neither transient nor about this outcome's data: stop, loudly
             states = await self._write_refused(batch[0].outcome, exc)
         for queued in batch:
             queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
@@ -406,9 +419,8 @@ class Worker:
     async def _write_refused(
         self, outcome: TaskOutcome, exc: Exception
     ) -> dict[tuple[int, int], str]:
-        """The database refused this outcome for good: end the try as failed, without
-        retries, saying why. If even that is refused, the try is left to the scheduler, which
-        reaps it once its heartbeats stop (retries apply)."""
+        """The database refused this outcome's data: end the try as failed, without retries,
+        saying why."""
         log.error(
             "the outcome of task instance %s could not be stored (%s: %s); failing the try",
             outcome.ti_id,
@@ -418,18 +430,15 @@ class Worker:
         substitute = TaskOutcome(
             ti_id=outcome.ti_id,
             worker_id=outcome.worker_id,
+            try_number=outcome.try_number,
             kind="failed",
             error=f"the outcome of this try could not be stored: {type(exc).__name__}: {exc}",
             no_retry=True,
         )
-        try:
-            return await with_db_retry(
-                "record a substitute outcome",
-                functools.partial(self.store.finish_tasks, [substitute]),
-            )
-        except Exception:
-            log.exception("task instance %s: the substitute failure was refused too", outcome.ti_id)
-            return {}
+        return await with_db_retry(
+            "record a substitute outcome",
+            functools.partial(self.store.finish_tasks, [substitute]),
+        )
 
     @staticmethod
     def _lost_if_not(ok: bool, ti: ClaimedTask) -> None:

@@ -245,32 +245,39 @@ async def _two_running_tasks(store: Store) -> tuple[int, ClaimedTask, ClaimedTas
 
 
 async def test_one_finish_statement_ends_each_try_by_its_own_outcome(store: Store) -> None:
-    """A worker's batch: a success with its result, a failure that retries, and a try the
-    worker no longer holds (left as it is); then an empty claim says when the retry is due."""
+    """A worker's batch: a success with its result, a failure that retries, a try the worker
+    no longer holds and an outcome for an earlier try (both left as they are); then an empty
+    claim says when the retry is due."""
     with DAG(dag_id="batch") as dag:
         PythonOperator(task_id="ok", python_callable=_noop)
         PythonOperator(task_id="flaky", python_callable=_noop, retries=1, retry_delay=600)
         PythonOperator(task_id="taken", python_callable=_noop)
+        PythonOperator(task_id="earlier", python_callable=_noop)
     await store.upsert_dag(dag.dag_id, "batch.py", dag.serialize_tasks(), None)
     await store.create_dag_run("batch", "r1", logical_date=await store.now())
-    worker = await store.register_worker("test", 1, 3)
-    claimed, _ = await store.claim_tasks(worker, 3)
-    by_name = {ti.task_id: ti for ti in claimed}
+    worker = await store.register_worker("test", 1, 4)
+    claimed, _ = await store.claim_tasks(worker, 4)
+    ids = {ti.task_id: ti.id for ti in claimed}
+    assert {ti.try_number for ti in claimed} == {1}
+
+    def outcome(name: str, kind: str, **fields: Any) -> TaskOutcome:
+        values: dict[str, Any] = {"worker_id": worker, "try_number": 1, **fields}
+        return TaskOutcome(ti_id=ids[name], kind=kind, **values)
+
     states = await store.finish_tasks(
         [
-            TaskOutcome(ti_id=by_name["ok"].id, worker_id=worker, kind="success", result=b"\x01"),
-            TaskOutcome(ti_id=by_name["flaky"].id, worker_id=worker, kind="failed", error="boom"),
-            TaskOutcome(ti_id=by_name["taken"].id, worker_id=worker + 1, kind="success"),
+            outcome("ok", "success", result=b"\x01"),
+            outcome("flaky", "failed", error="boom"),
+            outcome("taken", "success", worker_id=worker + 1),
+            outcome("earlier", "success", try_number=0),
         ]
     )
-    assert states == {
-        (by_name["ok"].id, worker): "success",
-        (by_name["flaky"].id, worker): "up_for_retry",
-    }
+    assert states == {(ids["ok"], worker): "success", (ids["flaky"], worker): "up_for_retry"}
     rows = {r["task_id"]: r for r in await store.list_task_instances(dag_id="batch")}
     assert (rows["ok"]["result"], rows["ok"]["error"]) == (b"\x01", None)
     assert (rows["flaky"]["state"], rows["flaky"]["error"]) == ("up_for_retry", "boom")
     assert rows["taken"]["state"] == "running"
+    assert rows["earlier"]["state"] == "running"
 
     again, next_in = await store.claim_tasks(worker, 3)
     assert again == []
@@ -292,8 +299,8 @@ async def test_an_outcome_the_database_refuses_fails_only_its_own_try(store: Sto
     claimed, _ = await store.claim_tasks(worker.id, 2)
     by_name = {ti.task_id: ti for ti in claimed}
     queued = [
-        _Queued(TaskOutcome(ti_id=by_name["ok"].id, worker_id=worker.id, kind="success")),
-        _Queued(TaskOutcome(ti_id=by_name["odd"].id, worker_id=worker.id, kind="no-such-state")),
+        _Queued(TaskOutcome(ti_id=by_name[name].id, worker_id=worker.id, try_number=1, kind=kind))
+        for name, kind in (("ok", "success"), ("odd", "no-such-state"))
     ]
     await worker._write(queued)
     assert [q.state for q in queued] == ["success", "failed"]

@@ -32,10 +32,11 @@ class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
 class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """How a running try ended: ``success`` / ``skipped`` (with its encoded result) or
     ``failed`` (with the error; ``no_retry`` ends the task whatever retries remain), written
-    only while ``worker_id`` still holds the task."""
+    only while ``worker_id`` still holds try ``try_number`` of the task."""
 
     ti_id: int
     worker_id: int
+    try_number: int
     kind: str
     result: bytes | None = None
     error: str | None = None

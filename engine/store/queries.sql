@@ -149,16 +149,17 @@ WITH picked AS (
 SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 
 -- name: finish_tasks
--- End a batch of running tries in one statement. Per task $1: $2 the worker that ran it (only
--- a try that worker still holds changes), $3 the outcome kind, 'success' / 'skipped' (with $4
--- its result) or 'failed' (with $5 the error; up_for_retry at the policy's delay while
--- retries remain, unless $6 says no retry). Returns the tries that changed. One statement per
--- batch, not per task: a worker resuming a thousand tasks a second would otherwise queue them
--- on a thousand fsynced commits.
+-- End a batch of running tries in one statement. Per task $1: $2 the worker that ran it and
+-- $7 the try (only that try, still held by that worker, changes: an outcome written again
+-- after a lost reply cannot end a later try), $3 the outcome kind, 'success' / 'skipped'
+-- (with $4 its result) or 'failed' (with $5 the error; up_for_retry at the policy's delay
+-- while retries remain, unless $6 says no retry). Returns the tries that changed. One
+-- statement per batch, not per task: a worker resuming a thousand tasks a second would
+-- otherwise queue them on a thousand fsynced commits.
 WITH outcome AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::text[],
-                         $6::boolean[])
-        AS o(id, worker_id, kind, result, error, no_retry)
+                         $6::boolean[], $7::integer[])
+        AS o(id, worker_id, kind, result, error, no_retry, try_number)
 )
 UPDATE deferral_task_instances ti
 SET state = CASE WHEN o.kind <> 'failed' THEN o.kind
@@ -173,9 +174,10 @@ SET state = CASE WHEN o.kind <> 'failed' THEN o.kind
     ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
     next_event = NULL
 FROM outcome o
--- (IS NOT DISTINCT FROM: rows are reached by id in every plan, as in fire_triggers; without
--- statistics a generic plan read every running task of the worker per outcome.)
+-- (IS NOT DISTINCT FROM: no plan looks rows up through the worker index, once per outcome;
+-- without statistics a generic plan did. It may still read the running tasks once.)
 WHERE ti.id = o.id AND ti.worker_id IS NOT DISTINCT FROM o.worker_id AND ti.state = 'running'
+  AND ti.try_number = o.try_number
 RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id;
 
 -- name: reschedule_task

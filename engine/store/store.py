@@ -350,6 +350,7 @@ class Store:
             [o.result for o in outcomes],
             [_storable_text(o.error) for o in outcomes],
             [o.no_retry for o in outcomes],
+            [o.try_number for o in outcomes],
         )
         await self._settle(rows)
         return {(r["id"], r["worker_id"]): r["state"] for r in rows}
