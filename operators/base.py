@@ -183,7 +183,9 @@ def _plain_copy_hooks(cls: type) -> bool:
         and getattr(cls, "__setstate__", None) is None
         and getattr(cls, "__getnewargs__", None) is None
         and getattr(cls, "__getnewargs_ex__", None) is None
-        and getattr(cls, "__getattr__", None) is None  # could answer __deepcopy__ per instance
+        # Either could answer __deepcopy__ for an instance.
+        and getattr(cls, "__getattr__", None) is None
+        and getattr(cls, "__getattribute__", None) is object.__getattribute__
         and not any("__slots__" in vars(k) for k in cls.__mro__ if k is not object)
     )
 
@@ -336,7 +338,7 @@ class BaseOperator:
         if self.dag is not None:
             memo[id(self.dag)] = self.dag
         cls = type(self)
-        if not _copies_by_dict(cls):
+        if not _copies_by_dict(cls) or "__deepcopy__" in self.__dict__:
             return copy.deepcopy(self, memo)
         new = cls.__new__(cls)
         memo[id(self)] = new

@@ -479,3 +479,24 @@ def test_fresh_copy_honours_a_custom_deepcopy() -> None:
     with DAG(dag_id="custom_copies"):
         op = CustomCopy(task_id="op")
     assert op.fresh_copy().name == "made by __deepcopy__"  # type: ignore[attr-defined]
+
+
+class CopyByGetattr(Collector):
+    """Answers ``__deepcopy__`` through ``__getattr__``, which deepcopy consults."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__deepcopy__":
+
+            def made(memo: dict[int, Any]) -> Collector:
+                clone = Collector(task_id=self.task_id)
+                clone.name = "made through __getattr__"
+                return clone
+
+            return made
+        raise AttributeError(name)
+
+
+def test_fresh_copy_defers_to_deepcopy_when_getattr_may_answer() -> None:
+    with DAG(dag_id="getattr_copies"):
+        op = CopyByGetattr(task_id="op")
+    assert op.fresh_copy().name == "made through __getattr__"  # type: ignore[attr-defined]
