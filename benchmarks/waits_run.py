@@ -147,12 +147,7 @@ class Fleet:
 
 
 def _cpu_s(pids: Sequence[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-    return total
+    return sum(_cpu_by_pid(pids).values())
 
 
 def _cpu_by_group(fleet: Fleet, pgdata: Path | None) -> dict[str, dict[int, float]]:
