@@ -232,16 +232,21 @@ def _noop() -> None:
     return None
 
 
+async def _running(store: Store, dag: DAG) -> tuple[int, dict[str, ClaimedTask]]:
+    """Record the DAG, start one run and claim all its tasks for a new worker."""
+    await store.upsert_dag(dag.dag_id, f"{dag.dag_id}.py", dag.serialize_tasks(), None)
+    await store.create_dag_run(dag.dag_id, "r1", logical_date=await store.now())
+    worker = await store.register_worker("test", 1, len(dag.tasks))
+    claimed, _ = await store.claim_tasks(worker, len(dag.tasks))
+    return worker, {ti.task_id: ti for ti in claimed}
+
+
 async def _two_running_tasks(store: Store) -> tuple[int, ClaimedTask, ClaimedTask]:
     with DAG(dag_id="race") as dag:
         PythonOperator(task_id="a", python_callable=_noop)
         PythonOperator(task_id="b", python_callable=_noop)
-    await store.upsert_dag(dag.dag_id, "race.py", dag.serialize_tasks(), None)
-    await store.create_dag_run("race", "r1", logical_date=await store.now())
-    worker = await store.register_worker("test", 1, 2)
-    claimed, _ = await store.claim_tasks(worker, 2)
-    a, b = sorted(claimed, key=lambda ti: ti.task_id)
-    return worker, a, b
+    worker, claimed = await _running(store, dag)
+    return worker, claimed["a"], claimed["b"]
 
 
 async def test_one_finish_statement_ends_each_try_by_its_own_outcome(store: Store) -> None:
@@ -253,12 +258,10 @@ async def test_one_finish_statement_ends_each_try_by_its_own_outcome(store: Stor
         PythonOperator(task_id="flaky", python_callable=_noop, retries=1, retry_delay=600)
         PythonOperator(task_id="taken", python_callable=_noop)
         PythonOperator(task_id="earlier", python_callable=_noop)
-    await store.upsert_dag(dag.dag_id, "batch.py", dag.serialize_tasks(), None)
-    await store.create_dag_run("batch", "r1", logical_date=await store.now())
-    worker = await store.register_worker("test", 1, 4)
-    claimed, _ = await store.claim_tasks(worker, 4)
-    ids = {ti.task_id: ti.id for ti in claimed}
-    assert {ti.try_number for ti in claimed} == {1}
+    worker, claimed = await _running(store, dag)
+    ids = {name: ti.id for name, ti in claimed.items()}
+    assert len(ids) == 4
+    assert {ti.try_number for ti in claimed.values()} == {1}
 
     def outcome(name: str, kind: str, **fields: Any) -> TaskOutcome:
         values: dict[str, Any] = {"worker_id": worker, "try_number": 1, **fields}
@@ -292,12 +295,8 @@ async def test_an_outcome_the_database_refuses_fails_only_its_own_try(store: Sto
     with DAG(dag_id="refused") as dag:
         PythonOperator(task_id="ok", python_callable=_noop)
         PythonOperator(task_id="odd", python_callable=_noop, retries=3)
-    await store.upsert_dag(dag.dag_id, "refused.py", dag.serialize_tasks(), None)
-    await store.create_dag_run("refused", "r1", logical_date=await store.now())
     worker = Worker(store, DagBag(None))
-    worker.id = await store.register_worker("test", 1, 2)
-    claimed, _ = await store.claim_tasks(worker.id, 2)
-    by_name = {ti.task_id: ti for ti in claimed}
+    worker.id, by_name = await _running(store, dag)
     queued = [
         _Queued(TaskOutcome(ti_id=by_name[name].id, worker_id=worker.id, try_number=1, kind=kind))
         for name, kind in (("ok", "success"), ("odd", "no-such-state"))
