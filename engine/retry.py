@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
 import asyncpg
 
-__all__ = ["REFUSED_DATA_ERRORS", "TRANSIENT_ERRORS", "with_db_retry"]
+__all__ = ["REFUSED_DATA_ERRORS", "TRANSIENT_ERRORS", "Backoff", "with_db_retry"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -17,11 +18,15 @@ T = TypeVar("T")
 #: Errors after which the same statement may succeed if tried again: the connection or the
 #: server, not the statement's data (a shutdown, a cancelled query, no connection slot or
 #: memory left, a standby reached during a failover, a conflict between transactions).
+#: ``InternalClientError`` is what asyncpg raises for a connection killed in the middle of an
+#: operation ("cannot switch to state ...; another operation is in progress"): the pool drops
+#: that connection, and the next try gets another.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.OperatorInterventionError,  # admin shutdown, cannot connect now, query canceled
     asyncpg.InsufficientResourcesError,  # too many connections, disk full, out of memory
     asyncpg.ReadOnlySQLTransactionError,
@@ -40,20 +45,49 @@ REFUSED_DATA_ERRORS: tuple[type[BaseException], ...] = (
     OverflowError,
 )
 
+#: First and largest pause between tries, in seconds.
+FIRST_DELAY_S = 0.05
+MAX_DELAY_S = 5.0
+
+
+class Backoff:
+    """Growing, jittered pauses after failures; ``reset()`` after a success.
+
+    Jitter (a uniform draw in [delay/2, delay]) keeps a fleet of processes that lost the
+    database at the same moment from reconnecting in lock step."""
+
+    def __init__(self, *, first_s: float = FIRST_DELAY_S, max_s: float = MAX_DELAY_S) -> None:
+        self.first_s = first_s
+        self.max_s = max_s
+        self._next = first_s
+
+    def reset(self) -> None:
+        self._next = self.first_s
+
+    def next_delay(self) -> float:
+        delay = random.uniform(self._next / 2, self._next)
+        self._next = min(self._next * 2, self.max_s)
+        return delay
+
+    async def wait(self, what: str, exc: BaseException) -> None:
+        delay = self.next_delay()
+        log.warning("%s failed (%s: %s); retrying in %.2fs", what, type(exc).__name__, exc, delay)
+        await anyio.sleep(delay)
+
 
 async def with_db_retry(
     what: str,
     call: Callable[[], Awaitable[T]],
     *,
     attempts: int | None = None,
-    max_delay_s: float = 5.0,
+    max_delay_s: float = MAX_DELAY_S,
 ) -> T:
-    """Run ``call`` until it succeeds, backing off after transient errors.
+    """Run ``call`` until it succeeds, backing off (jittered) after transient errors.
 
     ``attempts=None`` tries until cancelled: used for writes that must not be dropped
     (an event, a task's outcome), whose loss would only be repaired by a lease or reaper.
     """
-    delay = 0.05
+    backoff = Backoff(max_s=max_delay_s)
     attempt = 0
     while True:
         attempt += 1
@@ -62,8 +96,4 @@ async def with_db_retry(
         except TRANSIENT_ERRORS as exc:
             if attempts is not None and attempt >= attempts:
                 raise
-            log.warning(
-                "%s failed (%s: %s); retrying in %.2fs", what, type(exc).__name__, exc, delay
-            )
-            await anyio.sleep(delay)
-            delay = min(delay * 2, max_delay_s)
+            await backoff.wait(what, exc)
