@@ -41,8 +41,11 @@ class HttpTrigger(PollingTrigger):
     With ``conn_id``, ``url`` is relative to the connection's URL and the connection's
     ``user:password@`` becomes basic authentication, so secrets stay out of the kwargs.
     Connection errors and other statuses mean "not yet". The payload is
-    ``{"status", "url", "text"}``.
+    ``{"status", "url", "text"}``. ``response_check`` must match the engine's allow-list
+    (setting ``trigger_allow``), which the runtime checks before building the trigger.
     """
+
+    import_path_kwargs = ("response_check",)
 
     def __init__(
         self,
