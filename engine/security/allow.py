@@ -59,7 +59,8 @@ def dags_folder_modules(folder: str | os.PathLike[str] | None) -> frozenset[str]
     root = Path(folder).expanduser().resolve()
     names: set[str] = set()
     try:
-        entries = list(os.scandir(root))
+        with os.scandir(root) as it:
+            entries = list(it)
     except OSError:
         return frozenset()
     for entry in entries:
@@ -88,7 +89,8 @@ def _owned_elsewhere(name: str, root: Path) -> bool:
 
 def _holds_python(path: str) -> bool:
     try:
-        return any(e.name.endswith(".py") for e in os.scandir(path))
+        with os.scandir(path) as entries:
+            return any(e.name.endswith(".py") for e in entries)
     except OSError:
         return False
 
