@@ -265,22 +265,25 @@ def test_patterns_match_in_full_never_by_prefix() -> None:
 
 
 def test_the_default_is_the_builtins_and_the_dags_folder_modules(tmp_path: Path) -> None:
+    # Unique names: a module of that name imported from elsewhere would be left out.
+    orders, pkg, late = (f"{n}_{uuid.uuid4().hex[:8]}" for n in ("orders", "pkg", "late"))
     dags = tmp_path / "dags"
-    (dags / "pkg").mkdir(parents=True)
-    (dags / "pkg" / "__init__.py").write_text("")
-    (dags / "orders.py").write_text("")
+    (dags / pkg).mkdir(parents=True)
+    (dags / pkg / "__init__.py").write_text("")
+    (dags / f"{orders}.py").write_text("")
     (dags / "os.py").write_text("")  # shadows nothing: os is the standard library's
     (dags / "data").mkdir()  # no Python in it
-    assert dags_folder_modules(dags) == {"orders", "pkg"}
+    assert dags_folder_modules(dags) == {orders, pkg}
     allow = trigger_allow_list(Settings(dags_folder=str(dags)))
     assert allow("triggers.temporal.DateTimeTrigger")
-    assert allow("orders.FileLandedTrigger")
-    assert allow("pkg.sub.Trigger")
-    assert not allow("orders_evil.Trigger")
-    assert not allow("orders")
+    assert allow(f"{orders}.FileLandedTrigger")
+    assert allow(f"{pkg}.sub.Trigger")
+    assert not allow(f"{orders}_evil.Trigger")
+    assert not allow(orders)
     assert not allow("os.system")
-    (dags / "late.py").write_text("")  # a DAG file added while the process runs
-    assert allow("late.LateTrigger")
+    assert not allow("data.Trigger")
+    (dags / f"{late}.py").write_text("")  # a DAG file added while the process runs
+    assert allow(f"{late}.LateTrigger")
 
 
 def test_the_setting_reads_a_comma_separated_environment_variable() -> None:
