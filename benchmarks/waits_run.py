@@ -294,6 +294,8 @@ async def _run(
         "DEFERRAL_LOG_LEVEL": os.environ.get("DEFERRAL_BENCH_LOG_LEVEL", "WARNING"),
         "DEFERRAL_EVENT_LOOP": loop,
         "DEFERRAL_TRIGGERER_LEASE_S": str(settings.triggerer_lease_s),
+        # The benchmark's trigger lives in this package, not in the DAGs folder.
+        "DEFERRAL_TRIGGER_ALLOW": "triggers.*,benchmarks.waits_dag.*",
     }
     fleet = Fleet(work, env)
     store = await Store.connect(url, pool_size=2)

@@ -17,6 +17,7 @@ from engine.config import Settings
 from engine.dagbag import DagBag, add_to_sys_path
 from engine.runner import Component, serve
 from engine.scheduler import Scheduler
+from engine.security.allow import TriggerAllowList
 from engine.store import Store, database_url, open_store
 from engine.triggerer import Triggerer
 from engine.worker import Worker
@@ -27,9 +28,15 @@ __all__ = [
     "make_worker",
     "run_component",
     "spawn",
+    "trigger_allow_list",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def trigger_allow_list(settings: Settings) -> TriggerAllowList:
+    """The allow-list the setting ``trigger_allow`` gives (its default when unset)."""
+    return TriggerAllowList.from_setting(settings.trigger_allow, settings.dags_folder)
 
 
 def make_worker(store: Store, settings: Settings) -> Worker:
@@ -40,6 +47,7 @@ def make_worker(store: Store, settings: Settings) -> Worker:
         poll_interval_s=settings.worker_poll_interval_s,
         heartbeat_s=settings.worker_heartbeat_s,
         shutdown_grace_s=settings.worker_shutdown_grace_s,
+        allow=trigger_allow_list(settings),
     )
 
 
@@ -54,6 +62,7 @@ def make_triggerer(store: Store, settings: Settings) -> Triggerer:
         blocked_loop_s=settings.triggerer_blocked_loop_s,
         cleanup_timeout_s=settings.triggerer_cleanup_timeout_s,
         cancel_blocking_after=settings.triggerer_cancel_blocking_after,
+        allow=trigger_allow_list(settings),
     )
 
 
@@ -105,6 +114,8 @@ def spawn(
         child_env["DEFERRAL_DAGS_FOLDER"] = str(Path(settings.dags_folder).resolve())
     child_env["DEFERRAL_LOG_LEVEL"] = settings.log_level
     child_env["DEFERRAL_LOG_FORMAT"] = settings.log_format
+    if settings.trigger_allow is not None:
+        child_env["DEFERRAL_TRIGGER_ALLOW"] = ",".join(settings.trigger_allow)
     return subprocess.Popen(
         [sys.executable, "-m", "engine", kind, *extra], env=child_env, stderr=stderr
     )

@@ -69,6 +69,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Operators read it from ``DEFERRAL_DEFAULT_DEFERRABLE``, which the processes export.
     default_deferrable: bool = False
 
+    #: Patterns (fnmatch, full match) of the trigger classpaths and the import paths given to
+    #: triggers (``PythonTrigger``'s ``check``) that workers and triggerers accept. Unset: the
+    #: built-in ``triggers.*`` and the modules of the DAGs folder. In the environment: a
+    #: comma-separated list (``DEFERRAL_TRIGGER_ALLOW="triggers.*,myproj.triggers.*"``).
+    trigger_allow: tuple[str, ...] | None = None
+
     def __post_init__(self) -> None:
         positive = {
             "pool_size": self.pool_size,
@@ -90,6 +96,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ConfigError(
                 f"setting event_loop must be 'uvloop' or 'asyncio', not {self.event_loop!r}"
             )
+        for pattern in self.trigger_allow or ():
+            if not pattern.strip() or pattern != pattern.strip():
+                raise ConfigError(
+                    "setting trigger_allow: every pattern must be a non-empty string without "
+                    f"surrounding spaces, got {pattern!r}"
+                )
         if self.log_format not in ("text", "json"):
             raise ConfigError(
                 f"setting log_format must be 'text' or 'json', not {self.log_format!r}"
@@ -102,6 +114,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def home_path(self) -> Path:
         return Path(self.home).expanduser()
+
+
+#: Settings that are lists; their environment variables hold comma-separated items.
+_LIST_SETTINGS = frozenset({"trigger_allow"})
+
+
+def _split_list(raw: str) -> list[str]:
+    return [item.strip() for item in raw.split(",") if item.strip()]
 
 
 def _from_file(path: Path) -> dict[str, Any]:
@@ -130,7 +150,7 @@ def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Se
             continue
         name = key.removeprefix("DEFERRAL_").lower()
         if name in fields and raw != "":
-            values[name] = raw
+            values[name] = _split_list(raw) if name in _LIST_SETTINGS else raw
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return msgspec.convert(values, Settings, strict=False)

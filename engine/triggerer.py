@@ -37,6 +37,7 @@ from engine.config import (
     DEFAULT_TRIGGERER_LEASE_S,
 )
 from engine.retry import REFUSED_DATA_ERRORS, TRANSIENT_ERRORS, with_db_retry
+from engine.security.allow import check_classpath, check_import_paths
 from engine.store import (
     CHANNEL_DEADLINES,
     CHANNEL_TRIGGERS,
@@ -289,9 +290,13 @@ class Triggerer:
 
     def _rebuild(self, classpath: str, kwargs: dict[str, Any]) -> BaseTrigger:
         """``rebuild_trigger``, importing and checking each class once per triggerer."""
+        if self._allow is not None:
+            check_classpath(self._allow, classpath)  # before the import
         cls = self._classes.get(classpath)
         if cls is None:
             cls = self._classes[classpath] = import_trigger_class(classpath)
+        if self._allow is not None:
+            check_import_paths(self._allow, classpath, cls, kwargs)  # before __init__ imports
         return rebuild_trigger(classpath, kwargs, cls)
 
     def _freeze(self) -> None:
@@ -315,10 +320,6 @@ class Triggerer:
         self.held[row.id] = held
         self._taken += 1
         try:
-            if self._allow is not None and not self._allow(row.classpath):
-                raise PermissionError(
-                    f"trigger classpath {row.classpath} is not allowed on this triggerer"
-                )
             trigger = self._rebuild(classpath, decode_value(row.kwargs))
         except Exception as exc:
             self._emit(

@@ -18,6 +18,7 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -30,6 +31,7 @@ from engine.config import (
 )
 from engine.dagbag import DagBag
 from engine.retry import REFUSED_DATA_ERRORS, TRANSIENT_ERRORS, with_db_retry
+from engine.security.allow import TriggerNotAllowed, check_trigger
 from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
 from engine.wakeup import Wakeup
 from operators.base import (
@@ -40,7 +42,12 @@ from operators.base import (
     SkipTask,
     TaskDeferred,
 )
-from triggers.base import MAX_PAYLOAD_BYTES, decode_value, encode_value
+from triggers.base import (
+    MAX_PAYLOAD_BYTES,
+    TriggerSerializationError,
+    decode_value,
+    encode_value,
+)
 
 __all__ = ["ExecutionTimeout", "Worker"]
 
@@ -83,6 +90,7 @@ class Worker:
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         heartbeat_s: float = 5.0,
         shutdown_grace_s: float = 30.0,
+        allow: Callable[[str], bool] | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
@@ -92,6 +100,8 @@ class Worker:
         self.poll_interval_s = poll_interval_s
         self.heartbeat_s = heartbeat_s
         self.shutdown_grace_s = shutdown_grace_s
+        #: Trigger allow-list (setting trigger_allow): a deferral it refuses fails the task.
+        self._allow = allow
         self.id: int | None = None
         self.running: dict[int, ClaimedTask] = {}
         self.peak_running = 0
@@ -319,6 +329,14 @@ class Worker:
     async def _record_deferral(
         self, ti: ClaimedTask, worker_id: int, deferred: TaskDeferred
     ) -> None:
+        if self._allow is not None:
+            try:
+                check_trigger(
+                    self._allow, deferred.trigger.classpath, decode_value(deferred.trigger.kwargs)
+                )
+            except (TriggerNotAllowed, TriggerSerializationError) as exc:
+                await self._record_failure(ti, worker_id, str(exc), no_retry=True)
+                return
         timeout_s = deferred.timeout_s
         remaining = self._remaining_s(ti)
         if remaining is not None:

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from operators.base import BaseOperator, Context, SkipTask
 
-__all__ = ["BashCommandFailed", "BashOperator"]
+__all__ = ["KEPT_ENV", "BashCommandFailed", "BashOperator", "clean_env"]
+
+#: What every command gets of the worker's environment (those that are set), plus every
+#: ``LC_*`` locale variable: enough for a shell to find programs, a home, a locale, a time zone
+#: and a temporary folder. Nothing else of the worker's environment (the database URL,
+#: ``DEFERRAL_CONN_*`` secrets, cloud credentials) reaches a command unless the task names it.
+KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+
+
+def clean_env(environ: Mapping[str, str], pass_env: Sequence[str] = ()) -> dict[str, str]:
+    """The variables of ``environ`` a command may see: :data:`KEPT_ENV`, ``LC_*`` and the
+    names in ``pass_env``."""
+    keep = set(KEPT_ENV) | set(pass_env)
+    return {k: v for k, v in environ.items() if k in keep or k.startswith("LC_")}
 
 
 class BashCommandFailed(RuntimeError):
@@ -20,8 +33,12 @@ class BashOperator(BaseOperator):
     """Runs ``bash -c bash_command``; its output is logged and the last line is the result.
 
     Exit code ``skip_on_exit_code`` (99 by default) ends the task as skipped; any other
-    non-zero code fails it. ``env`` is added to the worker's environment (or replaces it
-    with ``append_env=False``).
+    non-zero code fails it.
+
+    The command does not inherit the worker's environment: it gets a clean one
+    (:data:`KEPT_ENV` and ``LC_*``), the worker's variables named in ``pass_env``, then
+    ``env``; with ``append_env=False``, ``env`` alone. ``DEFERRAL_DAG_ID``,
+    ``DEFERRAL_RUN_ID`` and ``DEFERRAL_TASK_ID`` are always set.
     """
 
     def __init__(
@@ -30,6 +47,7 @@ class BashOperator(BaseOperator):
         bash_command: str,
         env: Mapping[str, str] | None = None,
         append_env: bool = True,
+        pass_env: Sequence[str] = (),
         cwd: str | None = None,
         skip_on_exit_code: int | None = 99,
         **kwargs: Any,
@@ -40,11 +58,15 @@ class BashOperator(BaseOperator):
         self.bash_command = bash_command
         self.env = dict(env or {})
         self.append_env = append_env
+        if isinstance(pass_env, str) or not all(isinstance(n, str) for n in pass_env):
+            raise ValueError(f"task {self.task_id}: pass_env must be a list of variable names")
+        self.pass_env = list(pass_env)
         self.cwd = cwd
         self.skip_on_exit_code = skip_on_exit_code
 
     async def execute(self, context: Context) -> str | None:
-        env = {**os.environ, **self.env} if self.append_env else dict(self.env)
+        base = clean_env(os.environ, self.pass_env) if self.append_env else {}
+        env = {**base, **self.env}
         env.update(
             DEFERRAL_DAG_ID=context.get("dag_id", ""),
             DEFERRAL_RUN_ID=context.get("run_id", ""),

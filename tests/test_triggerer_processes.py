@@ -50,6 +50,7 @@ def spawn_triggerer(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
             "DEFERRAL_DATABASE_URL": db_url,
             "DEFERRAL_TRIGGERER_LEASE_S": str(lease_s),
             "DEFERRAL_TRIGGERER_POLL_INTERVAL_S": "0.2",
+            "DEFERRAL_TRIGGER_ALLOW": "triggers.*,tests.triggerer_support.*",
             "PYTHONPATH": str(REPO),
         }
         log = (tmp_path / f"triggerer-{len(procs)}.log").open("ab")

@@ -28,6 +28,7 @@ __all__ = [
     "TriggerSerializationError",
     "decode_value",
     "encode_value",
+    "import_path_kwargs",
     "import_trigger_class",
     "rebuild_trigger",
     "validate_trigger",
@@ -89,6 +90,12 @@ class BaseTrigger(abc.ABC):
     other triggers. :meth:`cleanup` runs on every exit (event, error,
     cancellation, release to another triggerer).
     """
+
+    #: Names of the keyword arguments whose values are import paths (``"package.module.name"``)
+    #: that the trigger imports and calls (``PythonTrigger``'s ``check``, say). The runtime
+    #: checks each of them against its allow-list, like the classpath, before it builds the
+    #: trigger: a stored row cannot make the triggerer import and run any callable it names.
+    import_path_kwargs: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -166,6 +173,12 @@ def import_trigger_class(classpath: str) -> type[BaseTrigger]:
             f"trigger classpath {classpath!r} names {obj!r}, which is not a BaseTrigger subclass"
         )
     return obj
+
+
+def import_path_kwargs(cls: type[BaseTrigger], kwargs: dict[str, Any]) -> dict[str, object]:
+    """The kwargs ``cls`` declares in :attr:`BaseTrigger.import_path_kwargs` that are given
+    (not ``None``), by name: what an allow-list must accept before ``cls(**kwargs)`` runs."""
+    return {name: kwargs[name] for name in cls.import_path_kwargs if kwargs.get(name) is not None}
 
 
 def rebuild_trigger(

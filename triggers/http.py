@@ -14,12 +14,30 @@ import msgspec
 from triggers.connections import resolve_url
 from triggers.polling import DEFAULT_POLL_INTERVAL_S, PollingTrigger, import_callable
 
-__all__ = ["HttpResponse", "HttpTrigger"]
+__all__ = ["CredentialsRefused", "HttpResponse", "HttpTrigger"]
 
 log = logging.getLogger(__name__)
 
 #: Response bodies longer than this are cut in the event payload.
 MAX_BODY_CHARS = 64 * 1024
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class CredentialsRefused(ValueError):
+    """A request would carry a connection's credentials to another origin."""
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """Scheme, host and port (the default port of the scheme when none is written)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1  # an invalid port matches no origin
+    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
 
 
 class HttpResponse(msgspec.Struct, frozen=True):
@@ -39,10 +57,15 @@ class HttpTrigger(PollingTrigger):
     ``f(HttpResponse) -> bool``, sync and quick) returns true.
 
     With ``conn_id``, ``url`` is relative to the connection's URL and the connection's
-    ``user:password@`` becomes basic authentication, so secrets stay out of the kwargs.
+    ``user:password@`` becomes basic authentication, so secrets stay out of the kwargs. The
+    credentials go only to the connection's own scheme, host and port: an absolute ``url``
+    elsewhere is an error (:class:`CredentialsRefused`), which fails the trigger.
     Connection errors and other statuses mean "not yet". The payload is
-    ``{"status", "url", "text"}``.
+    ``{"status", "url", "text"}``. ``response_check`` must match the engine's allow-list
+    (setting ``trigger_allow``), which the runtime checks before building the trigger.
     """
+
+    import_path_kwargs = ("response_check",)
 
     def __init__(
         self,
@@ -103,7 +126,19 @@ class HttpTrigger(PollingTrigger):
         host = parts.hostname or ""
         netloc = f"{host}:{parts.port}" if parts.port else host
         base = urlunsplit(parts._replace(netloc=netloc))
-        return urljoin(base.rstrip("/") + "/", self.url.lstrip("/")), headers
+        given = urlsplit(self.url)
+        if given.scheme or given.netloc:
+            url = self.url
+        else:
+            url = urljoin(base.rstrip("/") + "/", self.url.lstrip("/"))
+        if _origin(url) != _origin(base):
+            # The URL and the connection's host are kwargs and configuration: neither is shown.
+            raise CredentialsRefused(
+                "HttpTrigger: url is an absolute URL outside its connection (conn_id): the "
+                "connection's credentials go only to the connection's own scheme, host and "
+                "port. Give a path relative to the connection, or a URL on that origin"
+            )
+        return url, headers
 
     async def check(self) -> dict[str, Any] | None:
         url, headers = self._target()

@@ -13,7 +13,10 @@ __all__ = ["PythonTrigger"]
 class PythonTrigger(PollingTrigger):
     """Calls ``await check(**kwargs)`` every ``poll_interval`` seconds; the first truthy value
     (other than ``True``) is the payload. ``check`` is an import path to an ``async def`` that
-    never blocks the loop; ``kwargs`` are plain data."""
+    never blocks the loop; ``kwargs`` are plain data. ``check`` must match the engine's
+    allow-list (setting ``trigger_allow``), which the runtime checks before building it."""
+
+    import_path_kwargs = ("check",)
 
     def __init__(
         self,

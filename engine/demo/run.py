@@ -117,7 +117,11 @@ async def _demo(
     try:
         api_url = await api.start()
         demo_settings = settings.replace(
-            database_url=url, dags_folder=str(DAGS_FOLDER), log_level="WARNING"
+            database_url=url,
+            dags_folder=str(DAGS_FOLDER),
+            log_level="WARNING",
+            # The demo's trigger lives in engine.demo.jobs, not in its DAGs folder.
+            trigger_allow=("triggers.*", "engine.demo.jobs.*"),
         )
         env = {
             "DEFERRAL_DEMO_SENSORS": str(sensors),

@@ -1,0 +1,1 @@
+"""What the engine refuses to do on behalf of whoever can write to its database."""
