@@ -200,7 +200,7 @@ def keyring_from_settings(settings: Settings) -> Keyring:
         return Keyring(_read_key_file(path, "setting fernet_key_file"), source=str(path))
     if not settings.database_url:
         path = _default_key_file(settings)
-        if write_key_file(path):
+        if not path.exists() and write_key_file(path):
             log.info("created the encryption key file %s (mode 0600); back it up", path)
         return Keyring(_read_key_file(path, "key file"), source=str(path))
     if settings.insecure_dev:
@@ -221,8 +221,8 @@ def keyring_from_settings(settings: Settings) -> Keyring:
 
 def child_key_env(settings: Settings) -> dict[str, str]:
     """Environment a child process needs to use the same keys as this one, although it is
-    handed the database URL (which, for it, makes the database external). Names a key file,
-    never puts a key in the environment it was not already in."""
+    handed the database URL (which, for it, makes the database external). The embedded
+    default's key file is passed by its path, not its content."""
     if settings.fernet_key:
         return {"DEFERRAL_FERNET_KEY": settings.fernet_key}
     if settings.fernet_key_file:

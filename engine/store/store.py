@@ -12,6 +12,7 @@ import anyio
 import asyncpg
 import msgspec
 
+from engine.crashpoints import crash_point
 from engine.keys import Keyring, UnreadableValue
 from engine.states import TERMINAL_STATES
 from engine.store.models import (
@@ -602,6 +603,7 @@ class Store:
                 done = await self._pool.fetch(self._q["rotate_trigger_kwargs"], ids, olds, news)
                 counts["rewritten"] += len(done)
                 counts["changed"] += len(ids) - len(done)
+                crash_point("keys.rotate.after_batch")
         last = 0
         while True:
             rows = await self._pool.fetch(self._q["rotation_task_instances"], last, batch_size)
@@ -626,6 +628,7 @@ class Store:
                 rewritten = sum(r["rewritten"] for r in done)
                 counts["rewritten"] += rewritten
                 counts["changed"] += wanted - rewritten
+                crash_point("keys.rotate.after_batch")
         return counts
 
     def _rotated(self, value: bytes, counts: dict[str, int]) -> bytes | None:
