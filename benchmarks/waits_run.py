@@ -28,6 +28,7 @@ from rich.table import Table
 from benchmarks.waits_dag import DAG_ID, dag_file_source
 from engine.config import load_settings
 from engine.dagbag import DagBag
+from engine.keys import child_key_env, keyring_from_settings
 from engine.store import Store, database_url
 from engine.store.databases import create_database, drop_database, with_database
 
@@ -287,8 +288,10 @@ async def _run(
     dags.mkdir()
     journal.mkdir()
     (dags / "bench_waits_dag.py").write_text(dag_file_source(chunk))
+    keyring = keyring_from_settings(settings)
     env = {
         **os.environ,
+        **child_key_env(settings),
         "DEFERRAL_DATABASE_URL": url,
         "DEFERRAL_DAGS_FOLDER": str(dags),
         "DEFERRAL_LOG_LEVEL": os.environ.get("DEFERRAL_BENCH_LOG_LEVEL", "WARNING"),
@@ -298,7 +301,7 @@ async def _run(
         "DEFERRAL_TRIGGER_ALLOW": "triggers.*,benchmarks.waits_dag.*",
     }
     fleet = Fleet(work, env)
-    store = await Store.connect(url, pool_size=2)
+    store = await Store.connect(url, pool_size=2, keyring=keyring)
     try:
         result = await _measure(
             store, fleet, work, journal, dags, pgdata,

@@ -15,6 +15,7 @@ import anyio
 
 from engine.config import Settings
 from engine.dagbag import DagBag, add_to_sys_path
+from engine.keys import child_key_env
 from engine.runner import Component, serve
 from engine.scheduler import Scheduler
 from engine.security.allow import TriggerAllowList
@@ -110,6 +111,8 @@ def spawn(
     """Start ``deferral <kind>`` as a child process on the same database and DAGs folder."""
     child_env = {**os.environ, **(env or {})}
     child_env["DEFERRAL_DATABASE_URL"] = database_url(settings)
+    # Handed the URL, the child sees an external database: it needs this process's keys.
+    child_env.update(child_key_env(settings))
     if settings.dags_folder:
         child_env["DEFERRAL_DAGS_FOLDER"] = str(Path(settings.dags_folder).resolve())
     child_env["DEFERRAL_LOG_LEVEL"] = settings.log_level

@@ -34,6 +34,9 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     settings: Settings | None = ctx.obj["settings"] if ctx is not None and ctx.obj else None
     try:
         return run_async(fn, *args, loop=settings.event_loop if settings else "uvloop")
+    except ConfigError as exc:
+        err_console.print(f"[red]error[/]: {exc}", markup=False, highlight=False)
+        sys.exit(2)
     except (OSError, asyncpg.PostgresError, EmbeddedServerError) as exc:
         where = (
             "DEFERRAL_DATABASE_URL"
@@ -55,6 +58,12 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
 @click.option("--home", envvar="DEFERRAL_HOME", help="Folder for the embedded database.")
 @click.option("--log-level", envvar="DEFERRAL_LOG_LEVEL", help="DEBUG, INFO, WARNING, ERROR.")
 @click.option("--log-format", envvar="DEFERRAL_LOG_FORMAT", type=click.Choice(["text", "json"]))
+@click.option(
+    "--insecure-dev",
+    is_flag=True,
+    default=None,
+    help="With an external database and no key, store plaintext (development only).",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -62,11 +71,16 @@ def cli(
     home: str | None,
     log_level: str | None,
     log_format: str | None,
+    insecure_dev: bool | None,
 ) -> None:
     """deferral: tasks that wait hand their wait to a triggerer and free their worker slot."""
     try:
         settings = load_settings(
-            database_url=database_url, home=home, log_level=log_level, log_format=log_format
+            database_url=database_url,
+            home=home,
+            log_level=log_level,
+            log_format=log_format,
+            insecure_dev=insecure_dev or None,
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
@@ -476,8 +490,10 @@ def demo(ctx: click.Context, sensors: int, jobs: int, slots: int, window: float)
 
 def _add_bench() -> None:
     from benchmarks.cli import bench
+    from engine.cli_keys import keys
 
     cli.add_command(bench, "bench")
+    cli.add_command(keys, "keys")
 
 
 _add_bench()

@@ -46,6 +46,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Event loop of the engine's processes: "uvloop" or "asyncio".
     event_loop: str = "uvloop"
 
+    #: Fernet keys that encrypt trigger kwargs, resume kwargs, events and results at rest,
+    #: comma-separated: the first encrypts, all decrypt (``deferral keys generate``).
+    fernet_key: str | None = None
+    #: File holding the keys (one a line, first = primary), instead of ``fernet_key``. Default
+    #: with the embedded database: ``<home>/fernet.key``, created (mode 0600) on first use.
+    fernet_key_file: str | None = None
+    #: With an external database and no key, store plaintext (with a warning) instead of
+    #: refusing to start. For development only.
+    insecure_dev: bool = False
+
     worker_slots: int = DEFAULT_WORKER_SLOTS
     worker_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     worker_heartbeat_s: float = 5.0
@@ -106,6 +116,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ConfigError(
                 f"setting log_format must be 'text' or 'json', not {self.log_format!r}"
             )
+
+    def __repr__(self) -> str:
+        # The keys must not reach a log or a traceback through a repr of the settings.
+        fields = (
+            f"{name}={'<hidden>' if name == 'fernet_key' and value else repr(value)}"
+            for name, value in msgspec.structs.asdict(self).items()
+        )
+        return f"Settings({', '.join(fields)})"
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with the given settings changed (``None`` values are ignored)."""

@@ -27,6 +27,7 @@ CRASH_POINTS: dict[str, str] = {
     "triggerer.fire.after_write": "the event is committed; the trigger is still held",
     "triggerer.lease.after_renew": "the lease was renewed; nothing else done",
     "dagbag.parse": "a DAG file is being parsed",
+    "keys.rotate.after_batch": "a batch of re-encrypted values is committed; later ones are not",
 }
 
 _armed_name: str | None = None

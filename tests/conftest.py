@@ -15,11 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from engine.keys import Keyring, generate_key
 from engine.store import Store
 from engine.store.databases import create_database, drop_database
 from engine.store.embedded import embedded_database_url
 
 REPO = Path(__file__).resolve().parent.parent
+
+#: The encryption key of this test session. Tests hand child processes the database URL, which
+#: makes the database external for them: they need a key too, and inherit this one.
+TEST_FERNET_KEY = os.environ.setdefault("DEFERRAL_FERNET_KEY", generate_key())
 
 
 @pytest.fixture(
@@ -76,7 +81,7 @@ def db_url(admin_url: str, template_db: str) -> Iterator[str]:
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[Store]:
-    s = await Store.connect(db_url, pool_size=4)
+    s = await Store.connect(db_url, pool_size=4, keyring=Keyring([TEST_FERNET_KEY]))
     try:
         yield s
     finally:

@@ -26,7 +26,7 @@ from engine import DAG
 from engine.dagbag import DagBag
 from engine.store import Store
 from operators.base import BaseOperator, Context
-from tests.conftest import REPO
+from tests.conftest import REPO, TEST_FERNET_KEY
 from tests.helpers import running_engine, wait_until
 from tests.triggers_for_tests import FileTrigger, release_file
 from triggers.base import decode_value
@@ -92,6 +92,7 @@ def _env(db_url: str, tmp_path: Path, dags: Path | None = None) -> dict[str, str
         DEFERRAL_DATABASE_URL=db_url,
         DEFERRAL_HOME=str(tmp_path / "home"),
         DEFERRAL_LOG_LEVEL="INFO",
+        DEFERRAL_FERNET_KEY=TEST_FERNET_KEY,
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     if dags is not None:

@@ -353,11 +353,11 @@ async def test_a_trigger_joined_while_it_is_dropped_survives(
             b.id,
             worker,
             joined.classpath,
-            joined.kwargs,
-            joined.dedup_key,
+            store.keyring.encrypt(joined.kwargs),
+            store.keyring.dedup_key(joined.classpath, joined.kwargs, joined.dedup_key),
             joined.timeout_s,
             joined.method_name,
-            joined.method_kwargs,
+            store.keyring.encrypt(joined.method_kwargs),
         )
         assert row is not None
         assert row["trigger_id"] == claimed.id

@@ -130,7 +130,7 @@ async def test_a_blocking_call_in_run_is_reported_by_name(cls: type[Quick]) -> N
     with pytest.raises(TriggerBlockedLoop) as caught:
         await run_trigger(cls(1))
     message = str(caught.value)
-    assert f"{cls.__name__}(value=1) blocked the event loop" in message
+    assert f"{cls.__name__}(value=...) blocked the event loop" in message
     assert "test_testing_kit.py" in message  # the line that blocked
 
 
@@ -139,7 +139,9 @@ async def test_the_blocking_check_can_be_turned_off() -> None:
 
 
 async def test_no_event_in_time_is_a_timeout() -> None:
-    with pytest.raises(TriggerTimedOut, match=r"NeverFires\(value=1\) yielded no event within"):
+    with pytest.raises(
+        TriggerTimedOut, match=r"NeverFires\(value=\.\.\.\) yielded no event within"
+    ):
         await run_trigger(NeverFires(1), timeout=0.05)
 
 

@@ -119,7 +119,8 @@ class BaseTrigger(abc.ABC):
             classpath, kwargs = self.serialize()
         except Exception:
             return f"<{type(self).__qualname__}>"
-        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        # Names only: kwargs often carry tokens, and a repr ends up in logs and errors.
+        args = ", ".join(f"{k}=..." for k in kwargs)
         return f"{classpath.rsplit('.', 1)[-1]}({args})"
 
 
@@ -208,9 +209,9 @@ def _encode_kwargs(classpath: str, kwargs: Any) -> bytes:
             _encoder.encode(value)
         except (TypeError, ValueError, OverflowError) as exc:
             raise TriggerSerializationError(
-                f"trigger {classpath}: kwarg {key!r} = {value!r} cannot be serialized "
-                f"({exc}); pass plain data (str, numbers, bools, None, lists, dicts, "
-                "aware datetimes) or an import path instead of live objects"
+                f"trigger {classpath}: kwarg {key!r} (a {type(value).__qualname__}) cannot be "
+                f"serialized ({type(exc).__name__}); pass plain data (str, numbers, bools, "
+                "None, lists, dicts, aware datetimes) or an import path instead of live objects"
             ) from None
     data = _encoder.encode(kwargs)
     if len(data) > MAX_KWARGS_BYTES:
@@ -221,6 +222,30 @@ def _encode_kwargs(classpath: str, kwargs: Any) -> bytes:
     return data
 
 
+def _differences(before: dict[str, Any], after: Any) -> str:
+    """Which kwargs differ after a round trip, by name only."""
+    if not isinstance(after, dict):
+        return f"kwargs of type {type(after).__name__}"
+    missing = sorted(set(before) - set(after))
+    added = sorted(set(after) - set(before))
+    changed = sorted(
+        k for k in set(before) & set(after) if _encoder.encode(before[k]) != _safe(after[k])
+    )
+    parts = [
+        f"{label} {names}"
+        for label, names in (("missing", missing), ("new", added), ("changed values of", changed))
+        if names
+    ]
+    return "; ".join(parts) if parts else "kwargs that encode differently"
+
+
+def _safe(value: Any) -> bytes | None:
+    try:
+        return _encoder.encode(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def validate_trigger(trigger: BaseTrigger) -> SerializedTrigger:
     """Prove a trigger survives the trip to the triggerer, before anything is written.
 
@@ -229,7 +254,9 @@ def validate_trigger(trigger: BaseTrigger) -> SerializedTrigger:
     trigger that serializes to the same bytes.
     """
     if not isinstance(trigger, BaseTrigger):
-        raise TriggerSerializationError(f"{trigger!r} is not a BaseTrigger instance")
+        raise TriggerSerializationError(
+            f"a {type(trigger).__qualname__} is not a BaseTrigger instance"
+        )
     try:
         classpath, kwargs = trigger.serialize()
     except Exception as exc:
@@ -245,11 +272,12 @@ def validate_trigger(trigger: BaseTrigger) -> SerializedTrigger:
             f"rebuilt trigger {classpath}.serialize() raised {type(exc).__name__}: {exc}"
         ) from exc
     if re_classpath != classpath or _encode_kwargs(classpath, re_kwargs) != data:
+        # Names only, never values: kwargs often carry tokens, and this error reaches the
+        # task's stored error and the logs.
         raise TriggerSerializationError(
             f"trigger {classpath} does not survive a round trip: rebuilt from its kwargs it "
-            f"serializes to ({re_classpath!r}, {re_kwargs!r}) instead of ({classpath!r}, "
-            f"{kwargs!r}); check that serialize() returns every argument __init__ needs, as "
-            "plain data"
+            f"serializes to {re_classpath!r} with {_differences(kwargs, re_kwargs)}; check "
+            "that serialize() returns every argument __init__ needs, as plain data"
         )
     digest = hashlib.sha256(classpath.encode() + b"\0" + data).hexdigest()
     return SerializedTrigger(classpath=classpath, kwargs=data, dedup_key=digest)

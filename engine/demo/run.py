@@ -24,6 +24,7 @@ from engine.client import wait_for_run
 from engine.config import Settings
 from engine.dagbag import DagBag
 from engine.demo.jobs import JobApi
+from engine.keys import child_key_env, keyring_from_settings
 from engine.runner import run_async
 from engine.scheduler import sync_dags
 from engine.store import Store, database_url
@@ -108,8 +109,9 @@ async def _demo(
     settings: Settings, sensors: int, jobs: int, slots: int, window_s: float, console: Console
 ) -> bool:
     started = time.monotonic()
+    keyring = keyring_from_settings(settings)
     url = await _fresh_database(database_url(settings), console)
-    store = await Store.connect(url, pool_size=2)
+    store = await Store.connect(url, pool_size=2, keyring=keyring)
     api = JobApi()
     children: list[subprocess.Popen[bytes]] = []
     log_path = settings.home_path / "demo.log"
@@ -139,7 +141,15 @@ async def _demo(
                 ("triggerer", ["--capacity", str(max(1000, sensors + jobs))]),
                 ("worker", ["--slots", str(slots)]),
             ):
-                children.append(spawn(kind, demo_settings, *args, env=env, stderr=log_file))
+                children.append(
+                    spawn(
+                        kind,
+                        demo_settings,
+                        *args,
+                        env={**env, **child_key_env(settings)},
+                        stderr=log_file,
+                    )
+                )
         total = sensors * 2 + jobs * 2
         console.print(
             f"[bold]deferral demo[/]: {sensors} deferrable timer sensors (firing "

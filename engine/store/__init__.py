@@ -5,6 +5,7 @@ from __future__ import annotations
 import anyio
 
 from engine.config import Settings
+from engine.keys import keyring_from_settings
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
 from engine.store.models import (
     ClaimedTask,
@@ -54,6 +55,9 @@ def database_url(settings: Settings) -> str:
 
 
 async def open_store(settings: Settings, *, migrate: bool = True) -> Store:
-    """Connect (starting the embedded server if needed) and bring the schema up to date."""
+    """Connect (starting the embedded server if needed) and bring the schema up to date, with
+    the encryption keys the settings name (``MissingKeyError`` with an external database and
+    no key, unless ``insecure_dev``)."""
+    keyring = keyring_from_settings(settings)
     url = await anyio.to_thread.run_sync(database_url, settings)
-    return await Store.connect(url, pool_size=settings.pool_size, migrate=migrate)
+    return await Store.connect(url, pool_size=settings.pool_size, migrate=migrate, keyring=keyring)

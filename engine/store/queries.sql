@@ -547,3 +547,43 @@ WITH zombies AS (
     DELETE FROM deferral_workers WHERE heartbeat_at < now() - make_interval(secs => $1)
 )
 SELECT * FROM zombies;
+
+-- name: rotation_triggers
+-- A batch of stored triggers for `deferral keys rotate`: up to $2 rows with id above $1.
+SELECT id, kwargs FROM deferral_triggers WHERE id > $1 ORDER BY id LIMIT $2;
+
+-- name: rotate_trigger_kwargs
+-- Store re-encrypted kwargs, each only if the row still holds the ciphertext that was read
+-- (a row changed meanwhile is left as it is; the next rotation sees it). Returns what changed.
+UPDATE deferral_triggers t SET kwargs = o.new
+FROM unnest($1::bigint[], $2::bytea[], $3::bytea[]) AS o(id, old, new)
+WHERE t.id = o.id AND t.kwargs = o.old
+RETURNING t.id;
+
+-- name: rotation_task_instances
+-- A batch of task instances that hold encrypted columns, for `deferral keys rotate`: up to
+-- $2 rows with id above $1.
+SELECT id, next_kwargs, next_event, result FROM deferral_task_instances
+WHERE id > $1 AND (next_kwargs IS NOT NULL OR next_event IS NOT NULL OR result IS NOT NULL)
+ORDER BY id LIMIT $2;
+
+-- name: rotate_task_values
+-- Store re-encrypted next_kwargs, next_event and result, each column only if it still holds
+-- the value that was read ($2/$4/$6 old, $3/$5/$7 new; a null old value leaves the column
+-- alone).
+-- Returns, for each row where some column changed, how many columns it rewrote.
+UPDATE deferral_task_instances ti
+SET next_kwargs = CASE WHEN ti.next_kwargs = o.old_kwargs THEN o.new_kwargs
+                       ELSE ti.next_kwargs END,
+    next_event = CASE WHEN ti.next_event = o.old_event THEN o.new_event ELSE ti.next_event END,
+    result = CASE WHEN ti.result = o.old_result THEN o.new_result ELSE ti.result END
+FROM unnest($1::bigint[], $2::bytea[], $3::bytea[], $4::bytea[], $5::bytea[], $6::bytea[],
+            $7::bytea[]) AS o(id, old_kwargs, new_kwargs, old_event, new_event, old_result,
+                              new_result)
+WHERE ti.id = o.id
+  AND (ti.next_kwargs = o.old_kwargs OR ti.next_event = o.old_event OR ti.result = o.old_result)
+RETURNING ti.id,
+          (o.new_kwargs IS NOT NULL AND ti.next_kwargs IS NOT DISTINCT FROM o.new_kwargs)::int
+          + (o.new_event IS NOT NULL AND ti.next_event IS NOT DISTINCT FROM o.new_event)::int
+          + (o.new_result IS NOT NULL AND ti.result IS NOT DISTINCT FROM o.new_result)::int
+          AS rewritten;

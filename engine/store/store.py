@@ -6,11 +6,14 @@ import contextlib
 import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import asyncpg
 import msgspec
 
+from engine.crashpoints import crash_point
+from engine.keys import Keyring, UnreadableValue
 from engine.states import TERMINAL_STATES
 from engine.store.models import (
     ClaimedTask,
@@ -47,6 +50,11 @@ CHANNEL_FINISHED = "deferral_finished"
 CHANNEL_RUNS = "deferral_runs"
 
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+T = TypeVar("T")
+
+#: Batches with fewer values than this are encrypted or decrypted on the event loop; larger
+#: ones in a thread (a Fernet token costs some 10-20 us: 5,000 would hold the loop ~0.1 s).
+_INLINE_CRYPTO = 256
 
 
 def _storable_text(text: str | None) -> str | None:
@@ -84,10 +92,12 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 class Store:
     """A pool of connections and one method per named query (or per transaction of them)."""
 
-    def __init__(self, pool: asyncpg.Pool, url: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
         self._pool = pool
         self.url = url
         self._q = load_queries()
+        #: Seals trigger kwargs, resume kwargs, events and results; no keys: plaintext.
+        self.keyring = keyring or Keyring()
 
     @classmethod
     async def connect(
@@ -97,9 +107,11 @@ class Store:
         pool_size: int = 8,
         migrate: bool = True,
         on_connect: Callable[[asyncpg.Connection], Any] | None = None,
+        keyring: Keyring | None = None,
     ) -> Store:
         """``on_connect`` also runs for each new pooled connection (benchmarks attach a query
-        logger with it)."""
+        logger with it). ``keyring``: the encryption keys (none: values stored in plaintext,
+        and encrypted ones cannot be read); processes get theirs from ``open_store``."""
 
         async def init(conn: asyncpg.Connection) -> None:
             await _init_connection(conn)
@@ -114,7 +126,7 @@ class Store:
             reset=_keep_session,
             command_timeout=60,
         )
-        store = cls(pool, url)
+        store = cls(pool, url, keyring)
         if migrate:
             await store.migrate()
         return store
@@ -288,7 +300,15 @@ class Store:
         limit: int = 10_000,
     ) -> list[dict[str, Any]]:
         rows = await self._pool.fetch(self._q["list_task_instances"], dag_id, run_id, state, limit)
-        return [dict(r) for r in rows]
+        listed = [dict(r) for r in rows]
+        for row in listed:
+            try:
+                row["result"] = self.keyring.decrypt_opt(row["result"])
+            except UnreadableValue as exc:
+                # One unreadable result must not hide the others: listed without it.
+                log.warning("task instance %s: result not shown: %s", row["id"], exc)
+                row["result"] = None
+        return listed
 
     async def count_task_states(self, dag_run_pk: int | None = None) -> dict[str, int]:
         rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)
@@ -314,7 +334,8 @@ class Store:
         """Claim up to ``limit`` runnable task instances. With none claimed, also says in how
         many seconds the next waiting one becomes runnable (negative: already; None: none
         waits)."""
-        rows = await self._pool.fetch(self._q["claim_tasks"], worker_id, limit)
+        records = await self._pool.fetch(self._q["claim_tasks"], worker_id, limit)
+        rows, unreadable = self._open_resumes(records, worker_id)
         claimed = [
             ClaimedTask(
                 id=r["id"],
@@ -336,7 +357,39 @@ class Store:
             if r["id"] is not None
         ]
         next_in: float | None = rows[0]["next_in"] if not claimed and rows else None
+        if unreadable:
+            # Claimed but not runnable here: the try fails (retries apply), naming the setting.
+            await self.finish_tasks(unreadable)
+            if not claimed:
+                next_in = 0.0
         return claimed, next_in
+
+    def _open_resumes(
+        self, rows: list[asyncpg.Record], worker_id: int
+    ) -> tuple[list[dict[str, Any]], list[TaskOutcome]]:
+        """Decrypt the resume kwargs and events of claimed rows; the ones no configured key
+        opens come back as failed outcomes instead."""
+        opened: list[dict[str, Any]] = []
+        failed: list[TaskOutcome] = []
+        for r in rows:
+            row = dict(r)
+            if row["id"] is not None:
+                try:
+                    row["next_kwargs"] = self.keyring.decrypt_opt(row["next_kwargs"])
+                    row["next_event"] = self.keyring.decrypt_opt(row["next_event"])
+                except UnreadableValue as exc:
+                    failed.append(
+                        TaskOutcome(
+                            ti_id=row["id"],
+                            worker_id=worker_id,
+                            try_number=row["try_number"],
+                            kind="failed",
+                            error=f"cannot resume: {exc}",
+                        )
+                    )
+                    continue
+            opened.append(row)
+        return opened, failed
 
     async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> dict[tuple[int, int], str]:
         """End running tries in one statement; returns the new state of each task instance
@@ -347,7 +400,7 @@ class Store:
             [o.ti_id for o in outcomes],
             [o.worker_id for o in outcomes],
             [o.kind for o in outcomes],
-            [o.result for o in outcomes],
+            [self.keyring.encrypt_opt(o.result) for o in outcomes],
             [_storable_text(o.error) for o in outcomes],
             [o.no_retry for o in outcomes],
             [o.try_number for o in outcomes],
@@ -362,16 +415,17 @@ class Store:
     async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:
         """Store the trigger (or join an identical waiting one) and park the task on it, in one
         statement. False if the worker no longer holds the task (nothing is written)."""
+        keyring = self.keyring
         row = await self._pool.fetchrow(
             self._q["defer_task"],
             ti_id,
             worker_id,
             deferral.classpath,
-            deferral.kwargs,
-            deferral.dedup_key,
+            keyring.encrypt(deferral.kwargs),
+            keyring.dedup_key(deferral.classpath, deferral.kwargs, deferral.dedup_key),
             deferral.timeout_s,
             deferral.method_name,
-            deferral.method_kwargs,
+            keyring.encrypt(deferral.method_kwargs),
         )
         return row is not None
 
@@ -417,17 +471,48 @@ class Store:
 
     async def claim_triggers(self, triggerer_id: int, limit: int) -> list[ClaimedTrigger]:
         rows = await self._pool.fetch(self._q["claim_triggers"], triggerer_id, limit)
-        return [
-            ClaimedTrigger(
-                id=r["id"],
-                classpath=r["classpath"],
-                kwargs=r["kwargs"],
-                fence=r["fence"],
-                timeout_at=r["timeout_at"],
-                db_now=r["db_now"],
+        opened = await self._off_loop(self._open_triggers, rows)
+        unreadable = [t for t in opened if isinstance(t, TriggerOutcome)]
+        if unreadable:
+            # A trigger no configured key opens cannot run here or anywhere with these keys:
+            # its tasks fail (retries apply) with an error naming the setting.
+            await self.fire_triggers(triggerer_id, unreadable)
+        return [t for t in opened if isinstance(t, ClaimedTrigger)]
+
+    def _open_triggers(self, rows: list[asyncpg.Record]) -> list[ClaimedTrigger | TriggerOutcome]:
+        opened: list[ClaimedTrigger | TriggerOutcome] = []
+        for r in rows:
+            try:
+                kwargs = self.keyring.decrypt(r["kwargs"])
+            except UnreadableValue as exc:
+                log.error("trigger %s (%s) cannot run: %s", r["id"], r["classpath"], exc)
+                opened.append(
+                    TriggerOutcome(
+                        trigger_id=r["id"],
+                        fence=r["fence"],
+                        kind="failed",
+                        error=f"trigger {r['classpath']} cannot run: {exc}",
+                    )
+                )
+                continue
+            opened.append(
+                ClaimedTrigger(
+                    id=r["id"],
+                    classpath=r["classpath"],
+                    kwargs=kwargs,
+                    fence=r["fence"],
+                    timeout_at=r["timeout_at"],
+                    db_now=r["db_now"],
+                )
             )
-            for r in rows
-        ]
+        return opened
+
+    async def _off_loop(self, fn: Callable[[list[Any]], T], items: list[Any]) -> T:
+        """Run a (de|en)cryption pass over a large batch in a thread, so the event loop's
+        other coroutines are not held for its duration; small batches run inline."""
+        if len(items) < _INLINE_CRYPTO or not self.keyring.encrypts:
+            return fn(items)
+        return await anyio.to_thread.run_sync(fn, items)
 
     async def count_unowned_triggers(self) -> int:
         n: int = await self._pool.fetchval(self._q["count_unowned_triggers"])
@@ -441,13 +526,16 @@ class Store:
         Returns the ids of the triggers whose outcome was accepted (the others were refused by
         the fencing check: this triggerer no longer owns them) and how many task instances moved.
         """
+        payloads = await self._off_loop(
+            lambda batch: [self.keyring.encrypt_opt(o.payload) for o in batch], list(outcomes)
+        )
         rows = await self._pool.fetch(
             self._q["fire_triggers"],
             triggerer_id,
             [o.trigger_id for o in outcomes],
             [o.fence for o in outcomes],
             [o.kind for o in outcomes],
-            [o.payload for o in outcomes],
+            payloads,
             [_storable_text(o.error) for o in outcomes],
         )
         moved = [r for r in rows if r["id"] is not None]
@@ -487,6 +575,72 @@ class Store:
 
     async def list_triggerers(self) -> list[dict[str, Any]]:
         return [dict(r) for r in await self._pool.fetch(self._q["list_triggerers"])]
+
+    # -- key rotation --------------------------------------------------------------------
+
+    async def rotate_keys(self, *, batch_size: int = 500) -> dict[str, int]:
+        """Re-encrypt every stored value with the primary key, in batches of short
+        transactions, while the engine runs: each write is conditional on the ciphertext that
+        was read, so a value a process changed meanwhile is left alone (it was written with
+        that process's primary key). Returns counts: ``rewritten``, ``current`` (already
+        under the primary key), ``changed`` (skipped: changed meanwhile) and ``unreadable``
+        (no configured key opens them; left as they are)."""
+        counts = {"rewritten": 0, "current": 0, "changed": 0, "unreadable": 0}
+        last = 0
+        while True:
+            rows = await self._pool.fetch(self._q["rotation_triggers"], last, batch_size)
+            if not rows:
+                break
+            last = rows[-1]["id"]
+            ids, olds, news = [], [], []
+            for r in rows:
+                new = self._rotated(r["kwargs"], counts)
+                if new is not None:
+                    ids.append(r["id"])
+                    olds.append(r["kwargs"])
+                    news.append(new)
+            if ids:
+                done = await self._pool.fetch(self._q["rotate_trigger_kwargs"], ids, olds, news)
+                counts["rewritten"] += len(done)
+                counts["changed"] += len(ids) - len(done)
+                crash_point("keys.rotate.after_batch")
+        last = 0
+        while True:
+            rows = await self._pool.fetch(self._q["rotation_task_instances"], last, batch_size)
+            if not rows:
+                break
+            last = rows[-1]["id"]
+            columns: list[list[Any]] = [[] for _ in range(7)]
+            for r in rows:
+                pairs = []
+                for name in ("next_kwargs", "next_event", "result"):
+                    old = r[name]
+                    new = None if old is None else self._rotated(old, counts)
+                    pairs.append((old, new) if new is not None else (None, None))
+                if any(new is not None for _, new in pairs):
+                    columns[0].append(r["id"])
+                    for i, (old, new) in enumerate(pairs):
+                        columns[1 + 2 * i].append(old)
+                        columns[2 + 2 * i].append(new)
+            if columns[0]:
+                wanted = sum(v is not None for col in columns[2::2] for v in col)
+                done = await self._pool.fetch(self._q["rotate_task_values"], *columns)
+                rewritten = sum(r["rewritten"] for r in done)
+                counts["rewritten"] += rewritten
+                counts["changed"] += wanted - rewritten
+                crash_point("keys.rotate.after_batch")
+        return counts
+
+    def _rotated(self, value: bytes, counts: dict[str, int]) -> bytes | None:
+        """``value`` under the primary key, or None when it needs no rewrite (counted)."""
+        if self.keyring.is_current(value):
+            counts["current"] += 1
+            return None
+        try:
+            return self.keyring.reencrypt(value)
+        except UnreadableValue:
+            counts["unreadable"] += 1
+            return None
 
     # -- scheduler housekeeping ----------------------------------------------------------
 
