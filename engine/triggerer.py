@@ -203,9 +203,10 @@ class Triggerer:
             on_registered=self._on_registered,
             on_reaped=self._claim_wake.set,
             loop_lag_s=watchdog.lag_s,
-            # The blocker is failed at max_block_s; the lease outlives that by one lease
-            # more, then lets the triggers go to others if the loop is blocked for good.
-            max_unresponsive_s=self.max_block_s + self.lease_s,
+            # The blocker is failed at max_block_s; the lease is renewed for two leases
+            # more, then lapses, letting the triggers go to others if the loop is blocked
+            # for good.
+            max_unresponsive_s=self.max_block_s + 2 * self.lease_s,
         )
         listener = self.store.listener(CHANNEL_TRIGGERS, CHANNEL_DEADLINES)
         listener.on_notify(self._on_notify)
@@ -253,7 +254,7 @@ class Triggerer:
                 "loop was blocked for over %.1fs) and its triggers were freed for adoption; "
                 "dropping the %d it ran and going on as triggerer %s",
                 previous,
-                self.max_block_s + self.lease_s,
+                self.max_block_s + 2 * self.lease_s,
                 len(self.held),
                 triggerer_id,
             )
