@@ -35,7 +35,11 @@ class TriggererSession:
 
     async def connect(self) -> None:
         await self.close()
-        self._conn = await asyncpg.connect(self._url, timeout=self.timeout_s)
+        self._conn = await asyncpg.connect(
+            self._url,
+            timeout=self.timeout_s,
+            server_settings={"application_name": "deferral triggerer lease"},
+        )
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
