@@ -414,7 +414,8 @@ class Store:
         row = await self._one(self._pool, self._q["reap_triggerers"])
         if row["triggerers"]:
             log.warning(
-                "%d triggerer(s) lost their lease; %d trigger(s) freed for adoption",
+                "%d triggerer(s) gone (session ended or lease lapsed); %d trigger(s) freed for "
+                "adoption",
                 row["triggerers"],
                 row["triggers"],
             )
