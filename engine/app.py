@@ -63,6 +63,7 @@ def make_triggerer(store: Store, settings: Settings) -> Triggerer:
         blocked_loop_s=settings.triggerer_blocked_loop_s,
         cleanup_timeout_s=settings.triggerer_cleanup_timeout_s,
         cancel_blocking_after=settings.triggerer_cancel_blocking_after,
+        max_block_s=settings.triggerer_max_block_s,
         allow=trigger_allow_list(settings),
     )
 

@@ -23,6 +23,7 @@ DEFAULT_TRIGGERER_LEASE_S = 10.0
 DEFAULT_POLL_INTERVAL_S = 1.0
 DEFAULT_CLAIM_BATCH = 5000
 DEFAULT_BLOCKED_LOOP_S = 0.2
+DEFAULT_TRIGGERER_MAX_BLOCK_S = 5.0
 
 
 class ConfigError(ValueError):
@@ -69,6 +70,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     triggerer_cleanup_timeout_s: float = 5.0
     #: Cancel a trigger that blocks the event loop this many times, failing its tasks (0: never).
     triggerer_cancel_blocking_after: int = 0
+    #: A trigger that blocks the event loop longer than this fails its tasks at once (written
+    #: from another thread, so no triggerer starts it again). The lease is kept meanwhile.
+    triggerer_max_block_s: float = DEFAULT_TRIGGERER_MAX_BLOCK_S
 
     scheduler_interval_s: float = 1.0
     zombie_threshold_s: float = 30.0
@@ -96,6 +100,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             "triggerer_poll_interval_s": self.triggerer_poll_interval_s,
             "triggerer_claim_batch": self.triggerer_claim_batch,
             "triggerer_blocked_loop_s": self.triggerer_blocked_loop_s,
+            "triggerer_max_block_s": self.triggerer_max_block_s,
             "scheduler_interval_s": self.scheduler_interval_s,
             "zombie_threshold_s": self.zombie_threshold_s,
         }

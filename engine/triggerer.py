@@ -6,8 +6,14 @@ an asyncio task named after the trigger. The first event is queued; a writer tas
 writes queued outcomes in batches, each batch one transaction in which every
 waiting task instance moves by a conditional update, and only while this triggerer
 still owns the trigger with the fencing token it claimed. Deferral deadlines are
-loop timers. A lease, renewed on the database clock, says the triggerer is alive;
-when it lapses, other triggerers adopt its triggers.
+loop timers. A lease, renewed on the database clock by a thread with a connection of
+its own (engine/lease.py), says the triggerer is alive; that connection's session holds
+the triggerer's advisory lock, so its death is seen at once and other triggerers adopt
+its triggers within a fraction of a second (or when the lease lapses).
+
+Trigger code is untrusted: whatever it raises (SystemExit, KeyboardInterrupt, a
+CancelledError of its own, ...) fails that trigger's tasks and nothing else. Every loop
+here survives any database error, backing off (jittered) and carrying on.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ import datetime as dt
 import functools
 import gc
 import logging
-import math
 import os
 import socket
 import time
@@ -35,8 +40,11 @@ from engine.config import (
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_TRIGGERER_CAPACITY,
     DEFAULT_TRIGGERER_LEASE_S,
+    DEFAULT_TRIGGERER_MAX_BLOCK_S,
 )
-from engine.retry import REFUSED_DATA_ERRORS, TRANSIENT_ERRORS, with_db_retry
+from engine.crashpoints import crash_point
+from engine.lease import LeaseKeeper
+from engine.retry import REFUSED_DATA_ERRORS, Backoff, with_db_retry
 from engine.security.allow import check_classpath, check_import_paths
 from engine.store import (
     CHANNEL_DEADLINES,
@@ -71,12 +79,29 @@ WRITE_BATCH = 1000
 START_SLICE = 1000
 
 
-def _trigger_id_of(task_name: str | None) -> int | None:
-    """The trigger id in a trigger task's name ("trigger-<id>")."""
+def _trigger_of(task_name: str | None) -> tuple[int, int] | None:
+    """The trigger id and fence in a trigger task's name ("trigger-<id>:<fence>"): the
+    watchdog's thread learns them without reading the loop's state."""
     if not task_name or not task_name.startswith("trigger-"):
         return None
-    head = task_name[len("trigger-") :].split(" ", 1)[0]
-    return int(head) if head.isdigit() else None
+    trigger_id, _, fence = task_name[len("trigger-") :].partition(":")
+    if not trigger_id.isdigit() or not fence.isdigit():
+        return None
+    return int(trigger_id), int(fence)
+
+
+def _culprit(task_name: str | None) -> str:
+    of = _trigger_of(task_name)
+    if of is not None:
+        return f"trigger {of[0]}"
+    return task_name or "(no task: a callback)"
+
+
+def _cancelled_by_us() -> bool:
+    """The current task is being cancelled by the triggerer (not by trigger code raising
+    CancelledError of its own, as a cancelled inner task does)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class _Held:
@@ -105,6 +130,7 @@ class Triggerer:
         blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S,
         cleanup_timeout_s: float = 5.0,
         cancel_blocking_after: int = 0,
+        max_block_s: float = DEFAULT_TRIGGERER_MAX_BLOCK_S,
         allow: Callable[[str], bool] | None = None,
     ) -> None:
         if capacity < 1:
@@ -118,6 +144,9 @@ class Triggerer:
         self.cleanup_timeout_s = cleanup_timeout_s
         #: Cancel a trigger (and fail its tasks) the n-th time it blocks the loop; 0 = never.
         self.cancel_blocking_after = cancel_blocking_after
+        #: A trigger that blocks the loop longer than this is failed (from another thread).
+        self.max_block_s = max_block_s
+        self._lease: LeaseKeeper | None = None
         self._allow = allow
         self._block_counts: dict[int, int] = {}
         #: One string object per classpath, shared by every trigger of that class.
@@ -145,7 +174,6 @@ class Triggerer:
         self._claiming = False
         #: The last claim stopped at capacity: unowned triggers may wait for room here.
         self._full = False
-        self._reaped_at = -math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -159,20 +187,42 @@ class Triggerer:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._stopping = False
         self._loop = asyncio.get_running_loop()
-        await self._register()
+        watchdog = LoopWatchdog(
+            self._loop,
+            threshold_s=self.blocked_loop_s,
+            on_block=self._on_block,
+            limit_s=self.max_block_s,
+            on_limit=self._on_limit,
+        )
+        lease = self._lease = LeaseKeeper(
+            self.store.url,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            capacity=self.capacity,
+            lease_s=self.lease_s,
+            loop=self._loop,
+            on_registered=self._on_registered,
+            on_reaped=self._claim_wake.set,
+            loop_lag_s=watchdog.lag_s,
+            # The blocker is failed at max_block_s; the lease is renewed for two leases
+            # more, then lapses, letting the triggers go to others if the loop is blocked
+            # for good.
+            max_unresponsive_s=self.max_block_s + 2 * self.lease_s,
+        )
         listener = self.store.listener(CHANNEL_TRIGGERS, CHANNEL_DEADLINES)
         listener.on_notify(self._on_notify)
-        await listener.ensure_connected()
-        watchdog = LoopWatchdog(
-            self._loop, threshold_s=self.blocked_loop_s, on_block=self._on_block
-        )
         watchdog.start()
-        log.info("triggerer %s started with capacity %d", self.id, self.capacity)
+        lease.start()
         try:
+            await self._ensure_listening(listener)
+            while self.id is None and not self._stopping:
+                await self._claim_wake.wait(None)  # set by _on_registered (and stop)
+            if self.id is None:
+                return
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._writer_loop, name="triggerer-writer")
                 tg.start_soon(self._deadline_loop, name="triggerer-deadlines")
-                tg.start_soon(self._lease_loop, listener, name="triggerer-lease")
+                tg.start_soon(self._ownership_loop, listener, name="triggerer-ownership")
                 task_status.started()
                 await self._claim_loop()
                 await self._drain_outbox()
@@ -186,21 +236,41 @@ class Triggerer:
                     try:
                         released = await self.store.release_triggerer(self.id)
                         log.info("triggerer %s released %d trigger(s)", self.id, released)
-                    except TRANSIENT_ERRORS as exc:
+                    except Exception as exc:
                         log.warning(
-                            "could not release triggers (%s); they are adopted when the lease "
-                            "expires",
+                            "could not release triggers (%s); they are adopted once this "
+                            "process's lease connection closes",
                             exc,
                         )
+                # Closing the lease connection frees the lock: peers reap what is left.
+                await anyio.to_thread.run_sync(lease.stop)
             log.info("triggerer %s stopped", self.id)
 
-    async def _register(self) -> None:
-        self.id = await with_db_retry(
-            "register triggerer",
-            lambda: self.store.register_triggerer(
-                socket.gethostname(), os.getpid(), self.capacity, self.lease_s
-            ),
-        )
+    def _on_registered(self, triggerer_id: int) -> None:
+        """On the loop: the lease thread registered this triggerer (again)."""
+        previous, self.id = self.id, triggerer_id
+        if previous is not None and previous != triggerer_id:
+            log.error(
+                "triggerer %s lost its registration (its lease connection dropped, or the "
+                "loop was blocked for over %.1fs) and its triggers were freed for adoption; "
+                "dropping the %d it ran and going on as triggerer %s",
+                previous,
+                self.max_block_s + 2 * self.lease_s,
+                len(self.held),
+                triggerer_id,
+            )
+            for trigger_id in list(self.held):
+                self._drop(trigger_id)
+            self._outbox.clear()
+        else:
+            log.info("triggerer %s started with capacity %d", triggerer_id, self.capacity)
+        self._claim_wake.set()
+
+    async def _ensure_listening(self, listener: Listener) -> None:
+        try:
+            await listener.ensure_connected()
+        except Exception as exc:  # notifications only wake loops up; polling goes on
+            log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
 
     async def _drain_outbox(self) -> None:
         """Write every event already produced before letting go of the triggers."""
@@ -223,30 +293,34 @@ class Triggerer:
     # -- claiming ------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        backoff = Backoff()
         while not self._stopping:
             self._claiming = True
             try:
                 await self._claim_available()
-            except TRANSIENT_ERRORS as exc:
-                log.warning("claim failed (%s); retrying", exc)
+            except Exception as exc:  # a lost connection, anything: pause, then claim again
+                self._claiming = False
+                await backoff.wait("claim triggers", exc)
+                continue
             finally:
                 self._claiming = False
+            backoff.reset()
             await self._claim_wake.wait(self.poll_interval_s)
 
     async def _claim_available(self) -> None:
-        assert self.id is not None
+        # (The lease thread reaps gone triggerers several times a second and wakes this
+        # loop when that freed triggers.)
         assert self._loop is not None
+        triggerer_id = self.id
+        if triggerer_id is None:
+            return
         room = self.capacity - len(self.held)
-        # Adopt the triggers of triggerers whose lease expired; once per poll interval, not
-        # at every wake-up (a busy fleet wakes the claim loop hundreds of times a second).
-        if room > 0 and time.monotonic() - self._reaped_at >= self.poll_interval_s:
-            self._reaped_at = time.monotonic()
-            await self.store.reap_triggerers()
         asked = min(room, self.claim_batch)
         if asked <= 0 or self._stopping:
             self._full = asked <= 0
             return
-        batch = await self.store.claim_triggers(self.id, asked)
+        batch = await self.store.claim_triggers(triggerer_id, asked)
+        crash_point("triggerer.claim.after_commit")
         self._full = False
         while batch:
             # Ask for the next batch while this one starts: the database and the loop overlap.
@@ -256,13 +330,16 @@ class Triggerer:
             next_asked = min(room, self.claim_batch) if more else 0
             pending = None
             if next_asked > 0 and not self._stopping:
-                pending = self._loop.create_task(self.store.claim_triggers(self.id, next_asked))
+                pending = self._loop.create_task(
+                    self.store.claim_triggers(triggerer_id, next_asked)
+                )
             await self._start_batch(batch)
             log.info("claimed %d trigger(s); holding %d", len(batch), len(self.held))
             if pending is None:
                 return
             # Always awaited, never cancelled: a claim that committed must be started.
             batch, asked = await pending, next_asked
+            crash_point("triggerer.claim.after_commit")
 
     async def _start_batch(self, rows: list[ClaimedTrigger]) -> None:
         """Start claimed triggers a slice at a time, letting the loop run in between (timers
@@ -331,8 +408,9 @@ class Triggerer:
                 )
             )
             return
+        # The name carries the fence: the watchdog's thread fails a blocker by it.
         held.task = self._loop.create_task(
-            self._watch(row.id, held, trigger), name=f"trigger-{row.id}"
+            self._watch(row.id, held, trigger), name=f"trigger-{row.id}:{row.fence}"
         )
         if row.timeout_at is not None:
             self._arm(row.id, held, row.timeout_at, row.db_now)
@@ -346,6 +424,9 @@ class Triggerer:
         try:
             agen = trigger.run()
             if not hasattr(agen, "__anext__"):
+                close = getattr(agen, "close", None)
+                if close is not None:
+                    close()  # a coroutine (async def without yield): never awaited, closed
                 raise TypeError(
                     f"{held.classpath}.run() must be an async generator (async def with yield), "
                     f"got {type(agen).__name__}"
@@ -356,9 +437,14 @@ class Triggerer:
             outcome = self._failed(
                 trigger_id, held, f"trigger {held.classpath} returned without yielding an event"
             )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            # Anything trigger code raises (SystemExit, KeyboardInterrupt, GeneratorExit, a
+            # CancelledError of its own) fails its tasks and ends nothing else; only the
+            # triggerer's own cancellation of this task ends it without an outcome.
+            if _cancelled_by_us():
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
             outcome = self._failed(
                 trigger_id,
                 held,
@@ -383,8 +469,14 @@ class Triggerer:
                 held.classpath,
                 self.cleanup_timeout_s,
             )
-        except Exception:
-            log.exception("cleanup of %s raised", held.classpath)
+        except BaseException as exc:  # trigger code: whatever it raises ends nothing else
+            if isinstance(exc, asyncio.CancelledError) and _cancelled_by_us():
+                raise
+            log.error(
+                "cleanup of %s raised %s",
+                held.classpath,
+                "".join(traceback.format_exception(exc)).rstrip(),
+            )
 
     def _failed(self, trigger_id: int, held: _Held, error: str) -> TriggerOutcome:
         log.error("%s", error)
@@ -396,6 +488,14 @@ class Triggerer:
                 trigger_id,
                 held,
                 f"trigger {held.classpath} yielded {type(event).__name__}, not a TriggerEvent",
+            )
+        if isinstance(event, TaskEndEvent) and event.state not in ("success", "failed", "skipped"):
+            return self._failed(
+                trigger_id,
+                held,
+                f"trigger {held.classpath} yielded a bare {type(event).__name__}, which says "
+                "neither how the task ends nor why: yield TaskSuccessEvent, TaskFailedEvent or "
+                "TaskSkippedEvent",
             )
         if isinstance(event, TaskEndEvent) and event.state == "failed":
             reason = event.payload if event.payload is not None else "no reason given"
@@ -430,17 +530,25 @@ class Triggerer:
     # -- writing outcomes ----------------------------------------------------------------
 
     async def _writer_loop(self) -> None:
-        assert self.id is not None
+        backoff = Backoff()
         while True:
             await self._write_wake.wait(None)
             while self._outbox:
+                assert self.id is not None
                 batch = self._outbox[:WRITE_BATCH]
                 del self._outbox[:WRITE_BATCH]
                 self._in_flight = len(batch)
+                crash_point("triggerer.fire.before_write")
                 try:
                     accepted = await self._write(self.id, batch)
+                except Exception as exc:  # not transient, not about the data: keep the
+                    self._outbox[:0] = batch  # batch, pause, and try it again
+                    await backoff.wait("write trigger events", exc)
+                    continue
                 finally:
                     self._in_flight = 0
+                crash_point("triggerer.fire.after_write")
+                backoff.reset()
                 for outcome in batch:
                     held = self.held.get(outcome.trigger_id)
                     # (A trigger claimed again meanwhile, under a new fence, is a new run of
@@ -526,58 +634,70 @@ class Triggerer:
             self._deadline(int(payload))
 
     async def _deadline_loop(self) -> None:
+        backoff = Backoff()
         while True:
             await self._due_wake.wait(None)
             due = [tid for tid in self._due if tid in self.held]
             self._due.clear()
             if not due:
                 continue
-            rows = await with_db_retry(
-                "time out deferrals", functools.partial(self.store.timeout_deferrals, due)
+            try:
+                await self._pass_deadlines(due)
+            except Exception as exc:  # keep the deadlines for the next pass
+                self._due.update(due)
+                self._due_wake.set()
+                await backoff.wait("time out deferrals", exc)
+                continue
+            backoff.reset()
+
+    async def _pass_deadlines(self, due: list[int]) -> None:
+        """End the deferrals of ``due`` past their deadline, re-arm the others' timers, and
+        drop the triggers nobody waits on any more."""
+        rows = await with_db_retry(
+            "time out deferrals", functools.partial(self.store.timeout_deferrals, due)
+        )
+        for row in rows:
+            log.warning(
+                "task instance %s timed out waiting on trigger %s (now %s)",
+                row["id"],
+                row["trigger_id"],
+                row["state"],
             )
-            for row in rows:
-                log.warning(
-                    "task instance %s timed out waiting on trigger %s (now %s)",
-                    row["id"],
-                    row["trigger_id"],
-                    row["state"],
-                )
-            waiters = await with_db_retry(
-                "read trigger waiters", functools.partial(self.store.trigger_waiters, due)
+        waiters = await with_db_retry(
+            "read trigger waiters", functools.partial(self.store.trigger_waiters, due)
+        )
+        unused = []
+        for trigger_id, waiting, deadline, db_now in waiters:
+            held = self.held.get(trigger_id)
+            if held is None:
+                continue
+            if waiting == 0:
+                unused.append(trigger_id)
+            elif deadline is not None:
+                self._arm(trigger_id, held, deadline, db_now)
+        if unused and self.id is not None:
+            dropped = await with_db_retry(
+                "drop unused triggers",
+                functools.partial(self.store.delete_owned_triggers, self.id, unused),
             )
-            unused = []
-            for trigger_id, waiting, deadline, db_now in waiters:
-                held = self.held.get(trigger_id)
-                if held is None:
-                    continue
-                if waiting == 0:
-                    unused.append(trigger_id)
-                elif deadline is not None:
-                    self._arm(trigger_id, held, deadline, db_now)
-            if unused:
-                assert self.id is not None
-                dropped = await with_db_retry(
-                    "drop unused triggers",
-                    functools.partial(self.store.delete_owned_triggers, self.id, unused),
+            joined: set[int] = set()
+            if len(dropped) < len(unused):
+                # The drop refused some: a task joined them meanwhile (keep running them,
+                # timed for the new waiters), or this triggerer no longer owns them.
+                refused = [tid for tid in unused if tid not in dropped]
+                again = await with_db_retry(
+                    "read trigger waiters",
+                    functools.partial(self.store.trigger_waiters, refused),
                 )
-                joined: set[int] = set()
-                if len(dropped) < len(unused):
-                    # The drop refused some: a task joined them meanwhile (keep running them,
-                    # timed for the new waiters), or this triggerer no longer owns them.
-                    refused = [tid for tid in unused if tid not in dropped]
-                    again = await with_db_retry(
-                        "read trigger waiters",
-                        functools.partial(self.store.trigger_waiters, refused),
-                    )
-                    for trigger_id, waiting, deadline, db_now in again:
-                        held = self.held.get(trigger_id)
-                        if held is not None and waiting > 0:
-                            joined.add(trigger_id)
-                            if deadline is not None:
-                                self._arm(trigger_id, held, deadline, db_now)
-                for trigger_id in unused:
-                    if trigger_id not in joined:
-                        self._drop(trigger_id)
+                for trigger_id, waiting, deadline, db_now in again:
+                    held = self.held.get(trigger_id)
+                    if held is not None and waiting > 0:
+                        joined.add(trigger_id)
+                        if deadline is not None:
+                            self._arm(trigger_id, held, deadline, db_now)
+            for trigger_id in unused:
+                if trigger_id not in joined:
+                    self._drop(trigger_id)
 
     def _drop(self, trigger_id: int) -> None:
         """Stop running a trigger without writing anything (nobody waits, or not ours)."""
@@ -592,92 +712,139 @@ class Triggerer:
         if self._full:
             self._claim_wake.set()
 
-    # -- the lease -----------------------------------------------------------------------
+    # -- ownership (the lease itself is kept by engine/lease.py) -------------------------
 
-    async def _lease_loop(self, listener: Listener) -> None:
-        interval = self.lease_s / 3
+    async def _ownership_loop(self, listener: Listener) -> None:
+        backoff = Backoff()
         while True:
-            await anyio.sleep(interval)
-            assert self.id is not None
-            taken, let_go = self._taken, self._let_go
+            await anyio.sleep(self.lease_s / 3)
             try:
-                owned = await self.store.renew_triggerer_lease(self.id, self.lease_s)
-                await listener.ensure_connected()
-            except TRANSIENT_ERRORS as exc:
-                log.warning("lease renewal failed (%s)", exc)
+                await self._check_ownership()
+            except Exception as exc:
+                await backoff.wait("check the triggers this triggerer owns", exc)
                 continue
-            if owned is None:
-                log.error(
-                    "triggerer %s lost its lease (the loop or the database was unreachable "
-                    "for over %.0fs); its triggers were adopted by others. Dropping them and "
-                    "registering again",
-                    self.id,
-                    self.lease_s,
-                )
-                for trigger_id in list(self.held):
+            backoff.reset()
+            await self._ensure_listening(listener)
+
+    async def _check_ownership(self) -> None:
+        """Compare what the database says this triggerer owns with what runs here."""
+        triggerer_id = self.id
+        if triggerer_id is None:
+            return
+        taken, let_go = self._taken, self._let_go
+        owned = await self.store.count_owned_triggers(triggerer_id)
+        if self.id != triggerer_id:
+            return  # registered again meanwhile: everything held was dropped
+        # The count is of the moment the statement ran: triggers let go of or taken since
+        # (events written, claims started) and outcomes being written account for a
+        # difference without anything being wrong.
+        if owned > len(self.held) + (self._let_go - let_go) and not self._claiming:
+            await self._release_unheld()
+        elif owned + self._in_flight + (self._taken - taken) < len(self.held):
+            still = await self.store.owned_triggers(triggerer_id)
+            if self.id != triggerer_id:
+                return
+            for trigger_id, held in list(self.held.items()):
+                if still.get(trigger_id) != held.fence:
+                    if held.task is not None and not held.task.done():
+                        # (A finished trigger here is one whose event was just written.)
+                        log.warning(
+                            "trigger %s is no longer this triggerer's in the database "
+                            "(removed or taken over); stopping it without writing an event",
+                            trigger_id,
+                        )
                     self._drop(trigger_id)
-                self._outbox.clear()
-                await self._register()
-                self._claim_wake.set()
-            # The count is of the moment the statement ran: triggers let go of or taken since
-            # (events written, claims started) and outcomes being written account for a
-            # difference without anything being wrong.
-            elif owned > len(self.held) + (self._let_go - let_go) and not self._claiming:
-                await self._release_unheld()
-            elif owned + self._in_flight + (self._taken - taken) < len(self.held):
-                still = await self.store.owned_triggers(self.id)
-                for trigger_id, held in list(self.held.items()):
-                    if still.get(trigger_id) != held.fence:
-                        if held.task is not None and not held.task.done():
-                            # (A finished trigger here is one whose event was just written.)
-                            log.warning(
-                                "trigger %s is no longer this triggerer's in the database "
-                                "(removed or taken over); stopping it without writing an event",
-                                trigger_id,
-                            )
-                        self._drop(trigger_id)
 
     async def _release_unheld(self) -> None:
         """Give back triggers the database says are ours but that run nowhere here.
 
         No path is meant to leave such triggers; if one does, they would wait unseen for as
         long as this triggerer lives. Releasing them lets any triggerer claim them again."""
-        assert self.id is not None
-        still = await self.store.owned_triggers(self.id)
-        if self._claiming:
+        triggerer_id = self.id
+        assert triggerer_id is not None
+        still = await self.store.owned_triggers(triggerer_id)
+        if self._claiming or self.id != triggerer_id:
             return  # a claim started meanwhile: its rows may not be held yet
         unheld = [trigger_id for trigger_id in still if trigger_id not in self.held]
-        released = await self.store.release_triggers(self.id, unheld) if unheld else set()
+        released = await self.store.release_triggers(triggerer_id, unheld) if unheld else set()
         # (An event written meanwhile deletes its trigger: such ids are not released.)
         if released:
             log.warning(
                 "%d trigger(s) were owned by triggerer %s in the database but not running "
                 "here (first: %s); released them to be claimed again",
                 len(released),
-                self.id,
+                triggerer_id,
                 sorted(released)[:5],
             )
 
     # -- a blocked loop ------------------------------------------------------------------
 
     def _on_block(self, report: BlockReport) -> None:
-        """Runs on the watchdog's thread: name the trigger that blocks, count its offences."""
-        trigger_id = _trigger_id_of(report.task_name)
-        held = self.held.get(trigger_id) if trigger_id is not None else None
-        if held is not None:
-            culprit = f"trigger {trigger_id} ({held.classpath})"
-        else:
-            culprit = report.task_name or "(no task: a callback)"
+        """Runs on the watchdog's thread: reads nothing the loop owns (the task's name says
+        which trigger blocks); what needs the loop's state hops to it."""
+        assert self._loop is not None
         if not report.ended:
-            self.blocks.append(report)
             log.warning(
                 "event loop blocked for over %.3fs by %s at %s; trigger code must not block "
                 "(use await, or run blocking calls in a thread)",
                 report.duration_s,
-                culprit,
+                _culprit(report.task_name),
+                report.location,
+            )
+        self._loop.call_soon_threadsafe(self._block_seen, report)
+
+    def _on_limit(self, report: BlockReport) -> None:
+        """Runs on the watchdog's thread while the loop is still blocked past ``max_block_s``:
+        the blocker's failure is written from the lease thread, fenced, at once (the loop
+        cannot write it), so that no triggerer starts it again."""
+        assert self._loop is not None
+        of = _trigger_of(report.task_name) if report.stable else None
+        if of is None:
+            log.error(
+                "event loop blocked for over %.1fs (triggerer_max_block_s) by %s at %s, not by "
+                "one trigger: nothing to fail",
+                self.max_block_s,
+                _culprit(report.task_name),
                 report.location,
             )
             return
+        trigger_id, fence = of
+        reason = (
+            f"trigger {trigger_id} was failed: it blocked the triggerer's event loop for over "
+            f"{self.max_block_s:g}s, the limit (setting triggerer_max_block_s), at "
+            f"{report.location}; trigger code must not block (use await, or run blocking "
+            "calls in a thread)"
+        )
+        if self._lease is not None:
+            self._lease.fail_trigger(trigger_id, fence, reason)
+        self._loop.call_soon_threadsafe(self._blocker_failed, trigger_id, fence)
+
+    def _blocker_failed(self, trigger_id: int, fence: int) -> None:
+        """On the loop, once it runs again: stop the trigger whose failure was written."""
+        held = self.held.get(trigger_id)
+        if held is not None and held.fence == fence:
+            log.error(
+                "stopped trigger %s (%s): it blocked the event loop past the limit of %gs",
+                trigger_id,
+                held.classpath,
+                self.max_block_s,
+            )
+            self._drop(trigger_id)
+
+    def _block_seen(self, report: BlockReport) -> None:
+        """On the loop: record a block, and count an ended one against its trigger."""
+        if not report.ended:
+            self.blocks.append(report)
+            return
+        of = _trigger_of(report.task_name)
+        held = self.held.get(of[0]) if of is not None else None
+        if of is None or held is None or held.fence != of[1]:
+            held = None
+        culprit = (
+            f"trigger {of[0]} ({held.classpath})"
+            if of is not None and held is not None
+            else _culprit(report.task_name)
+        )
         if not report.stable:
             # Different tasks were running each time the watchdog looked: the loop was busy
             # (many callbacks at once, a garbage collection), not blocked by one trigger.
@@ -693,19 +860,20 @@ class Triggerer:
             culprit,
             report.location,
         )
-        if trigger_id is None or held is None or self.cancel_blocking_after <= 0:
+        if of is None or held is None or self.cancel_blocking_after <= 0:
             return
         # Only a block seen at least twice, in the same trigger each time, counts against it.
         if report.samples < 2:
             return
+        trigger_id = of[0]
         count = self._block_counts.get(trigger_id, 0) + 1
         self._block_counts[trigger_id] = count
-        if count >= self.cancel_blocking_after and self._loop is not None:
+        if count >= self.cancel_blocking_after:
             reason = (
                 f"trigger {held.classpath} was cancelled: it blocked the triggerer's event loop "
                 f"{count} time(s) (last for {report.duration_s:.3f}s at {report.location})"
             )
-            self._loop.call_soon_threadsafe(self._cancel_blocker, trigger_id, held, reason)
+            self._cancel_blocker(trigger_id, held, reason)
 
     def _cancel_blocker(self, trigger_id: int, held: _Held, reason: str) -> None:
         """On the loop: end a repeat offender; its tasks fail with the reason."""

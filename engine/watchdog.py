@@ -3,7 +3,11 @@
 A callback on the loop stamps a monotonic clock every ``threshold/4``; a daemon thread
 checks the stamp. When the loop has not run the callback for longer than the
 threshold, the thread reads which asyncio task the loop is running and where that
-code stands, and reports it: once when the block is seen, once when it ends.
+code stands, and reports it: once when the block is seen, once when it ends, and once
+more when it lasts past ``limit_s`` (the triggerer then fails the trigger that blocks).
+
+The callbacks run on the watchdog's thread, while the loop may still be blocked: they must
+not read or change what the loop owns (hop with ``call_soon_threadsafe`` for that).
 """
 
 from __future__ import annotations
@@ -24,7 +28,16 @@ log = logging.getLogger(__name__)
 class BlockReport:
     """Which task blocked the loop, where, and for how long (so far, or in all once ``ended``)."""
 
-    __slots__ = ("duration_s", "ended", "location", "samples", "since", "stable", "task_name")
+    __slots__ = (
+        "duration_s",
+        "ended",
+        "location",
+        "over_limit",
+        "samples",
+        "since",
+        "stable",
+        "task_name",
+    )
 
     def __init__(
         self, task_name: str | None, location: str | None, duration_s: float, since: float
@@ -39,6 +52,8 @@ class BlockReport:
         #: The same task was running every time it looked: that task blocked the loop. False
         #: means the loop was busy with many callbacks (or collecting garbage), not one culprit.
         self.stable = True
+        #: The block lasted past the watchdog's ``limit_s`` (reported once).
+        self.over_limit = False
 
 
 class LoopWatchdog:
@@ -48,11 +63,15 @@ class LoopWatchdog:
         *,
         threshold_s: float,
         on_block: Callable[[BlockReport], None] | None = None,
+        limit_s: float | None = None,
+        on_limit: Callable[[BlockReport], None] | None = None,
     ) -> None:
         self._loop = loop
         self.threshold_s = threshold_s
         self._interval = threshold_s / 4
         self._on_block = on_block
+        self.limit_s = limit_s
+        self._on_limit = on_limit
         self._last = time.monotonic()
         #: The longest a tick ran past its time since the watchdog last reset it.
         self._worst = 0.0
@@ -73,6 +92,10 @@ class LoopWatchdog:
             gc.callbacks.remove(self._on_gc)
         if self._handle is not None:
             self._handle.cancel()
+
+    def lag_s(self) -> float:
+        """How long the loop has not run the watchdog's tick (any thread may ask)."""
+        return time.monotonic() - self._last
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         # A collection in progress on the loop's thread is the culprit, not the task it hit.
@@ -101,10 +124,11 @@ class LoopWatchdog:
         # The innermost frame outside the standard library and the engine names the code.
         while frame is not None:
             filename = frame.f_code.co_filename
+            # (The qualified name, "BlockingTrigger.run", names the trigger's class too.)
             if location is None:
-                location = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+                location = f"{filename}:{frame.f_lineno} in {frame.f_code.co_qualname}"
             if "/asyncio/" not in filename and "/engine/" not in filename:
-                location = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+                location = f"{filename}:{frame.f_lineno} in {frame.f_code.co_qualname}"
                 break
             frame = frame.f_back
         return name, location
@@ -118,21 +142,25 @@ class LoopWatchdog:
                     name, location = self._culprit()
                     self._worst = 0.0  # the blocked tick has not run yet: it sets this
                     report = BlockReport(name, location, lag, since=self._last)
-                    self._emit(report)
+                    self._emit(report, self._on_block)
                 else:
                     report.samples += 1
                     if self._culprit()[0] != report.task_name:
                         report.stable = False
+                    if self.limit_s is not None and lag > self.limit_s and not report.over_limit:
+                        report.over_limit = True
+                        report.duration_s = lag
+                        self._emit(report, self._on_limit)
             elif report is not None:
                 # The loop ran the overdue tick as soon as it was free again.
                 report.duration_s = max(self._worst, report.duration_s)
                 report.ended = True
-                self._emit(report)
+                self._emit(report, self._on_block)
                 report = None
 
-    def _emit(self, report: BlockReport) -> None:
-        if self._on_block is not None:
+    def _emit(self, report: BlockReport, handler: Callable[[BlockReport], None] | None) -> None:
+        if handler is not None:
             try:
-                self._on_block(report)
+                handler(report)
             except Exception:  # pragma: no cover - a report must never kill the watchdog
                 log.exception("block report handler failed")

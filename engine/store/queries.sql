@@ -334,6 +334,29 @@ INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at)
 VALUES ($1, $2, $3, now() + make_interval(secs => $4))
 RETURNING id;
 
+-- name: register_triggerer_locked
+-- A triggerer announces itself on its own lease connection and, in the same statement, takes
+-- the session-level advisory lock (74657202, id) it holds for as long as it lives: its row
+-- never becomes visible without the lock held. Lease of $4 seconds on the database clock.
+WITH registered AS (
+    INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at, session_locked)
+    VALUES ($1, $2, $3, now() + make_interval(secs => $4), true)
+    RETURNING id
+)
+SELECT id, pg_advisory_lock(74657202, (id % 2147483647)::integer) AS locked FROM registered;
+
+-- name: relock_triggerer
+-- A triggerer's lease connection was replaced: take its session lock again (false: held).
+SELECT pg_try_advisory_lock(74657202, ($1::bigint % 2147483647)::integer) AS locked;
+
+-- name: unlock_triggerer
+-- Let go of a triggerer's session lock (its registration was lost; a new one follows).
+SELECT pg_advisory_unlock(74657202, ($1::bigint % 2147483647)::integer) AS unlocked;
+
+-- name: count_owned_triggers
+-- How many triggers a triggerer owns now.
+SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id = $1;
+
 -- name: renew_triggerer_lease
 -- Extend a triggerer's lease. No row means the lease was lost and its triggers adopted.
 -- Also counts the triggers it still owns, so it can notice ones removed under it.
@@ -367,15 +390,28 @@ SELECT count(*) AS released,
 FROM released;
 
 -- name: reap_triggerers
--- Triggerers whose lease expired (on the database clock) lose their triggers.
-WITH dead AS (
-    DELETE FROM deferral_triggerers WHERE lease_expires_at < now() RETURNING id
+-- Triggerers that are gone lose their triggers, freed for adoption (and the claimers woken):
+-- at once those registered with a session lock (register_triggerer_locked) that no session
+-- holds any more (the process died, or its lease connection dropped: PostgreSQL ends the
+-- session and its locks the moment the connection closes), and any whose lease expired on
+-- the database clock. Cheap when nobody is gone: one read of the lock table, nothing deleted.
+WITH locked AS MATERIALIZED (
+    SELECT objid FROM pg_locks
+    WHERE locktype = 'advisory' AND classid = 74657202 AND objsubid = 2 AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), dead AS (
+    DELETE FROM deferral_triggerers r
+    WHERE r.lease_expires_at < now()
+       OR (r.session_locked AND (r.id % 2147483647)::oid NOT IN (SELECT objid FROM locked))
+    RETURNING id
 ), released AS (
     UPDATE deferral_triggers SET triggerer_id = NULL
     WHERE triggerer_id IN (SELECT id FROM dead)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM dead) AS triggerers, (SELECT count(*) FROM released) AS triggers;
+SELECT (SELECT count(*) FROM dead) AS triggerers, (SELECT count(*) FROM released) AS triggers,
+       CASE WHEN EXISTS (SELECT 1 FROM released) THEN pg_notify('deferral_triggers', '') END
+           AS notified;
 
 -- name: claim_triggers
 -- Claim up to $2 unowned triggers for triggerer $1 in one statement; each claim raises the

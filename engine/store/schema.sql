@@ -38,7 +38,9 @@ CREATE TABLE deferral_triggerers (
     capacity         integer NOT NULL,
     started_at       timestamptz NOT NULL DEFAULT now(),
     heartbeat_at     timestamptz NOT NULL DEFAULT now(),
-    lease_expires_at timestamptz NOT NULL
+    lease_expires_at timestamptz NOT NULL,
+    -- holds the session advisory lock (74657202, id): reaped as soon as nobody holds it
+    session_locked   boolean NOT NULL DEFAULT false
 );
 
 CREATE TABLE deferral_triggers (

@@ -448,6 +448,10 @@ class Store:
         rows = await self._pool.fetch(self._q["owned_trigger_ids"], triggerer_id)
         return {r["id"]: r["fence"] for r in rows}
 
+    async def count_owned_triggers(self, triggerer_id: int) -> int:
+        n: int = await self._pool.fetchval(self._q["count_owned_triggers"], triggerer_id)
+        return n
+
     async def release_triggers(self, triggerer_id: int, trigger_ids: Sequence[int]) -> set[int]:
         """Unown the given triggers of a triggerer, so any triggerer claims them again."""
         rows = await self._pool.fetch(self._q["release_triggers"], triggerer_id, list(trigger_ids))
@@ -459,11 +463,13 @@ class Store:
         return released
 
     async def reap_triggerers(self) -> int:
-        """Unown the triggers of triggerers whose lease expired; returns how many were freed."""
+        """Unown the triggers of triggerers that are gone (lease expired, or session lock
+        free); returns how many were freed."""
         row = await self._one(self._pool, self._q["reap_triggerers"])
         if row["triggerers"]:
             log.warning(
-                "%d triggerer(s) lost their lease; %d trigger(s) freed for adoption",
+                "%d triggerer(s) gone (session ended or lease lapsed); %d trigger(s) freed for "
+                "adoption",
                 row["triggerers"],
                 row["triggers"],
             )
