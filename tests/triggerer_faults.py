@@ -42,6 +42,8 @@ def spawn(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
             **os.environ,
             "DEFERRAL_DATABASE_URL": db_url,
             "DEFERRAL_TRIGGERER_POLL_INTERVAL_S": "0.2",
+            # The test triggers live in tests/, outside the built-in patterns.
+            "DEFERRAL_TRIGGER_ALLOW": "triggers.*,tests.*",
             "PYTHONPATH": str(REPO),
             **{f"DEFERRAL_TRIGGERER_{k.upper()}": str(v) for k, v in settings.items()},
         }
