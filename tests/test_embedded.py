@@ -58,7 +58,8 @@ def _server_uid() -> int:
 
 
 def _postmaster_pid(url: str) -> int:
-    data = Path(_socket_dir(url))
+    """The pid of the postmaster of ``url`` (which is not printed: it has the password)."""
+    data = _socket_dir(url)
     pid_file = data / "postmaster.pid"
     if not pid_file.exists():  # the socket is in a private folder: find the data by its socket
         for proc in psutil.process_iter(["name", "cmdline"]):
@@ -234,6 +235,25 @@ def test_a_data_folder_of_the_old_layout_gets_a_password(base: Path) -> None:
     anyio.run(check)
 
 
+def test_a_server_the_old_code_left_running_is_restarted_with_a_password(base: Path) -> None:
+    home = base / "home"
+    home.mkdir()
+    account = server_account()
+    ensure_initialized(home / "pgdata", account)
+    pgcluster.start(home / "pgdata", account, home / "pgdata")  # trust, as the old code
+    old_pid = _postmaster_pid(f"postgresql://x@/y?host={home / 'pgdata'}")
+    url = embedded_database_url(home)
+    new_pid = _postmaster_pid(url)
+    assert new_pid != old_pid
+
+    async def check() -> None:
+        assert await _select_1(url)
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(_without_password(url))
+
+    anyio.run(check)
+
+
 def test_a_killed_postmaster_is_started_again_without_any_cli_call(base: Path) -> None:
     url = embedded_database_url(base / "home")
     first = _postmaster_pid(url)
@@ -243,7 +263,8 @@ def test_a_killed_postmaster_is_started_again_without_any_cli_call(base: Path) -
         return await _select_1(url)
 
     anyio.run(wait_until, back)
-    assert _postmaster_pid(url) != first
+    again = _postmaster_pid(url)
+    assert again != first
 
 
 _DAG = """
@@ -306,10 +327,12 @@ def test_engine_processes_finish_their_tasks_after_the_postmaster_is_killed(base
             await store.create_dag_run("outage", "run1", logical_date=now, conf=None)
 
             async def all_deferred() -> bool:
+                # Every process is past its start-up: the kill hits a running engine.
                 tis = await store.list_task_instances(dag_id="outage", state="deferred")
-                return len(tis) == 3 and len(await store.list_triggers()) == 3
+                owners = [t["triggerer_id"] for t in await store.list_triggers()]
+                return len(tis) == 3 and len(owners) == 3 and None not in owners
 
-            await wait_until(all_deferred, what="three deferred tasks")
+            await wait_until(all_deferred, what="three deferred tasks held by the triggerer")
         finally:
             await store.close()
 

@@ -175,9 +175,21 @@ class _Server:
             return None
         return info if alive else None
 
+    def _secured(self, info: pgcluster.Postmaster) -> bool:
+        return info.socket_dir == pgcluster.socket_dir_for(
+            self.pgdata, self.account
+        ) and pgcluster.is_secured(self.pgdata, self.password)
+
     def ensure_running(self) -> None:
         """Start the server unless it runs; call under the machine lock."""
         info = self._running()
+        if info is not None and not self._secured(info):
+            # Started by an older version of this code: trust auth, maybe a 0777 socket folder.
+            log.warning(
+                "the embedded PostgreSQL in %s runs without a password; restarting it", self.pgdata
+            )
+            pgcluster.stop_postmaster(info.pid)
+            info = None
         if info is None:
             self._check_binaries()
             pgcluster.ensure_initialized(self.pgdata, self.account)
@@ -235,7 +247,8 @@ class _Server:
                         self.ensure_running()
                 pause = WATCH_INTERVAL_S
             except Exception as exc:  # keep watching: e.g. old backends still hold memory
-                log.warning("could not restart the embedded PostgreSQL yet: %s", exc)
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log.warning("could not restart the embedded PostgreSQL yet: %s", reason)
                 pause = min(pause * 2, RESTART_PAUSE_MAX_S)
 
 

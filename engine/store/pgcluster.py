@@ -23,11 +23,14 @@ import pwd
 import secrets
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 __all__ = [
     "SERVER_OS_USER",
@@ -39,11 +42,14 @@ __all__ = [
     "ensure_auth",
     "ensure_initialized",
     "ensure_socket_dir",
+    "is_secured",
     "read_postmaster",
     "scram_verifier",
     "server_account",
+    "socket_dir_for",
     "start",
     "stop",
+    "stop_postmaster",
 ]
 
 #: The OS user the server runs as when the engine runs as root.
@@ -218,6 +224,16 @@ def scram_verifier(password: str, *, iterations: int = 4096) -> str:
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
+def is_secured(pgdata: Path, password: str) -> bool:
+    """Whether the cluster asks for ``password`` (as :func:`ensure_auth` leaves it)."""
+    try:
+        hba = (pgdata / "pg_hba.conf").read_text()
+        mark = (pgdata / _PASSWORD_MARK).read_text()
+    except OSError:
+        return False
+    return hba == _HBA and mark == hashlib.sha256(password.encode()).hexdigest()
+
+
 def ensure_auth(pgdata: Path, account: Account | None, password: str) -> None:
     """Require the password for every connection and set it (the server must be stopped)."""
     hba = pgdata / "pg_hba.conf"
@@ -243,7 +259,7 @@ def ensure_auth(pgdata: Path, account: Account | None, password: str) -> None:
     _give(mark, account)
 
 
-def ensure_socket_dir(pgdata: Path, account: Account | None) -> Path:
+def socket_dir_for(pgdata: Path, account: Account | None) -> Path:
     """The data folder when the socket path fits, else a private folder in the temp folder."""
     if len(str(pgdata / _SOCKET_NAME).encode()) <= MAX_SOCKET_PATH:
         return pgdata
@@ -255,6 +271,15 @@ def ensure_socket_dir(pgdata: Path, account: Account | None) -> Path:
             f"the data folder {pgdata} and the temp folder {tempfile.gettempdir()} are both too "
             "long for a unix socket path; set DEFERRAL_HOME (or TMPDIR) to a shorter folder"
         )
+    return folder
+
+
+def ensure_socket_dir(pgdata: Path, account: Account | None) -> Path:
+    """:func:`socket_dir_for`, created private (0700, the server's) and checked to be so."""
+    folder = socket_dir_for(pgdata, account)
+    if folder == pgdata:
+        return folder
+    uid = account.uid if account is not None else os.geteuid()
     try:
         folder.mkdir(mode=0o700)
         _give(folder, account)
@@ -299,6 +324,19 @@ def start(pgdata: Path, account: Account | None, socket_dir: Path, *, timeout_s:
     if done.returncode != 0:
         tail = log_file.read_text(errors="replace")[-2000:] if log_file.exists() else ""
         raise ClusterError(f"pg_ctl could not start the server in {pgdata}:\n{done.stdout}{tail}")
+
+
+def stop_postmaster(pid: int, *, timeout_s: float = 60.0) -> None:
+    """Stop a postmaster by its pid (fast shutdown), e.g. one started by another user or
+    version of this code, and wait for it to exit."""
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout_s)
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        raise ClusterError(f"the server (pid {pid}) did not stop within {timeout_s:.0f}s") from None
 
 
 def stop(pgdata: Path, account: Account | None) -> None:
