@@ -181,6 +181,54 @@ def test_another_local_user_cannot_connect_even_with_a_long_data_path(base: Path
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
+_USER_OF_THE_SERVER = """
+import asyncio, sys
+from pathlib import Path
+import asyncpg
+from engine.store.embedded import embedded_database_url
+
+async def main():
+    conn = await asyncpg.connect(embedded_database_url(Path(sys.argv[1])))
+    print("started", await conn.fetchval("SELECT pg_postmaster_start_time()"), flush=True)
+    await conn.close()
+
+asyncio.run(main())
+sys.stdin.read()  # keep using the server until the test lets go
+"""
+
+
+def test_processes_starting_at_once_share_one_server_stopped_by_the_last(base: Path) -> None:
+    home = base / "home"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    users = [
+        subprocess.Popen(
+            [sys.executable, "-c", _USER_OF_THE_SERVER, str(home)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        lines = [user.stdout.readline() for user in users if user.stdout is not None]
+        assert all(line.startswith("started ") for line in lines), lines
+        assert len(set(lines)) == 1, lines
+    finally:
+        for user in users:
+            if user.stdin is not None:
+                user.stdin.close()
+        codes = [user.wait(60) for user in users]
+        for user in users:
+            if user.stdout is not None:
+                user.stdout.close()
+    assert codes == [0, 0, 0]
+    assert not (home / "pgdata" / "postmaster.pid").exists()
+
+
 def _modes(path: Path) -> dict[Path, int]:
     return {p: stat.S_IMODE(p.stat().st_mode) for p in [*path.parents, path]}
 

@@ -90,21 +90,26 @@ def _users(home: Path, change: int = 0) -> list[int]:
 
 
 def _password(home: Path) -> str:
+    """The superuser's password, generated (0600) on first use."""
     path = home / PASSWORD_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)
-        password = path.read_text().strip()
-        if not password:
-            raise EmbeddedServerError(
-                f"{path} is empty; remove it to generate a new password"
-            ) from None
-        return password
-    password = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(password + "\n")
+    if not path.exists():
+        # Written whole to a file of its own, then linked into place: a racing process
+        # never reads a half-written file, and the first link wins.
+        tmp = home / f".{PASSWORD_FILE}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+    password = path.read_text().strip()
+    if not password:
+        raise EmbeddedServerError(f"{path} is empty; remove it to generate a new password")
     return password
 
 
@@ -146,8 +151,8 @@ class _Server:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.account = pgcluster.server_account()
-        self.pgdata = _data_folder(home, self.account)
-        self.password = _password(home)
+        self.pgdata = home / "pgdata"
+        self.password = ""
         self.socket_dir: Path | None = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -184,9 +189,12 @@ class _Server:
         """Start the server unless it runs; call under the machine lock."""
         info = self._running()
         if info is not None and not self._secured(info):
-            # Started by an older version of this code: trust auth, maybe a 0777 socket folder.
+            # Started by an older version of this code (trust auth, maybe a 0777 socket
+            # folder), or the password file was replaced.
             log.warning(
-                "the embedded PostgreSQL in %s runs without a password; restarting it", self.pgdata
+                "the embedded PostgreSQL in %s does not ask for the current password; "
+                "restarting it",
+                self.pgdata,
             )
             pgcluster.stop_postmaster(info.pid)
             info = None
@@ -206,6 +214,8 @@ class _Server:
 
     def open(self) -> None:
         with _machine_lock(self.home):
+            self.pgdata = _data_folder(self.home, self.account)
+            self.password = _password(self.home)
             self.ensure_running()
             _users(self.home, +1)
         self._watcher = threading.Thread(
