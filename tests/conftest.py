@@ -50,6 +50,10 @@ def admin_url() -> str:
     if dsn:
         return dsn
     home = Path(tempfile.mkdtemp(prefix="deferral-tests-"))
+    # As root the server runs as another OS user, which must be able to enter the folder
+    # (0711: enter, not list); otherwise its data would go to /var/lib/deferral-pg and
+    # outlive this session.
+    home.chmod(0o711)
     # Registered before the server starts, so it runs after the server's own exit handler
     # has stopped it (exit handlers run last-registered first).
     atexit.register(shutil.rmtree, home, ignore_errors=True)
