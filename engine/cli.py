@@ -12,6 +12,7 @@ import asyncpg
 import click
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from engine import logs
@@ -35,7 +36,7 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     try:
         return run_async(fn, *args, loop=settings.event_loop if settings else "uvloop")
     except ConfigError as exc:
-        err_console.print(f"[red]error[/]: {exc}", markup=False, highlight=False)
+        err_console.print(f"[red]error[/]: {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except (OSError, asyncpg.PostgresError, EmbeddedServerError) as exc:
         where = (

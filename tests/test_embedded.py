@@ -36,7 +36,7 @@ from engine.store.embedded import (
     stop_embedded_server,
 )
 from engine.store.pgcluster import SERVER_OS_USER, ensure_initialized, server_account
-from tests.conftest import REPO
+from tests.conftest import REPO, TEST_FERNET_KEY
 from tests.helpers import wait_until
 from tests.triggers_for_tests import release_file
 
@@ -350,6 +350,8 @@ def test_engine_processes_finish_their_tasks_after_the_postmaster_is_killed(base
         DEFERRAL_HOME=str(base / "child-home"),
         DEFERRAL_DAGS_FOLDER=str(dags),
         DEFERRAL_LOG_LEVEL="INFO",
+        DEFERRAL_FERNET_KEY=TEST_FERNET_KEY,
+        DEFERRAL_TRIGGER_ALLOW="triggers.*,tests.triggers_for_tests.*",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     procs: list[subprocess.Popen[bytes]] = []
