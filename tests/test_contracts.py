@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from tests.triggers_for_tests import (
 )
 from triggers.base import (
     BaseTrigger,
+    TriggerEvent,
     decode_value,
     import_trigger_class,
     rebuild_trigger,
@@ -278,6 +280,33 @@ def test_datetime_trigger_refuses_a_naive_moment() -> None:
 
 def test_import_trigger_class_finds_built_ins() -> None:
     assert import_trigger_class("triggers.temporal.DateTimeTrigger") is DateTimeTrigger
+
+
+class _ExitsOnInit(BaseTrigger):
+    def __init__(self, code: int) -> None:
+        raise SystemExit(code)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("tests.test_contracts._ExitsOnInit", {"code": 1})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent(None)
+
+
+def test_a_trigger_module_or_init_that_exits_is_a_serialization_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing a trigger's module and building it run user code: a SystemExit or
+    KeyboardInterrupt there fails that trigger (and its tasks), never the process."""
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(7)\n")
+    (tmp_path / "interrupts_on_import.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TriggerSerializationError, match="SystemExit: 7"):
+        import_trigger_class("exits_on_import.Anything")
+    with pytest.raises(TriggerSerializationError, match="KeyboardInterrupt"):
+        import_trigger_class("interrupts_on_import.Anything")
+    with pytest.raises(TriggerSerializationError, match="SystemExit: 1"):
+        rebuild_trigger("tests.test_contracts._ExitsOnInit", {"code": 1})
 
 
 def test_identical_triggers_share_a_dedup_key_and_different_ones_do_not() -> None:

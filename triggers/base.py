@@ -156,7 +156,7 @@ def import_trigger_class(classpath: str) -> type[BaseTrigger]:
         )
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:
+    except BaseException as exc:  # user code: a SystemExit there must not end the process
         raise TriggerSerializationError(
             f"trigger classpath {classpath!r}: cannot import module {module_name!r}: "
             f"{type(exc).__name__}: {exc}"
@@ -191,7 +191,7 @@ def rebuild_trigger(
         cls = import_trigger_class(classpath)
     try:
         return cls(**kwargs)
-    except Exception as exc:
+    except BaseException as exc:  # user code: a SystemExit there must not end the process
         raise TriggerSerializationError(
             f"trigger {classpath} cannot be rebuilt from its kwargs {sorted(kwargs)}: "
             f"{type(exc).__name__}: {exc}"
