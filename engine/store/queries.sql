@@ -398,11 +398,23 @@ RETURNING t.id, t.classpath, t.kwargs, t.fence, t.timeout_at, now() AS db_now;
 -- Triggers waiting for a triggerer with room (the backlog).
 SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 
+-- name: lock_fired_triggers
+-- Lock a batch's triggers that triggerer $1 still owns, before fire_triggers writes them, in the
+-- same transaction. A task joining a trigger holds its row until it commits; the fire's waiter
+-- update must run after that, in a statement of its own (a fresh snapshot that sees the joined
+-- task), or the joiner stays deferred on a deleted trigger (see lock_owned_triggers). With the
+-- rows locked, later joiners wait and then find the trigger gone and insert a new one.
+SELECT id FROM deferral_triggers
+WHERE id = ANY ($2::bigint[]) AND triggerer_id IS NOT DISTINCT FROM $1  -- by id: see fire_triggers
+ORDER BY id
+FOR UPDATE;
+
 -- name: fire_triggers
--- Write a batch of trigger outcomes in one statement. Each trigger row is deleted only while
--- triggerer $1 still owns it with the fencing token it claimed, and only then are its waiting
--- task instances moved, each by a conditional update on state = 'deferred' AND trigger_id: a
--- duplicate or stale event changes nothing. Outcome kinds: 'event' (resume on a worker),
+-- Write a batch of trigger outcomes in one statement, after lock_fired_triggers in the same
+-- transaction. Each trigger row is deleted only while triggerer $1 still owns it with the
+-- fencing token it claimed, and only then are its waiting task instances moved, each by a
+-- conditional update on state = 'deferred' AND trigger_id: a duplicate or stale event changes
+-- nothing. Outcome kinds: 'event' (resume on a worker),
 -- 'success' / 'skipped' (end the task), 'failed' (the retry policy applies). Returns one row
 -- per accepted trigger (task columns null) and one per moved task instance. (A UNION ALL, not
 -- a join of the two CTEs: the planner estimates one row for each and joins them in a nested
