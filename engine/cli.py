@@ -218,7 +218,10 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
         try:
             errors: dict[str, str] = {}
             if settings.dags_folder:
-                bag = DagBag(settings.dags_folder)
+                bag = DagBag(
+                    settings.dags_folder,
+                    processor_timeout_s=settings.dag_file_processor_timeout_s,
+                )
                 await sync_dags(store, bag)
                 errors = bag.import_errors
             return await store.list_dags(), errors
