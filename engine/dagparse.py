@@ -50,7 +50,7 @@ class Failure:
     """Why a DAG file could not be imported in the child process."""
 
     error: str
-    #: It overran the time limit (it is not tried again until it changes).
+    #: Its import overran the time limit (it is not tried again until it changes).
     timed_out: bool = False
 
 
@@ -176,7 +176,8 @@ def _read_results(
                 results[file] = Failure(
                     f"{what} took longer than {timeout_s:g} s (setting {TIMEOUT_SETTING}); "
                     "the import was stopped",
-                    timed_out=True,
+                    # A child too slow to start blames no file for good: tried again next time.
+                    timed_out=ready,
                 )
                 return False
             chunk = os.read(fd, 65536)
