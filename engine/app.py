@@ -43,7 +43,7 @@ def trigger_allow_list(settings: Settings) -> TriggerAllowList:
 def make_worker(store: Store, settings: Settings) -> Worker:
     return Worker(
         store,
-        DagBag(settings.dags_folder),
+        DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s),
         slots=settings.worker_slots,
         poll_interval_s=settings.worker_poll_interval_s,
         heartbeat_s=settings.worker_heartbeat_s,
@@ -71,7 +71,11 @@ def make_triggerer(store: Store, settings: Settings) -> Triggerer:
 def make_scheduler(store: Store, settings: Settings) -> Scheduler:
     return Scheduler(
         store,
-        DagBag(settings.dags_folder) if settings.dags_folder else None,
+        (
+            DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s)
+            if settings.dags_folder
+            else None
+        ),
         interval_s=settings.scheduler_interval_s,
         zombie_threshold_s=settings.zombie_threshold_s,
         timeout_backstop_grace_s=settings.timeout_backstop_grace_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import time
@@ -23,6 +24,79 @@ from engine.store.embedded import EmbeddedServerError
 T = TypeVar("T")
 console = Console()
 err_console = Console(stderr=True)
+
+
+class _Text(click.ParamType):  # type: ignore[type-arg]
+    """A string the database and the logs can hold: no NUL character and, unless it names a
+    file, valid UTF-8 (bytes that are not UTF-8 reach Python as lone surrogates). Rejected here
+    with a usage error naming the argument, rather than as a database error or a traceback."""
+
+    name = "text"
+
+    def __init__(self, *, utf8: bool = True) -> None:
+        self.utf8 = utf8
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            value = str(value)
+        problem = _text_problem(value, utf8=self.utf8)
+        if problem:
+            self.fail(problem, param, ctx)
+        return value
+
+
+def _text_problem(value: str, *, utf8: bool = True) -> str | None:
+    if "\x00" in value:
+        return "must not contain a NUL character"
+    if utf8:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not valid UTF-8 text"
+    return None
+
+
+def _json_text_problem(value: Any) -> str | None:
+    """The first string (key or value) of a decoded JSON document that jsonb cannot hold."""
+    if isinstance(value, str):
+        return _text_problem(value)
+    if isinstance(value, dict):
+        items: list[Any] = [*value.keys(), *value.values()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    return next((p for p in map(_json_text_problem, items) if p), None)
+
+
+class _Seconds(click.FloatRange):
+    """A duration in seconds: a finite number > 0 (FloatRange alone lets nan through)."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{seconds} is not a finite number of seconds", param, ctx)
+        return seconds
+
+
+class _Folder(click.Path):
+    """An existing folder; a NUL in the name is a usage error (os.stat raises ValueError)."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False, exists=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and "\x00" in value:
+            self.fail("must not contain a NUL character", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+TEXT = _Text()
+PATH_TEXT = _Text(utf8=False)
+SECONDS = _Seconds()
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -54,10 +128,15 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
 @click.option(
     "--database-url",
     envvar="DEFERRAL_DATABASE_URL",
+    type=TEXT,
     help="PostgreSQL URL (default: the embedded server).",
 )
-@click.option("--home", envvar="DEFERRAL_HOME", help="Folder for the embedded database.")
-@click.option("--log-level", envvar="DEFERRAL_LOG_LEVEL", help="DEBUG, INFO, WARNING, ERROR.")
+@click.option(
+    "--home", envvar="DEFERRAL_HOME", type=PATH_TEXT, help="Folder for the embedded database."
+)
+@click.option(
+    "--log-level", envvar="DEFERRAL_LOG_LEVEL", type=TEXT, help="DEBUG, INFO, WARNING, ERROR."
+)
 @click.option("--log-format", envvar="DEFERRAL_LOG_FORMAT", type=click.Choice(["text", "json"]))
 @click.option(
     "--insecure-dev",
@@ -94,7 +173,7 @@ def _dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--dags",
         "dags_folder",
         envvar="DEFERRAL_DAGS_FOLDER",
-        type=click.Path(file_okay=False, exists=True),
+        type=_Folder(),
         help="Folder of DAG files (also on sys.path for trigger classes).",
     )(fn)
 
@@ -233,7 +312,10 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
         try:
             errors: dict[str, str] = {}
             if settings.dags_folder:
-                bag = DagBag(settings.dags_folder)
+                bag = DagBag(
+                    settings.dags_folder,
+                    processor_timeout_s=settings.dag_file_processor_timeout_s,
+                )
                 await sync_dags(store, bag)
                 errors = bag.import_errors
             return await store.list_dags(), errors
@@ -261,17 +343,17 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
 
 
 @dags.command("trigger")
-@click.argument("dag_id")
+@click.argument("dag_id", type=TEXT)
 @_dags_option
-@click.option("--run-id", help="Default: manual__<time>.")
-@click.option("--conf", help="JSON object handed to tasks as context['conf'].")
+@click.option("--run-id", type=TEXT, help="Default: manual__<time>.")
+@click.option("--conf", type=TEXT, help="JSON object handed to tasks as context['conf'].")
 @click.option(
     "--wait",
     is_flag=True,
     help="Wait for the run to end; exit 0 on success, 1 when it failed.",
 )
 @click.option(
-    "--timeout", type=float, help="With --wait: give up after this many seconds (exit 3)."
+    "--timeout", type=SECONDS, help="With --wait: give up after this many seconds (exit 3)."
 )
 @click.pass_context
 def dags_trigger(
@@ -295,6 +377,9 @@ def dags_trigger(
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--conf") from None
     if not isinstance(conf_obj, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--conf")
+    problem = _json_text_problem(conf_obj)
+    if problem:
+        raise click.BadParameter(f"a string in it {problem}", param_hint="--conf")
     from engine.client import trigger_dag
 
     try:
@@ -321,10 +406,10 @@ def tasks() -> None:
 
 
 @tasks.command("list")
-@click.option("--dag", "dag_id", help="Only this DAG.")
-@click.option("--run", "run_id", help="Only this run id.")
-@click.option("--state", help="Only this state.")
-@click.option("--limit", type=int, default=10_000, show_default=True)
+@click.option("--dag", "dag_id", type=TEXT, help="Only this DAG.")
+@click.option("--run", "run_id", type=TEXT, help="Only this run id.")
+@click.option("--state", type=TEXT, help="Only this state.")
+@click.option("--limit", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
 @click.pass_context
 def tasks_list(
@@ -387,7 +472,7 @@ def triggers() -> None:
 
 
 @triggers.command("list")
-@click.option("--limit", type=int, default=10_000, show_default=True)
+@click.option("--limit", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
 @click.pass_context
 def triggers_list(ctx: click.Context, limit: int, as_json: bool) -> None:
@@ -475,7 +560,7 @@ def db_url(ctx: click.Context) -> None:
 )
 @click.option(
     "--window",
-    type=float,
+    type=SECONDS,
     default=10.0,
     show_default=True,
     help="Timers fire between WINDOW and 2*WINDOW seconds after the start.",

@@ -56,7 +56,10 @@ async def trigger_dag(
     store = await open_store(settings)
     try:
         if settings.dags_folder:
-            await sync_dags(store, DagBag(settings.dags_folder))
+            bag = DagBag(
+                settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s
+            )
+            await sync_dags(store, bag)
         now = await store.now()
         run_id = run_id or f"manual__{now.isoformat()}"
         await store.create_dag_run(dag_id, run_id, logical_date=now, conf=conf)

@@ -24,6 +24,7 @@ DEFAULT_POLL_INTERVAL_S = 1.0
 DEFAULT_CLAIM_BATCH = 5000
 DEFAULT_BLOCKED_LOOP_S = 0.2
 DEFAULT_TRIGGERER_MAX_BLOCK_S = 5.0
+DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S = 30.0
 
 
 class ConfigError(ValueError):
@@ -39,6 +40,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     home: str = platformdirs.user_data_dir("deferral")
     #: Folder of DAG files; also put on sys.path so trigger classes there import.
     dags_folder: str | None = None
+    #: How long importing one DAG file may take (in a child process) before it is an error.
+    dag_file_processor_timeout_s: float = DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S
     log_level: str = "INFO"
     #: "text" or "json".
     log_format: str = "text"
@@ -92,6 +95,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def __post_init__(self) -> None:
         positive = {
             "pool_size": self.pool_size,
+            "dag_file_processor_timeout_s": self.dag_file_processor_timeout_s,
             "worker_slots": self.worker_slots,
             "worker_poll_interval_s": self.worker_poll_interval_s,
             "worker_heartbeat_s": self.worker_heartbeat_s,

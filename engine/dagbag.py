@@ -5,19 +5,27 @@ relative to it (``orders.py`` -> module ``orders``, ``team/etl.py`` ->
 ``team.etl``), so a trigger class defined next to the DAGs has a classpath the
 triggerer can import. A file that fails to import is reported by name and does
 not stop the others.
+
+A new or changed file is first imported in a child process (:mod:`engine.dagparse`), within
+``dag_file_processor_timeout_s``; only if that succeeded is it imported here, where the worker
+and the scheduler need its DAG objects. So a file that calls ``sys.exit()``, raises
+``KeyboardInterrupt`` or never finishes importing is an import error, not a stopped or hung
+process. (A file that behaves differently on its second import can still fail here: any
+``BaseException`` is caught around this import too.) A file that overran its time is not tried
+again until it changes.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 import os
 import sys
-import traceback
 from pathlib import Path
 from types import ModuleType
 
+from engine import dagparse
+from engine.crashpoints import crash_point
 from engine.dag import DAG, dags_of_module, forget_module
 from operators.base import BaseOperator
 
@@ -36,18 +44,19 @@ def add_to_sys_path(folder: str | os.PathLike[str] | None) -> Path | None:
     return path
 
 
-def _module_name(folder: Path, file: Path) -> str | None:
-    parts = list(file.relative_to(folder).with_suffix("").parts)
-    if all(p.isidentifier() for p in parts):
-        return ".".join(parts)
-    return None
-
-
 class DagBag:
     """The DAGs of one folder, reloaded when their file changes."""
 
-    def __init__(self, folder: str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike[str] | None,
+        *,
+        processor_timeout_s: float = dagparse.DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if not processor_timeout_s > 0:
+            raise ValueError(f"processor_timeout_s must be > 0, got {processor_timeout_s!r}")
         self.folder = add_to_sys_path(folder)
+        self.processor_timeout_s = processor_timeout_s
         self.dags: dict[str, DAG] = {}
         self.import_errors: dict[str, str] = {}
         self._modules: dict[Path, tuple[ModuleType, float, list[DAG]]] = {}
@@ -55,6 +64,8 @@ class DagBag:
         #: task run is one stat(), with no Path to build.
         self._mtimes: dict[str, float] = {}
         self._extra: dict[str, DAG] = {}
+        #: Files whose import overran its time, with the modification time they had then.
+        self._overran: dict[Path, float] = {}
         if self.folder is not None and not self.folder.is_dir():
             raise FileNotFoundError(f"DAGs folder {self.folder} does not exist")
 
@@ -71,12 +82,22 @@ class DagBag:
 
     def collect(self) -> dict[str, DAG]:
         """(Re)load every file whose modification time changed; returns all DAGs."""
-        seen: set[Path] = set()
-        for file in self.files():
-            seen.add(file)
-            self._load(file)
+        files = self.files()
+        changed = [c for c in map(self._needs_import, files) if c is not None]
+        if changed:
+            crash_point("dagbag.parse")
+            checked = dagparse.check_files(
+                self.folder, [file for file, _ in changed], timeout_s=self.processor_timeout_s
+            )
+            for file, mtime in changed:
+                self._load(file, mtime, checked[file])
+        seen = set(files)
         for gone in set(self._modules) - seen:
             del self._modules[gone]
+        for gone in set(self._overran) - seen:
+            del self._overran[gone]
+        for stale in set(self.import_errors) - {str(f) for f in seen}:
+            del self.import_errors[stale]
         self._mtimes = {str(file): known[1] for file, known in self._modules.items()}
         self.dags = dict(self._extra)
         for file, (_, _, dags) in self._modules.items():
@@ -89,52 +110,61 @@ class DagBag:
                 self.dags[dag.dag_id] = dag
         return self.dags
 
-    def _load(self, file: Path) -> None:
-        mtime = file.stat().st_mtime
+    def _needs_import(self, file: Path) -> tuple[Path, float] | None:
+        """``(file, mtime)`` if the file is new or changed since it was imported (or overran)."""
+        try:
+            mtime = file.stat().st_mtime
+        except OSError:
+            return None  # removed since it was listed
         known = self._modules.get(file)
-        if known is not None and known[1] == mtime:
+        if (known is not None and known[1] == mtime) or self._overran.get(file) == mtime:
+            return None
+        return file, mtime
+
+    def _load(self, file: Path, mtime: float, failed: dagparse.Failure | None) -> None:
+        """Import a file here, unless importing it in a child process ``failed``: then that
+        error stands for it."""
+        known = self._modules.get(file)
+        self._overran.pop(file, None)
+        if failed is not None:
+            if failed.timed_out:
+                self._overran[file] = mtime
+            self._fail(file, known, failed.error)
             return
-        name = _module_name(self.folder, file) if self.folder else None
+        name = dagparse.module_name(self.folder, file) if self.folder else None
         try:
             if known is not None:
                 forget_module(known[0].__name__)
                 module = importlib.reload(known[0])
-            elif name is not None:
-                cached = sys.modules.get(name)
-                if cached is not None and getattr(cached, "__file__", None) != str(file):
-                    # Another folder's module of the same name was imported before: this
-                    # file must not be shadowed by it.
-                    del sys.modules[name]
-                if name not in sys.modules:
-                    forget_module(name)
-                module = importlib.import_module(name)
             else:
-                module = self._import_by_path(file)
+                if name is not None:
+                    cached = sys.modules.get(name)
+                    if cached is not None and getattr(cached, "__file__", None) != str(file):
+                        # Another folder's module of the same name was imported before: this
+                        # file must not be shadowed by it.
+                        del sys.modules[name]
+                    if name not in sys.modules:
+                        forget_module(name)
+                module = sys.modules[dagparse.import_dag_file(self.folder, file)]
             dags = dags_of_module(module.__name__)
             for dag in dags:
                 dag.validate()
-        except Exception as exc:
-            self.import_errors[str(file)] = "".join(traceback.format_exception(exc)).rstrip()
-            log.error("DAG file %s failed to import:\n%s", file, self.import_errors[str(file)])
-            if known is not None:
-                # A failed reload leaves the half-run module in sys.modules; once the file is
-                # fixed, import_module would return it without running the fixed code.
-                sys.modules.pop(known[0].__name__, None)
-            self._modules.pop(file, None)
+        except BaseException as exc:  # user code: even SystemExit is this file's import error
+            self._fail(file, known, dagparse.describe(file, exc))
             return
         self.import_errors.pop(str(file), None)
         self._modules[file] = (module, mtime, dags)
 
-    @staticmethod
-    def _import_by_path(file: Path) -> ModuleType:
-        name = "deferral_dag_" + "".join(c if c.isalnum() else "_" for c in str(file))
-        spec = importlib.util.spec_from_file_location(name, file)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {file}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
+    def _fail(
+        self, file: Path, known: tuple[ModuleType, float, list[DAG]] | None, error: str
+    ) -> None:
+        self.import_errors[str(file)] = error
+        log.error("DAG file %s failed to import:\n%s", file, error)
+        if known is not None:
+            # A failed reload leaves the half-run module in sys.modules; once the file is
+            # fixed, import_module would return it without running the fixed code.
+            sys.modules.pop(known[0].__name__, None)
+        self._modules.pop(file, None)
 
     def is_current(self, dag_id: str) -> bool:
         """True when the DAG is loaded and its file has not changed since (no import needed)."""

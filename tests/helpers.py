@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -18,6 +19,9 @@ from engine.scheduler import Scheduler
 from engine.store import Store
 from engine.triggerer import Triggerer
 from engine.worker import Worker
+
+#: The test triggers live in tests/, outside the built-in ``triggers.*`` of the allow-list.
+TEST_TRIGGER_ALLOW = "triggers.*,tests.*"
 
 #: Upper bound for any wait in a test; pytest-timeout is the outer guard.
 WAIT_S = 30.0
@@ -109,3 +113,22 @@ async def wait_until(
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def child_env(*, test_triggers: bool = True, **settings: str) -> dict[str, str]:
+    """The environment of an engine child process in a test: this process's environment
+    without its ``DEFERRAL_*`` variables, plus the test key, the repository on ``PYTHONPATH``,
+    an allow-list that admits the test triggers (unless ``test_triggers=False``: the default
+    list, built-ins and DAGs folder modules), and ``settings`` (``DEFERRAL_<NAME>`` values by
+    upper-case name, e.g. ``DATABASE_URL=...``)."""
+    from tests.conftest import TEST_FERNET_KEY
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
+    env.update(
+        DEFERRAL_FERNET_KEY=TEST_FERNET_KEY,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    if test_triggers:
+        env["DEFERRAL_TRIGGER_ALLOW"] = TEST_TRIGGER_ALLOW
+    env.update({f"DEFERRAL_{name}": value for name, value in settings.items()})
+    return env

@@ -36,8 +36,8 @@ from engine.store.embedded import (
     stop_embedded_server,
 )
 from engine.store.pgcluster import SERVER_OS_USER, ensure_initialized, server_account
-from tests.conftest import REPO, TEST_FERNET_KEY
-from tests.helpers import wait_until
+from tests.conftest import REPO
+from tests.helpers import child_env, wait_until
 from tests.triggers_for_tests import release_file
 
 IS_ROOT = os.geteuid() == 0
@@ -345,15 +345,7 @@ def test_engine_processes_finish_their_tasks_after_the_postmaster_is_killed(base
     dags = base / "dags"
     dags.mkdir()
     (dags / "outage_dag.py").write_text(textwrap.dedent(_DAG.format(folder=base)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
-    env.update(
-        DEFERRAL_HOME=str(base / "child-home"),
-        DEFERRAL_DAGS_FOLDER=str(dags),
-        DEFERRAL_LOG_LEVEL="INFO",
-        DEFERRAL_FERNET_KEY=TEST_FERNET_KEY,
-        DEFERRAL_TRIGGER_ALLOW="triggers.*,tests.triggers_for_tests.*",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
+    env = child_env(HOME=str(base / "child-home"), DAGS_FOLDER=str(dags), LOG_LEVEL="INFO")
     procs: list[subprocess.Popen[bytes]] = []
 
     async def migrated_database() -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import signal
 import stat
 import subprocess
@@ -30,7 +29,7 @@ from engine.store import Deferral, Store, TaskOutcome, TriggerOutcome
 from operators.base import BaseOperator, Context
 from operators.python import PythonOperator
 from tests.conftest import REPO
-from tests.helpers import running_engine, wait_until
+from tests.helpers import child_env, running_engine, wait_until
 from tests.triggers_for_tests import FileTrigger, NeverTrigger, release_file
 from triggers.base import (
     BaseTrigger,
@@ -211,14 +210,7 @@ async def test_a_resume_no_key_opens_fails_the_try_with_the_setting_named(
 
 
 def _triggerer(db_url: str, keys: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
-    env.update(
-        DEFERRAL_DATABASE_URL=db_url,
-        DEFERRAL_FERNET_KEY=keys,
-        DEFERRAL_TRIGGERER_POLL_INTERVAL_S="0.2",
-        DEFERRAL_TRIGGER_ALLOW="triggers.*,tests.triggers_for_tests.*",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
+    env = child_env(DATABASE_URL=db_url, FERNET_KEY=keys, TRIGGERER_POLL_INTERVAL_S="0.2")
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "engine", "triggerer"], cwd=REPO, env=env, stdout=out, stderr=out

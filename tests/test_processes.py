@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,8 +25,7 @@ from engine import DAG
 from engine.dagbag import DagBag
 from engine.store import Store
 from operators.base import BaseOperator, Context
-from tests.conftest import REPO, TEST_FERNET_KEY
-from tests.helpers import running_engine, wait_until
+from tests.helpers import TEST_TRIGGER_ALLOW, child_env, running_engine, wait_until
 from tests.triggers_for_tests import FileTrigger, release_file
 from triggers.base import decode_value
 
@@ -87,13 +85,9 @@ class Children:
 
 
 def _env(db_url: str, tmp_path: Path, dags: Path | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
-    env.update(
-        DEFERRAL_DATABASE_URL=db_url,
-        DEFERRAL_HOME=str(tmp_path / "home"),
-        DEFERRAL_LOG_LEVEL="INFO",
-        DEFERRAL_FERNET_KEY=TEST_FERNET_KEY,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    # (The default allow-list: tests that run triggers from tests/ add TEST_TRIGGER_ALLOW.)
+    env = child_env(
+        test_triggers=False, DATABASE_URL=db_url, HOME=str(tmp_path / "home"), LOG_LEVEL="INFO"
     )
     if dags is not None:
         env["DEFERRAL_DAGS_FOLDER"] = str(dags)
@@ -155,8 +149,7 @@ async def test_sigterm_releases_a_triggerers_triggers_to_another(
     async def owners() -> list[int | None]:
         return [t["triggerer_id"] for t in await store.list_triggers()]
 
-    # The test's trigger class is outside the default allow-list (built-ins, DAGs folder).
-    children.env["DEFERRAL_TRIGGER_ALLOW"] = "triggers.*,tests.triggers_for_tests.*"
+    children.env["DEFERRAL_TRIGGER_ALLOW"] = TEST_TRIGGER_ALLOW
     async with explained(children):
         first = children.start("triggerer", name="triggerer-1")
 

@@ -8,7 +8,6 @@ their ``run()`` with the process id, so the tests see who ran what and how often
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from engine.dagbag import DagBag
 from engine.store import Store
 from engine.worker import Worker
 from tests.conftest import REPO
-from tests.helpers import wait_until
+from tests.helpers import child_env, wait_until
 from tests.triggerer_support import WaitOn, read_journal
 from triggers.base import decode_value
 
@@ -45,14 +44,9 @@ def spawn_triggerer(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(*, capacity: int, lease_s: float = 10.0) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "DEFERRAL_DATABASE_URL": db_url,
-            "DEFERRAL_TRIGGERER_LEASE_S": str(lease_s),
-            "DEFERRAL_TRIGGERER_POLL_INTERVAL_S": "0.2",
-            "DEFERRAL_TRIGGER_ALLOW": "triggers.*,tests.triggerer_support.*",
-            "PYTHONPATH": str(REPO),
-        }
+        env = child_env(
+            DATABASE_URL=db_url, TRIGGERER_LEASE_S=str(lease_s), TRIGGERER_POLL_INTERVAL_S="0.2"
+        )
         log = (tmp_path / f"triggerer-{len(procs)}.log").open("ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine", "triggerer", "--capacity", str(capacity)],

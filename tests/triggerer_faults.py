@@ -23,6 +23,7 @@ from engine.store import Store
 from engine.worker import Worker
 from operators.base import BaseOperator, Context
 from tests.conftest import REPO
+from tests.helpers import child_env
 from tests.triggerer_support import journal
 from triggers.base import BaseTrigger, TaskEndEvent, TriggerEvent
 
@@ -38,15 +39,11 @@ def spawn(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(capacity: int = 1000, **settings: float) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "DEFERRAL_DATABASE_URL": db_url,
-            "DEFERRAL_TRIGGERER_POLL_INTERVAL_S": "0.2",
-            # The test triggers live in tests/, outside the built-in patterns.
-            "DEFERRAL_TRIGGER_ALLOW": "triggers.*,tests.*",
-            "PYTHONPATH": str(REPO),
-            **{f"DEFERRAL_TRIGGERER_{k.upper()}": str(v) for k, v in settings.items()},
-        }
+        env = child_env(
+            DATABASE_URL=db_url,
+            TRIGGERER_POLL_INTERVAL_S="0.2",
+            **{f"TRIGGERER_{k.upper()}": str(v) for k, v in settings.items()},
+        )
         log = (tmp_path / f"triggerer-{len(procs)}.log").open("ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine", "triggerer", "--capacity", str(capacity)],

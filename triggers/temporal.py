@@ -30,6 +30,15 @@ class DateTimeTrigger(BaseTrigger):
 
     With ``end_from_trigger=True`` the task ends as success right here, without going
     back to a worker.
+
+    Clocks: it fires when the *triggerer host's* clock reaches ``moment``, while the deferral's
+    deadline is kept on the database clock. A built-in trigger imports the contracts only and
+    has no database connection of its own, so it cannot read that clock; the bound is the
+    skew between the two hosts: with a triggerer clock ``s`` seconds behind the database it
+    fires ``s`` seconds late (and a deadline within ``s`` of the moment may end the wait
+    first); ``s`` ahead, ``s`` early. Keep the hosts NTP-synchronized (skew of milliseconds).
+    The :class:`operators.sensors.DateTimeSensor` in poke and reschedule mode uses the
+    database clock.
     """
 
     def __init__(self, moment: dt.datetime | str, *, end_from_trigger: bool = False) -> None:

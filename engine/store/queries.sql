@@ -435,10 +435,12 @@ RETURNING t.id, t.classpath, t.kwargs, t.fence, t.timeout_at, now() AS db_now;
 SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 
 -- name: fire_triggers
--- Write a batch of trigger outcomes in one statement. Each trigger row is deleted only while
--- triggerer $1 still owns it with the fencing token it claimed, and only then are its waiting
--- task instances moved, each by a conditional update on state = 'deferred' AND trigger_id: a
--- duplicate or stale event changes nothing. Outcome kinds: 'event' (resume on a worker),
+-- Write a batch of trigger outcomes in one statement, after lock_owned_triggers in the same
+-- transaction (so that a task that joined a trigger as it fired is seen waiting; later joiners
+-- wait for the lock, then find the trigger gone and insert a new one). Each trigger row is deleted only while triggerer $1 still owns it with the
+-- fencing token it claimed, and only then are its waiting task instances moved, each by a
+-- conditional update on state = 'deferred' AND trigger_id: a duplicate or stale event changes
+-- nothing. Outcome kinds: 'event' (resume on a worker),
 -- 'success' / 'skipped' (end the task), 'failed' (the retry policy applies). Returns one row
 -- per accepted trigger (task columns null) and one per moved task instance. (A UNION ALL, not
 -- a join of the two CTEs: the planner estimates one row for each and joins them in a nested
@@ -514,9 +516,9 @@ LEFT JOIN deferral_task_instances ti ON ti.trigger_id = t.id AND ti.state = 'def
 GROUP BY t.id;
 
 -- name: lock_owned_triggers
--- Lock triggers before dropping them: a task joining one holds its row until it commits, and
--- the drop's waiter check must run after that, in a statement of its own (a fresh snapshot
--- that sees the joined task). Under READ COMMITTED a check inside the DELETE that waited for
+-- Lock triggers before firing or dropping them: a task joining one holds its row until it
+-- commits, and the fire's waiter update or the drop's waiter check must run after that, in a
+-- statement of its own (a fresh snapshot that sees the joined task). Under READ COMMITTED a check inside the DELETE that waited for
 -- the row would still use the snapshot taken before the join and drop a trigger in use.
 SELECT id FROM deferral_triggers
 WHERE id = ANY ($2::bigint[]) AND triggerer_id IS NOT DISTINCT FROM $1  -- by id: see fire_triggers

@@ -93,14 +93,20 @@ class TriggererSession:
         """Write failures through the same fenced statement as every outcome; returns the
         triggers whose failure was accepted. (Downstream tasks are resolved by the
         scheduler's backstop: this connection only keeps the lease.)"""
-        rows = await self._c().fetch(
-            self._q["fire_triggers"],
-            triggerer_id,
-            [o.trigger_id for o in outcomes],
-            [o.fence for o in outcomes],
-            [o.kind for o in outcomes],
-            [o.payload for o in outcomes],
-            [_storable_text(o.error) for o in outcomes],
-            timeout=self.timeout_s,
-        )
+        conn = self._c()
+        ids = [o.trigger_id for o in outcomes]
+        async with conn.transaction():  # lock first: see Store.fire_triggers
+            await conn.execute(
+                self._q["lock_owned_triggers"], triggerer_id, ids, timeout=self.timeout_s
+            )
+            rows = await conn.fetch(
+                self._q["fire_triggers"],
+                triggerer_id,
+                ids,
+                [o.fence for o in outcomes],
+                [o.kind for o in outcomes],
+                [o.payload for o in outcomes],
+                [_storable_text(o.error) for o in outcomes],
+                timeout=self.timeout_s,
+            )
         return {r["fired_id"] for r in rows if r["id"] is None}

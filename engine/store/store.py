@@ -527,7 +527,8 @@ class Store:
     async def fire_triggers(
         self, triggerer_id: int, outcomes: Sequence[TriggerOutcome]
     ) -> tuple[set[int], int]:
-        """Write a batch of trigger outcomes in one statement (one transaction).
+        """Write a batch of trigger outcomes in one transaction: lock the triggers, then write
+        every outcome in one statement (see lock_owned_triggers for why not one statement).
 
         Returns the ids of the triggers whose outcome was accepted (the others were refused by
         the fencing check: this triggerer no longer owns them) and how many task instances moved.
@@ -535,15 +536,18 @@ class Store:
         payloads = await self._off_loop(
             lambda batch: [self.keyring.encrypt_opt(o.payload) for o in batch], list(outcomes)
         )
-        rows = await self._pool.fetch(
-            self._q["fire_triggers"],
-            triggerer_id,
-            [o.trigger_id for o in outcomes],
-            [o.fence for o in outcomes],
-            [o.kind for o in outcomes],
-            payloads,
-            [_storable_text(o.error) for o in outcomes],
-        )
+        ids = [o.trigger_id for o in outcomes]
+        async with self._tx() as conn:
+            await conn.execute(self._q["lock_owned_triggers"], triggerer_id, ids)
+            rows = await conn.fetch(
+                self._q["fire_triggers"],
+                triggerer_id,
+                ids,
+                [o.fence for o in outcomes],
+                [o.kind for o in outcomes],
+                payloads,
+                [_storable_text(o.error) for o in outcomes],
+            )
         moved = [r for r in rows if r["id"] is not None]
         await self._settle(moved, woke=any(r["woke"] for r in rows))
         return {r["fired_id"] for r in rows}, len(moved)

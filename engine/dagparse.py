@@ -1,0 +1,218 @@
+"""Try DAG files in a child process before the engine imports them.
+
+A DAG file is user code that runs at import. One that calls ``sys.exit()``, raises
+``KeyboardInterrupt`` or loops forever would stop or hang the process that imports it (and, in
+a worker, wedge its import lock). :func:`check_files` imports the files in a separate Python
+process, one after the other, each within ``timeout_s``: a file that raises anything (any
+``BaseException``), ends the process or overruns its time is reported with the cause, and the
+child is killed (with its process group) when it overruns. Only the files that imported cleanly
+there are imported in-process (see :class:`engine.dagbag.DagBag`), like Airflow's DAG file
+processor with its ``dag_file_processor_timeout``.
+
+The child runs ``python -m engine.dagparse <folder> <file>...`` with the parent's ``sys.path``
+and writes one JSON line per file to the pipe whose descriptor it is given in
+``DEFERRAL_DAGPARSE_FD``: ``{"i": <index>, "error": <text or null>}`` (after a first
+``{"ready": true}`` line once its own imports are done).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_SETTING", "Failure", "check_files", "import_dag_file"]
+
+#: How long one DAG file may take to import (``dag_file_processor_timeout_s``).
+DEFAULT_TIMEOUT_S = 30.0
+#: The setting that bounds a file's import, named in the error of a file that overran it.
+TIMEOUT_SETTING = "dag_file_processor_timeout_s"
+
+_FD_ENV = "DEFERRAL_DAGPARSE_FD"
+#: At most this much of a dead child's stderr goes into an import error.
+_STDERR_TAIL = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why a DAG file could not be imported in the child process."""
+
+    error: str
+    #: Its import overran the time limit (it is not tried again until it changes).
+    timed_out: bool = False
+
+
+def module_name(folder: Path, file: Path) -> str | None:
+    """``team/etl.py`` under the folder imports as ``team.etl``; None when a part of the path
+    is not an identifier (the file is then imported by path)."""
+    parts = list(file.relative_to(folder).with_suffix("").parts)
+    if all(p.isidentifier() for p in parts):
+        return ".".join(parts)
+    return None
+
+
+def path_module_name(file: Path) -> str:
+    return "deferral_dag_" + "".join(c if c.isalnum() else "_" for c in str(file))
+
+
+def import_dag_file(folder: Path | None, file: Path) -> str:
+    """Import one DAG file (fresh: not already in ``sys.modules``); returns its module name."""
+    name = module_name(folder, file) if folder is not None else None
+    if name is not None:
+        importlib.import_module(name)
+        return name
+    name = path_module_name(file)
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return name
+
+
+def describe(file: Path, exc: BaseException) -> str:
+    """An import error's text: what happened, then the traceback."""
+    body = "".join(traceback.format_exception(exc)).rstrip()
+    if isinstance(exc, SystemExit):
+        return f"DAG file {file} called sys.exit({exc.code!r}) at import\n{body}"
+    if not isinstance(exc, Exception):
+        return f"DAG file {file} raised {type(exc).__name__} at import\n{body}"
+    return body
+
+
+def check_files(
+    folder: Path | None, files: Sequence[Path], *, timeout_s: float
+) -> dict[Path, Failure | None]:
+    """Import each file in a child process; returns, per file, None if it imported cleanly or
+    why it did not. A child that dies or overruns is replaced for the files
+    after the one it was importing."""
+    results: dict[Path, Failure | None] = {}
+    remaining = list(files)
+    while remaining:
+        done = _run_child(folder, remaining, timeout_s)
+        results.update(done)
+        remaining = remaining[len(done) :]
+    return results
+
+
+def _child_env(write_fd: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("DEFERRAL_CRASH_AT", None)  # the kill matrix aims at the engine, not at this child
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env[_FD_ENV] = str(write_fd)
+    return env
+
+
+def _run_child(
+    folder: Path | None, files: list[Path], timeout_s: float
+) -> dict[Path, Failure | None]:
+    """One child for ``files`` in order; returns the results of a prefix of them (at least
+    one: the file it overran or died on)."""
+    read_fd, write_fd = os.pipe()
+    results: dict[Path, Failure | None] = {}
+    with tempfile.TemporaryFile() as stderr:
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "engine.dagparse", str(folder or ""), *map(str, files)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                pass_fds=(write_fd,),
+                env=_child_env(write_fd),
+                start_new_session=True,  # its process group is killed with it
+            )
+        finally:
+            os.close(write_fd)
+        try:
+            ended = _read_results(read_fd, child, files, timeout_s, results)
+        finally:
+            os.close(read_fd)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        if ended and len(results) < len(files):
+            stderr.seek(0)
+            tail = stderr.read().decode("utf-8", "replace")[-_STDERR_TAIL:].rstrip()
+            file = files[len(results)]
+            results[file] = Failure(
+                f"importing DAG file {file} ended the process that imported it "
+                f"(exit code {child.returncode})" + (f":\n{tail}" if tail else "")
+            )
+    return results
+
+
+def _read_results(
+    fd: int,
+    child: subprocess.Popen[bytes],
+    files: list[Path],
+    timeout_s: float,
+    results: dict[Path, Failure | None],
+) -> bool:
+    """Collect the child's lines into ``results``; True when the child ended (EOF) before
+    reporting every file, False when all were reported or one overran (recorded)."""
+    buffer = b""
+    ready = False
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while len(results) < len(files):
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                file = files[len(results)]
+                what = f"importing DAG file {file}" if ready else "starting to import DAG files"
+                results[file] = Failure(
+                    f"{what} took longer than {timeout_s:g} s (setting {TIMEOUT_SETTING}); "
+                    "the import was stopped",
+                    # A child too slow to start blames no file for good: tried again next time.
+                    timed_out=ready,
+                )
+                return False
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return True
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if message.get("ready"):
+                    ready = True
+                else:
+                    error = message["error"]
+                    results[files[message["i"]]] = None if error is None else Failure(error)
+                deadline = time.monotonic() + timeout_s
+    return False
+
+
+def _child_main(argv: list[str]) -> None:
+    out = os.fdopen(int(os.environ[_FD_ENV]), "w", buffering=1)
+    folder = Path(argv[0]) if argv[0] else None
+    if folder is not None:
+        sys.path.insert(0, str(folder))
+    out.write(json.dumps({"ready": True}) + "\n")
+    for i, raw in enumerate(argv[1:]):
+        file = Path(raw)
+        error: str | None = None
+        try:
+            import_dag_file(folder, file)
+        except BaseException as exc:  # any way out of user code is that file's import error
+            error = describe(file, exc)
+        out.write(json.dumps({"i": i, "error": error}) + "\n")
+    out.flush()
+    os._exit(0)  # not interpreter exit: threads a DAG file started must not hold it up
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])
