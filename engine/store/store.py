@@ -58,6 +58,25 @@ def _storable_text(text: str | None) -> str | None:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def _claimed_task(r: asyncpg.Record) -> ClaimedTask:
+    return ClaimedTask(
+        id=r["id"],
+        dag_id=r["dag_id"],
+        run_id=r["run_id"],
+        task_id=r["task_id"],
+        try_number=r["try_number"],
+        logical_date=r["logical_date"],
+        conf=r["conf"],
+        first_try_at=r["first_try_at"],
+        try_started_at=r["try_started_at"],
+        execution_timeout_s=r["execution_timeout_s"],
+        db_now=r["db_now"],
+        next_method=r["next_method"],
+        next_kwargs=r["next_kwargs"],
+        next_event=r["next_event"],
+    )
+
+
 class UnknownDag(LookupError):
     """No DAG with that id has been recorded (its file was never parsed)."""
 
@@ -178,7 +197,12 @@ class Store:
         left, and what a process that dies here leaves, the scheduler's backstop resolves."""
         try:
             await self._resolve_and_signal(list(moved), woke)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.InternalClientError,  # a connection killed mid-operation
+        ) as exc:
             log.warning(
                 "resolving downstream tasks after a committed change failed (%s: %s); the "
                 "scheduler's backstop will",
@@ -315,28 +339,18 @@ class Store:
         many seconds the next waiting one becomes runnable (negative: already; None: none
         waits)."""
         rows = await self._pool.fetch(self._q["claim_tasks"], worker_id, limit)
-        claimed = [
-            ClaimedTask(
-                id=r["id"],
-                dag_id=r["dag_id"],
-                run_id=r["run_id"],
-                task_id=r["task_id"],
-                try_number=r["try_number"],
-                logical_date=r["logical_date"],
-                conf=r["conf"],
-                first_try_at=r["first_try_at"],
-                try_started_at=r["try_started_at"],
-                execution_timeout_s=r["execution_timeout_s"],
-                db_now=r["db_now"],
-                next_method=r["next_method"],
-                next_kwargs=r["next_kwargs"],
-                next_event=r["next_event"],
-            )
-            for r in rows
-            if r["id"] is not None
-        ]
+        claimed = [_claimed_task(r) for r in rows if r["id"] is not None]
         next_in: float | None = rows[0]["next_in"] if not claimed and rows else None
         return claimed, next_in
+
+    async def unacknowledged_claims(
+        self, worker_id: int, running: Sequence[int]
+    ) -> list[ClaimedTask]:
+        """The task instances the database says worker ``worker_id`` runs, other than the ones
+        it knows it runs (``running``): claims whose reply it never received (the connection
+        was lost after the claim committed). Read only; the same try continues."""
+        rows = await self._pool.fetch(self._q["unacknowledged_claims"], worker_id, list(running))
+        return [_claimed_task(r) for r in rows]
 
     async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> dict[tuple[int, int], str]:
         """End running tries in one statement; returns the new state of each task instance
@@ -490,8 +504,14 @@ class Store:
 
     # -- scheduler housekeeping ----------------------------------------------------------
 
-    async def reap_zombie_tasks(self, threshold_s: float) -> list[asyncpg.Record]:
-        rows = await self._pool.fetch(self._q["reap_zombie_tasks"], threshold_s)
+    async def reap_zombie_tasks(
+        self, threshold_s: float, *, contact_since: dt.datetime | None = None
+    ) -> list[asyncpg.Record]:
+        """Fail the running tries whose worker missed heartbeats for ``threshold_s`` seconds.
+        Only heartbeats the database could have received count as missed: none before the
+        server last started, nor before ``contact_since`` (when the caller regained contact
+        with the database after losing it; the workers likely lost it too)."""
+        rows = await self._pool.fetch(self._q["reap_zombie_tasks"], threshold_s, contact_since)
         await self._settle(rows)
         return rows
 
@@ -532,9 +552,13 @@ class Listener:
 
     async def connect(self) -> None:
         conn = await asyncpg.connect(self._url)
-        for channel in self._channels:
-            await conn.add_listener(channel, self._dispatch)
-        conn.add_termination_listener(self._on_lost)
+        try:
+            for channel in self._channels:
+                await conn.add_listener(channel, self._dispatch)
+            conn.add_termination_listener(self._on_lost)
+        except BaseException:
+            conn.terminate()  # half made (killed while listening): not kept
+            raise
         self._conn = conn
 
     def _on_lost(self, _conn: object) -> None:
@@ -550,11 +574,21 @@ class Listener:
         if not self.connected:
             try:
                 await self.connect()
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("cannot LISTEN (%s); polling only for now", exc)
+            except (
+                OSError,
+                TimeoutError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+                asyncpg.InternalClientError,
+            ) as exc:
+                log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
 
     async def close(self) -> None:
         self._closing = True
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
-            await conn.close()
+            try:
+                await conn.close()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.debug("closing the notification connection: %s", exc)
+                conn.terminate()
