@@ -271,13 +271,13 @@ _CHURN_DAG = """
     def work(task_instance_id, try_number):
         with open({log!r}, "a") as f:
             f.write(f"{{task_instance_id}}:{{try_number}}\\n")
-        time.sleep(0.05)  # a little work, so that kills land while tasks run
+        time.sleep(0.02)  # a little work, so that kills land while tasks run
         return try_number
 
     with DAG(dag_id="churn"):
-        for chain in range(4):
+        for chain in range({chains}):
             previous = None
-            for step in range(6):
+            for step in range({steps}):
                 task = PythonOperator(
                     task_id=f"c{{chain}}_s{{step}}", python_callable=work, retries=0,
                     op_kwargs={{"task_instance_id": f"c{{chain}}_s{{step}}"}},
@@ -286,6 +286,10 @@ _CHURN_DAG = """
                     previous >> task
                 previous = task
 """
+
+
+#: The churn DAG: this many parallel chains of this many tasks.
+CHAINS, STEPS = 4, 10
 
 
 def _tagged(url: str, name: str) -> str:
@@ -300,37 +304,52 @@ async def test_worker_and_scheduler_survive_connections_killed_under_them(
     db_url: str, children: Children, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ran = tmp_path / "ran.log"
-    dags = _dags(tmp_path, "churn_dag", _CHURN_DAG, log=str(ran))
+    dags = _dags(
+        tmp_path, "churn_dag", _CHURN_DAG, log=str(ran), chains=str(CHAINS), steps=str(STEPS)
+    )
     children.env["DEFERRAL_DAGS_FOLDER"] = str(dags)
     children.env["DEFERRAL_WORKER_HEARTBEAT_S"] = "0.2"
     children.env["DEFERRAL_SCHEDULER_INTERVAL_S"] = "0.2"
-    children.env["DEFERRAL_ZOMBIE_THRESHOLD_S"] = "10"
+    children.env["DEFERRAL_ZOMBIE_THRESHOLD_S"] = "3"
     # The test's own connections carry a name, so that it kills only the children's.
     store = await Store.connect(_tagged(db_url, "deferral_test"), pool_size=2)
     kills = 0
+    stop_killing = anyio.Event()
+
+    async def killer() -> None:
+        # From before the children start (registration, the first DAG sync, LISTEN) until the
+        # run ends.
+        nonlocal kills
+        while not stop_killing.is_set():
+            kills += await with_db_retry("kill backends", lambda: _kill_children(store))
+            # Paces the faults (it waits for nothing): a kill every 10-100 ms.
+            await anyio.sleep(random.uniform(0.01, 0.1))
+
     try:
-        async with explained(children):
+        async with explained(children), anyio.create_task_group() as tg:
+            tg.start_soon(killer)
             children.env["DEFERRAL_DATABASE_URL"] = _tagged(db_url, "deferral_worker")
             worker = children.start("worker", "--slots", "4", name="worker")
             children.env["DEFERRAL_DATABASE_URL"] = _tagged(db_url, "deferral_scheduler")
             scheduler = children.start("scheduler", name="scheduler")
 
             async def ready() -> bool:
-                return await store.get_dag("churn") is not None and bool(
-                    await _backends(store, "deferral_worker")
-                )
+                assert _alive(worker, scheduler), children.output()
+                return await with_db_retry("read", lambda: store.get_dag("churn")) is not None
 
-            await wait_until(ready, what="the scheduler's DAG sync and the worker")
+            await wait_until(ready, what="the scheduler's DAG sync")
             now = await store.now()
             await store.create_dag_run("churn", "run1", logical_date=now)
-            while not await _run_ended(store, "churn"):
-                kills += await with_db_retry("kill backends", lambda: _kill_children(store))
-                # Paces the faults (it waits for nothing): a kill every 50-200 ms.
-                await anyio.sleep(random.uniform(0.05, 0.2))
+
+            async def ended() -> bool:
                 assert _alive(worker, scheduler), children.output()
+                return await _run_ended(store, "churn")
+
+            await wait_until(ended, timeout_s=120, what="the run to end")
+            stop_killing.set()
             assert _alive(worker, scheduler), children.output()
             tis = await _tis(store, "churn")
-            assert len(tis) == 24
+            assert len(tis) == CHAINS * STEPS
             assert {t["state"] for t in tis.values()} == {"success"}, {
                 k: (t["state"], t["error"]) for k, t in tis.items() if t["state"] != "success"
             }

@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from engine.retry import with_db_retry
 from engine.states import TERMINAL_STATES
 from engine.store.models import (
     ClaimedTask,
@@ -45,6 +46,9 @@ CHANNEL_DEADLINES = "deferral_deadlines"
 CHANNEL_FINISHED = "deferral_finished"
 #: A DAG run ended; the payload is "<dag_id> <run_id> <state>".
 CHANNEL_RUNS = "deferral_runs"
+
+#: How many times a process tries to connect and migrate at start before giving up.
+CONNECT_ATTEMPTS = 6
 
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
@@ -125,17 +129,28 @@ class Store:
             if on_connect is not None:
                 on_connect(conn)
 
-        pool = await asyncpg.create_pool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            init=init,
-            reset=_keep_session,
-            command_timeout=60,
+        # A connection lost while starting (a killed backend, a restarting server) is tried
+        # again a few times; a database that cannot be reached at all still fails soon, with
+        # its own error.
+        pool = await with_db_retry(
+            "connect to the database",
+            lambda: asyncpg.create_pool(
+                url,
+                min_size=1,
+                max_size=pool_size,
+                init=init,
+                reset=_keep_session,
+                command_timeout=60,
+            ),
+            attempts=CONNECT_ATTEMPTS,
         )
         store = cls(pool, url)
         if migrate:
-            await store.migrate()
+            try:
+                await with_db_retry("migrate", store.migrate, attempts=CONNECT_ATTEMPTS)
+            except BaseException:
+                await store.close()
+                raise
         return store
 
     async def close(self) -> None:
