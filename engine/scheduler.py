@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import time
@@ -18,8 +19,8 @@ import anyio
 from anyio.abc import TaskStatus
 
 from engine.dagbag import DagBag
-from engine.retry import TRANSIENT_ERRORS
-from engine.store import CHANNEL_FINISHED, Store
+from engine.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
+from engine.store import CHANNEL_FINISHED, Listener, Store
 from engine.wakeup import Wakeup
 
 __all__ = ["Scheduler", "sync_dags"]
@@ -55,6 +56,12 @@ class Scheduler:
         self._wake = Wakeup()
         self._stopping = False
         self._orphans_swept_at = -math.inf
+        #: Database time at which the scheduler regained contact after losing it (None: it
+        #: never lost it). Heartbeats are not counted as missed before then.
+        self.contact_since: dt.datetime | None = None
+        self._contact_lost = False
+        #: Housekeeping passes completed (for tests and introspection).
+        self.housekeeping_passes = 0
 
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` and more than once."""
@@ -64,40 +71,64 @@ class Scheduler:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._stopping = False
         if self.dagbag is not None:
-            count = await sync_dags(self.store, self.dagbag)
-            log.info("recorded %d DAG(s) from %s", count, self.dagbag.folder)
-            for path, error in self.dagbag.import_errors.items():
-                log.error("DAG file %s failed to import: %s", path, error.splitlines()[-1])
+            await self._sync_dags(first=True)
         listener = self.store.listener(CHANNEL_FINISHED)
         listener.on_notify(lambda _channel, _payload: self._wake.set())
-        await listener.ensure_connected()
+        await self._listen(listener)
         task_status.started()
         last_sync = last_housekeeping = time.monotonic()
+        backoff = Backoff()
         try:
             while not self._stopping:
                 try:
+                    if self._contact_lost:
+                        self.contact_since = await self.store.now()
+                        self._contact_lost = False
                     await self.finish_runs()
                     now = time.monotonic()
                     if now - last_housekeeping >= self.interval_s:
                         last_housekeeping = now
                         await self.housekeeping()
-                        await listener.ensure_connected()
+                        await self._listen(listener)
                     if self.dagbag is not None and now - last_sync >= self.dag_sync_interval_s:
                         last_sync = now
                         await sync_dags(self.store, self.dagbag)
                 except TRANSIENT_ERRORS as exc:
-                    log.warning("scheduler pass failed (%s); retrying", exc)
+                    # The workers may have lost the database too: their heartbeats are counted
+                    # again only from when contact is back.
+                    self._contact_lost = True
+                    await backoff.wait("scheduler pass", exc)
+                    continue
+                backoff.reset()
                 await self._wake.wait(self.interval_s)
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
+
+    async def _sync_dags(self, *, first: bool = False) -> None:
+        assert self.dagbag is not None
+        dagbag = self.dagbag
+        count = await with_db_retry("record DAGs", lambda: sync_dags(self.store, dagbag))
+        if first:
+            log.info("recorded %d DAG(s) from %s", count, dagbag.folder)
+            for path, error in dagbag.import_errors.items():
+                log.error("DAG file %s failed to import: %s", path, error.splitlines()[-1])
+
+    @staticmethod
+    async def _listen(listener: Listener) -> None:
+        try:
+            await listener.ensure_connected()
+        except TRANSIENT_ERRORS as exc:
+            log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
 
     async def finish_runs(self) -> None:
         for run in await self.store.finish_dag_runs():
             log.info("DAG run %s/%s ended: %s", run["dag_id"], run["run_id"], run["state"])
 
     async def housekeeping(self) -> None:
-        zombies = await self.store.reap_zombie_tasks(self.zombie_threshold_s)
+        zombies = await self.store.reap_zombie_tasks(
+            self.zombie_threshold_s, contact_since=self.contact_since
+        )
         for row in zombies:
             log.warning(
                 "reaped task instance %s of a dead worker (now %s)", row["id"], row["state"]
@@ -124,3 +155,4 @@ class Scheduler:
                 log.info("dropped %d trigger(s) nobody waits on", orphans)
         if zombies or late or resolved:
             await self.finish_runs()
+        self.housekeeping_passes += 1

@@ -11,9 +11,11 @@ failures queue for one writer, which ends every try queued meanwhile in one stat
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import inspect
 import logging
+import math
 import os
 import socket
 import time
@@ -29,12 +31,14 @@ from engine.config import (
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
 )
+from engine.crashpoints import crash_point
 from engine.dagbag import DagBag
-from engine.retry import REFUSED_DATA_ERRORS, TRANSIENT_ERRORS, with_db_retry
+from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
 from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
 from engine.wakeup import Wakeup
 from operators.base import (
+    MAX_WAIT_S,
     BaseOperator,
     Context,
     FailTask,
@@ -78,6 +82,10 @@ class ExecutionTimeout(Exception):
     """The try ran longer than the task's execution_timeout (counted across deferrals)."""
 
 
+class InvalidDeferral(ValueError):
+    """A deferral (or reschedule) the worker will not store: it fails its task, no retry."""
+
+
 class Worker:
     """Claims and runs task instances; ``slots`` of them at a time."""
 
@@ -113,6 +121,10 @@ class Worker:
         self._dag_lock = anyio.Lock()
         self._outbox: list[_Queued] = []
         self._write_wake = Wakeup()
+        # A claim failed after it may have committed: look for claims whose reply was lost.
+        self._claims_unsure = False
+        # Tasks this process gave up on without recording an outcome: never adopted again.
+        self._abandoned: set[int] = set()
 
     def stop(self) -> None:
         """Ask for a graceful stop: claim nothing more, let running tries finish (up to the
@@ -122,13 +134,10 @@ class Worker:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._stopping = False
-        self.id = await with_db_retry(
-            "register worker",
-            lambda: self.store.register_worker(socket.gethostname(), os.getpid(), self.slots),
-        )
+        self.id = await self._register()
         listener = self.store.listener(CHANNEL_TASKS)
         listener.on_notify(lambda _channel, _payload: self._wake.set())
-        await listener.ensure_connected()
+        await self._listen(listener)
         log.info("worker %s started with %d slots", self.id, self.slots)
         try:
             async with anyio.create_task_group() as tg:
@@ -158,49 +167,122 @@ class Worker:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
                 if self.id is not None and not self.running:
-                    await self.store.unregister_worker(self.id)
+                    await self._unregister(self.id)
             log.info("worker %s stopped", self.id)
 
+    async def _register(self) -> int:
+        return await with_db_retry(
+            "register worker",
+            lambda: self.store.register_worker(socket.gethostname(), os.getpid(), self.slots),
+        )
+
+    async def _unregister(self, worker_id: int) -> None:
+        try:
+            await with_db_retry(
+                "unregister worker",
+                functools.partial(self.store.unregister_worker, worker_id),
+                attempts=5,
+            )
+        except TRANSIENT_ERRORS as exc:
+            log.warning(
+                "could not unregister worker %s (%s: %s); the scheduler removes it once its "
+                "heartbeats stop",
+                worker_id,
+                type(exc).__name__,
+                exc,
+            )
+
+    @staticmethod
+    async def _listen(listener: Any) -> None:
+        """(Re)connect the notification connection; a failure only means polling meanwhile."""
+        try:
+            await listener.ensure_connected()
+        except TRANSIENT_ERRORS as exc:
+            log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
+
     async def _claim_loop(self, tasks: anyio.abc.TaskGroup) -> None:
-        assert self.id is not None
+        backoff = Backoff()
         while not self._stopping:
             free = self.slots - len(self.running)
             timeout = self.poll_interval_s
             if free > 0:
                 try:
-                    claimed, next_in = await self.store.claim_tasks(self.id, free)
-                    if next_in is not None:
-                        timeout = max(0.0, min(timeout, next_in))
+                    if self._claims_unsure:
+                        self._adopt(tasks, await self._unacknowledged_claims())
+                        free = self.slots - len(self.running)
+                    claimed, next_in = await self._claim(free) if free > 0 else ([], None)
                 except TRANSIENT_ERRORS as exc:
-                    log.warning("claim failed (%s); retrying", exc)
-                    claimed = []
-                for ti in claimed:
-                    self.running[ti.id] = ti
-                    tasks.start_soon(self._execute, ti, name=f"ti-{ti.id}")
-                self.peak_running = max(self.peak_running, len(self.running))
+                    await backoff.wait("claiming tasks", exc)
+                    continue
+                backoff.reset()
+                if next_in is not None:
+                    timeout = max(0.0, min(timeout, next_in))
+                self._adopt(tasks, claimed)
                 if claimed and len(claimed) == free:
                     continue
             await self._wake.wait(timeout)
 
+    async def _claim(self, limit: int) -> tuple[list[ClaimedTask], float | None]:
+        assert self.id is not None
+        # Until the reply arrives, the claim may commit with nobody to run what it took.
+        self._claims_unsure = True
+        claimed, next_in = await self.store.claim_tasks(self.id, limit)
+        if claimed:
+            crash_point("worker.claim.after_commit")
+        self._claims_unsure = False
+        return claimed, next_in
+
+    async def _unacknowledged_claims(self) -> list[ClaimedTask]:
+        """Claims of this worker that committed but whose reply was lost with its connection
+        (else the task would sit unrun and unheartbeated until reaped, losing its try)."""
+        assert self.id is not None
+        known = [*self.running, *self._abandoned]
+        found = await self.store.unacknowledged_claims(self.id, known)
+        self._claims_unsure = False
+        if found:
+            log.warning(
+                "found %d claim(s) whose reply was lost with the connection (first: task "
+                "instance %s); running them in their claimed try",
+                len(found),
+                found[0].id,
+            )
+        return found
+
+    def _adopt(self, tasks: anyio.abc.TaskGroup, claimed: list[ClaimedTask]) -> None:
+        for ti in claimed:
+            if ti.id in self.running:
+                continue
+            self.running[ti.id] = ti
+            tasks.start_soon(self._execute, ti, name=f"ti-{ti.id}")
+        self.peak_running = max(self.peak_running, len(self.running))
+
     async def _heartbeat_loop(self, listener: Any) -> None:
+        # Retries come at least as often as heartbeats, so a short outage costs no reaping.
+        backoff = Backoff(max_s=min(MAX_DELAY_S, self.heartbeat_s))
         while True:
             await anyio.sleep(self.heartbeat_s)
-            assert self.id is not None
-            try:
-                alive = await self.store.heartbeat_worker(self.id, list(self.running))
-                await listener.ensure_connected()
-            except TRANSIENT_ERRORS as exc:
-                log.warning("heartbeat failed (%s)", exc)
-                continue
-            if not alive:
-                log.error(
-                    "worker %s was declared dead (missed heartbeats); its tasks were reaped. "
-                    "Registering again",
-                    self.id,
-                )
-                self.id = await self.store.register_worker(
-                    socket.gethostname(), os.getpid(), self.slots
-                )
+            while True:
+                try:
+                    await self._heartbeat()
+                    break
+                except TRANSIENT_ERRORS as exc:
+                    await backoff.wait("heartbeat", exc)
+            backoff.reset()
+            await self._listen(listener)
+
+    async def _heartbeat(self) -> None:
+        assert self.id is not None
+        if await self.store.heartbeat_worker(self.id, list(self.running)):
+            return
+        log.error(
+            "worker %s was declared dead (missed heartbeats); its tasks were reaped. "
+            "Registering again",
+            self.id,
+        )
+        # (A registration whose reply is lost leaves a row without heartbeats: the scheduler
+        # removes it; the next heartbeat finds this id dead again and registers anew.)
+        self.id = await self.store.register_worker(socket.gethostname(), os.getpid(), self.slots)
+        self._abandoned.clear()  # ids of the old registration: never held by the new one
 
     async def _execute(self, ti: ClaimedTask) -> None:
         worker_id = self.id
@@ -208,6 +290,13 @@ class Worker:
         with logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number):
             try:
                 await self._run_and_record(ti, worker_id)
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception:
+                # A bug of the worker's own, not the task's: the task is left to the reaper
+                # (retries apply), the process and the other tasks carry on.
+                self._abandoned.add(ti.id)
+                log.exception("recording the end of task instance %s failed", ti.id)
             finally:
                 self.running.pop(ti.id, None)
                 self.finished += 1
@@ -252,6 +341,8 @@ class Worker:
                 f"execution_timeout of {ti.execution_timeout_s}s passed (counted from the start "
                 "of this try, across deferrals)"
             )
+        if ti.next_method:
+            crash_point("worker.resume.before_method")
         with anyio.move_on_after(remaining) as scope:
             if inspect.iscoroutinefunction(fn):
                 return await fn(context, **kwargs)
@@ -283,12 +374,7 @@ class Worker:
             await self._record_deferral(ti, worker_id, deferred)
             return
         except RescheduleRequested as req:
-            at = req.reschedule_at
-            ok = await with_db_retry(
-                "reschedule", lambda: self.store.reschedule_task(ti.id, worker_id, at)
-            )
-            self._lost_if_not(ok, ti)
-            log.info("up for reschedule at %s", at.isoformat())
+            await self._record_reschedule(ti, worker_id, req)
             return
         except SkipTask as exc:
             await self._record_end(ti, worker_id, "skipped", None)
@@ -326,6 +412,38 @@ class Worker:
         await self._record_end(ti, worker_id, "success", payload)
         log.info("%s succeeded in %.1f ms", what, (time.perf_counter() - started) * 1000)
 
+    def _deferral(self, ti: ClaimedTask, deferred: TaskDeferred) -> Deferral:
+        """What will be stored for this deferral; InvalidDeferral if it cannot be. (A
+        TaskDeferred may be built by hand, bypassing the checks of ``defer()``.)"""
+        timeout_s = deferred.timeout_s
+        if timeout_s is not None and not (
+            isinstance(timeout_s, int | float)
+            and not isinstance(timeout_s, bool)
+            and math.isfinite(timeout_s)
+            and 0 <= timeout_s <= MAX_WAIT_S
+        ):
+            raise InvalidDeferral(
+                f"the deferral timeout must be a finite number of seconds from 0 to "
+                f"{MAX_WAIT_S:.0f}; got a {type(timeout_s).__name__} outside that range"
+            )
+        remaining = self._remaining_s(ti)
+        if remaining is not None:
+            # execution_timeout keeps counting while the task waits: the deferral ends by then.
+            timeout_s = remaining if timeout_s is None else min(timeout_s, remaining)
+        try:
+            method_kwargs = encode_value(deferred.kwargs)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidDeferral(f"the resume kwargs are not plain data: {exc}") from None
+        trigger = deferred.trigger
+        return Deferral(
+            classpath=trigger.classpath,
+            kwargs=trigger.kwargs,
+            dedup_key=trigger.dedup_key,
+            method_name=deferred.method_name,
+            method_kwargs=method_kwargs,
+            timeout_s=timeout_s,
+        )
+
     async def _record_deferral(
         self, ti: ClaimedTask, worker_id: int, deferred: TaskDeferred
     ) -> None:
@@ -337,26 +455,57 @@ class Worker:
             except (TriggerNotAllowed, TriggerSerializationError) as exc:
                 await self._record_failure(ti, worker_id, str(exc), no_retry=True)
                 return
-        timeout_s = deferred.timeout_s
-        remaining = self._remaining_s(ti)
-        if remaining is not None:
-            # execution_timeout keeps counting while the task waits: the deferral ends by then.
-            timeout_s = remaining if timeout_s is None else min(timeout_s, remaining)
-        deferral = Deferral(
-            classpath=deferred.trigger.classpath,
-            kwargs=deferred.trigger.kwargs,
-            dedup_key=deferred.trigger.dedup_key,
-            method_name=deferred.method_name,
-            method_kwargs=encode_value(deferred.kwargs),
-            timeout_s=timeout_s,
-        )
-        ok = await with_db_retry("defer", lambda: self.store.defer_task(ti.id, worker_id, deferral))
+        try:
+            deferral = self._deferral(ti, deferred)
+        except Exception as exc:  # any bad deferral fails its own task only
+            await self._refuse(ti, worker_id, "the task's deferral is invalid", exc)
+            return
+        crash_point("worker.defer.before_write")
+        try:
+            ok = await with_db_retry(
+                "defer", lambda: self.store.defer_task(ti.id, worker_id, deferral)
+            )
+        except Exception as exc:  # not transient: the database refused it
+            await self._refuse(ti, worker_id, "the task's deferral could not be stored", exc)
+            return
+        crash_point("worker.defer.after_write")
         self._lost_if_not(ok, ti)
         log.info(
             "deferred to %s (resume at %s%s)",
-            deferred.trigger.classpath,
-            deferred.method_name,
-            f", timeout {timeout_s:.1f}s" if timeout_s is not None else "",
+            deferral.classpath,
+            deferral.method_name,
+            f", timeout {deferral.timeout_s:.1f}s" if deferral.timeout_s is not None else "",
+        )
+
+    async def _record_reschedule(
+        self, ti: ClaimedTask, worker_id: int, req: RescheduleRequested
+    ) -> None:
+        at = req.reschedule_at
+        try:
+            if not isinstance(at, dt.datetime) or at.utcoffset() is None:
+                raise InvalidDeferral("the reschedule time must be a timezone-aware datetime")
+            # (The try may have run a while since the claim: allow for a day of that.)
+            if (at - ti.db_now).total_seconds() > MAX_WAIT_S + 86400:
+                raise InvalidDeferral(
+                    f"the reschedule time lies more than {MAX_WAIT_S:.0f}s (ten years) ahead"
+                )
+        except InvalidDeferral as exc:
+            await self._refuse(ti, worker_id, "the task's reschedule is invalid", exc)
+            return
+        try:
+            ok = await with_db_retry(
+                "reschedule", lambda: self.store.reschedule_task(ti.id, worker_id, at)
+            )
+        except Exception as exc:  # not transient: the database refused it
+            await self._refuse(ti, worker_id, "the task's reschedule could not be stored", exc)
+            return
+        self._lost_if_not(ok, ti)
+        log.info("up for reschedule at %s", at.isoformat())
+
+    async def _refuse(self, ti: ClaimedTask, worker_id: int, what: str, exc: Exception) -> None:
+        """End the try as failed, without retries (the same data would be refused again)."""
+        await self._record_failure(
+            ti, worker_id, f"{what}: {type(exc).__name__}: {exc}", no_retry=True
         )
 
     async def _record_end(
@@ -414,31 +563,40 @@ class Worker:
                 await self._write(batch)
 
     async def _write(self, batch: list[_Queued]) -> None:
+        states: dict[tuple[int, int], str] = {}
+        try:
+            states = await self._write_outcomes(batch)
+        finally:
+            # Whatever happened, no task waits forever for its outcome to be written.
+            for queued in batch:
+                queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
+                queued.done.set()
+
+    async def _write_outcomes(self, batch: list[_Queued]) -> dict[tuple[int, int], str]:
         outcomes = [q.outcome for q in batch]
+        crash_point("worker.outcome.before_write")
         try:
             states = await with_db_retry(
                 "record outcomes", functools.partial(self.store.finish_tasks, outcomes)
             )
-        except Exception as exc:
-            if len(batch) > 1:
-                # Not transient: one outcome the database refuses must not take the others
-                # with it. Written one by one, only its own task is affected.
-                log.warning("writing %d outcomes failed (%s); writing each alone", len(batch), exc)
-                for queued in batch:
-                    await self._write([queued])
-                return
-            if not isinstance(exc, REFUSED_DATA_ERRORS):
-                raise  # neither transient nor about this outcome's data: stop, loudly
-            states = await self._write_refused(batch[0].outcome, exc)
-        for queued in batch:
-            queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
-            queued.done.set()
+        except Exception as exc:  # not transient: about some outcome's data
+            if len(batch) == 1:
+                return await self._write_refused(batch[0].outcome, exc)
+            # One outcome the database refuses must not take the others with it. Written
+            # one by one, only its own task is affected.
+            log.warning("writing %d outcomes failed (%s); writing each alone", len(batch), exc)
+            states = {}
+            for queued in batch:
+                states.update(await self._write_outcomes([queued]))
+            return states
+        crash_point("worker.outcome.after_write")
+        return states
 
     async def _write_refused(
         self, outcome: TaskOutcome, exc: Exception
     ) -> dict[tuple[int, int], str]:
-        """The database refused this outcome's data: end the try as failed, without retries,
-        saying why."""
+        """The database refused this outcome: end the try as failed, without retries, saying
+        why. If even that is refused, the try is left to the reaper; the worker carries on."""
         log.error(
             "the outcome of task instance %s could not be stored (%s: %s); failing the try",
             outcome.ti_id,
@@ -453,10 +611,21 @@ class Worker:
             error=f"the outcome of this try could not be stored: {type(exc).__name__}: {exc}",
             no_retry=True,
         )
-        return await with_db_retry(
-            "record a substitute outcome",
-            functools.partial(self.store.finish_tasks, [substitute]),
-        )
+        try:
+            return await with_db_retry(
+                "record a substitute outcome",
+                functools.partial(self.store.finish_tasks, [substitute]),
+            )
+        except Exception as again:
+            self._abandoned.add(outcome.ti_id)
+            log.error(
+                "not even a failure could be stored for task instance %s (%s: %s); it is left "
+                "to the scheduler's reaper",
+                outcome.ti_id,
+                type(again).__name__,
+                again,
+            )
+            return {}
 
     @staticmethod
     def _lost_if_not(ok: bool, ti: ClaimedTask) -> None:

@@ -13,6 +13,7 @@ import copy
 import copyreg
 import datetime as dt
 import logging
+import math
 import re
 import types
 from collections.abc import Iterable, Sequence
@@ -28,6 +29,7 @@ from triggers.base import (
 )
 
 __all__ = [
+    "MAX_WAIT_S",
     "TRIGGER_RULES",
     "BaseOperator",
     "Context",
@@ -59,6 +61,11 @@ TRIGGER_RULES = frozenset(
 )
 
 DEFAULT_RETRY_DELAY_S = 300.0
+
+#: The longest wait a task may ask for, in seconds (ten years): the largest ``defer(timeout=)``
+#: and the furthest a reschedule may lie ahead. Deadlines are stored as database timestamps;
+#: beyond a bound like this one (or for nan and infinity) the database refuses to make one.
+MAX_WAIT_S = 10 * 365 * 24 * 3600.0
 _TASK_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,249}$")
 
 
@@ -148,6 +155,20 @@ def to_seconds(value: dt.timedelta | float | int | None, name: str) -> float | N
         raise TypeError(f"{name} must be a timedelta or a number of seconds, got {value!r}")
     if seconds < 0:
         raise ValueError(f"{name} must not be negative, got {value!r}")
+    return seconds
+
+
+def _deferral_timeout_s(task_id: str, timeout: dt.timedelta | float | None) -> float | None:
+    """``defer(timeout=)`` in seconds: none, or finite, not negative and at most MAX_WAIT_S."""
+    try:
+        seconds = to_seconds(timeout, "timeout")
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TriggerSerializationError(f"task {task_id}: defer(timeout=...): {exc}") from None
+    if seconds is not None and not (math.isfinite(seconds) and seconds <= MAX_WAIT_S):
+        raise TriggerSerializationError(
+            f"task {task_id}: defer(timeout={timeout!r}) must be a finite number of seconds "
+            f"from 0 to {MAX_WAIT_S:.0f} (ten years)"
+        )
     return seconds
 
 
@@ -289,7 +310,7 @@ class BaseOperator:
             raise TriggerSerializationError(
                 f"task {self.task_id}: defer(kwargs=...) must be plain data: {exc}"
             ) from None
-        timeout_s = to_seconds(timeout, "timeout")
+        timeout_s = _deferral_timeout_s(self.task_id, timeout)
         raise TaskDeferred(
             trigger=serialized, method_name=method_name, kwargs=resume_kwargs, timeout_s=timeout_s
         )

@@ -148,6 +148,18 @@ WITH picked AS (
 )
 SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 
+-- name: unacknowledged_claims
+-- The running task instances held by worker $1 other than the ones it runs ($2): claims that
+-- committed while their reply was lost with the connection. Read only: the worker runs them in
+-- the try they were claimed for. Same columns as claim_tasks.
+SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, ti.next_kwargs,
+       ti.next_event, ti.first_try_at, ti.try_started_at, ti.execution_timeout_s, ti.is_leaf,
+       r.logical_date, r.conf, now() AS db_now
+FROM deferral_task_instances ti
+JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
+WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.id <> ALL ($2::bigint[])
+ORDER BY ti.id;
+
 -- name: finish_tasks
 -- End a batch of running tries in one statement. Per task $1: $2 the worker that ran it and
 -- $7 the try (only that try, still held by that worker, changes: an outcome written again
@@ -570,7 +582,10 @@ FROM deferral_triggerers r ORDER BY r.id;
 
 -- name: reap_zombie_tasks
 -- Running task instances whose worker stopped heartbeating $1 seconds ago fail their try
--- (retries apply), and the dead workers' rows go.
+-- (retries apply), and the dead workers' rows go. Silence counts only from when a heartbeat
+-- could have arrived: not before the server last started (an outage or restart is not the
+-- workers' fault), nor before $2 (when the scheduler regained contact after losing it; null
+-- if it never lost it).
 WITH zombies AS (
     UPDATE deferral_task_instances
     SET state = deferral_fail_state(try_number, retries),
@@ -579,10 +594,14 @@ WITH zombies AS (
         error = format('worker %s stopped heartbeating while running this task', worker_id),
         ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
         next_event = NULL
-    WHERE state = 'running' AND heartbeat_at < now() - make_interval(secs => $1)
+    WHERE state = 'running'
+      AND GREATEST(heartbeat_at, pg_postmaster_start_time(), $2::timestamptz)
+          < now() - make_interval(secs => $1)
     RETURNING id, dag_run_id, task_id, state, is_leaf
 ), dead AS (
-    DELETE FROM deferral_workers WHERE heartbeat_at < now() - make_interval(secs => $1)
+    DELETE FROM deferral_workers
+    WHERE GREATEST(heartbeat_at, pg_postmaster_start_time(), $2::timestamptz)
+          < now() - make_interval(secs => $1)
 )
 SELECT * FROM zombies;
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -14,6 +14,7 @@ import msgspec
 
 from engine.crashpoints import crash_point
 from engine.keys import Keyring, UnreadableValue
+from engine.retry import with_db_retry
 from engine.states import TERMINAL_STATES
 from engine.store.models import (
     ClaimedTask,
@@ -49,6 +50,9 @@ CHANNEL_FINISHED = "deferral_finished"
 #: A DAG run ended; the payload is "<dag_id> <run_id> <state>".
 CHANNEL_RUNS = "deferral_runs"
 
+#: How many times a process tries to connect and migrate at start before giving up.
+CONNECT_ATTEMPTS = 6
+
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 T = TypeVar("T")
 
@@ -64,6 +68,25 @@ def _storable_text(text: str | None) -> str | None:
     if not text:
         return text
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _claimed_task(r: Mapping[str, Any]) -> ClaimedTask:
+    return ClaimedTask(
+        id=r["id"],
+        dag_id=r["dag_id"],
+        run_id=r["run_id"],
+        task_id=r["task_id"],
+        try_number=r["try_number"],
+        logical_date=r["logical_date"],
+        conf=r["conf"],
+        first_try_at=r["first_try_at"],
+        try_started_at=r["try_started_at"],
+        execution_timeout_s=r["execution_timeout_s"],
+        db_now=r["db_now"],
+        next_method=r["next_method"],
+        next_kwargs=r["next_kwargs"],
+        next_event=r["next_event"],
+    )
 
 
 class UnknownDag(LookupError):
@@ -118,17 +141,28 @@ class Store:
             if on_connect is not None:
                 on_connect(conn)
 
-        pool = await asyncpg.create_pool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            init=init,
-            reset=_keep_session,
-            command_timeout=60,
+        # A connection lost while starting (a killed backend, a restarting server) is tried
+        # again a few times; a database that cannot be reached at all still fails soon, with
+        # its own error.
+        pool = await with_db_retry(
+            "connect to the database",
+            lambda: asyncpg.create_pool(
+                url,
+                min_size=1,
+                max_size=pool_size,
+                init=init,
+                reset=_keep_session,
+                command_timeout=60,
+            ),
+            attempts=CONNECT_ATTEMPTS,
         )
         store = cls(pool, url, keyring)
         if migrate:
-            await store.migrate()
+            try:
+                await with_db_retry("migrate", store.migrate, attempts=CONNECT_ATTEMPTS)
+            except BaseException:
+                await store.close()
+                raise
         return store
 
     async def close(self) -> None:
@@ -190,7 +224,12 @@ class Store:
         left, and what a process that dies here leaves, the scheduler's backstop resolves."""
         try:
             await self._resolve_and_signal(list(moved), woke)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.InternalClientError,  # a connection killed mid-operation
+        ) as exc:
             log.warning(
                 "resolving downstream tasks after a committed change failed (%s: %s); the "
                 "scheduler's backstop will",
@@ -336,26 +375,7 @@ class Store:
         waits)."""
         records = await self._pool.fetch(self._q["claim_tasks"], worker_id, limit)
         rows, unreadable = self._open_resumes(records, worker_id)
-        claimed = [
-            ClaimedTask(
-                id=r["id"],
-                dag_id=r["dag_id"],
-                run_id=r["run_id"],
-                task_id=r["task_id"],
-                try_number=r["try_number"],
-                logical_date=r["logical_date"],
-                conf=r["conf"],
-                first_try_at=r["first_try_at"],
-                try_started_at=r["try_started_at"],
-                execution_timeout_s=r["execution_timeout_s"],
-                db_now=r["db_now"],
-                next_method=r["next_method"],
-                next_kwargs=r["next_kwargs"],
-                next_event=r["next_event"],
-            )
-            for r in rows
-            if r["id"] is not None
-        ]
+        claimed = [_claimed_task(r) for r in rows if r["id"] is not None]
         next_in: float | None = rows[0]["next_in"] if not claimed and rows else None
         if unreadable:
             # Claimed but not runnable here: the try fails (retries apply), naming the setting.
@@ -390,6 +410,18 @@ class Store:
                     continue
             opened.append(row)
         return opened, failed
+
+    async def unacknowledged_claims(
+        self, worker_id: int, running: Sequence[int]
+    ) -> list[ClaimedTask]:
+        """The task instances the database says worker ``worker_id`` runs, other than the ones
+        it knows it runs (``running``): claims whose reply it never received (the connection
+        was lost after the claim committed). Read only; the same try continues."""
+        records = await self._pool.fetch(self._q["unacknowledged_claims"], worker_id, list(running))
+        rows, unreadable = self._open_resumes(records, worker_id)
+        if unreadable:
+            await self.finish_tasks(unreadable)
+        return [_claimed_task(r) for r in rows]
 
     async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> dict[tuple[int, int], str]:
         """End running tries in one statement; returns the new state of each task instance
@@ -654,8 +686,14 @@ class Store:
 
     # -- scheduler housekeeping ----------------------------------------------------------
 
-    async def reap_zombie_tasks(self, threshold_s: float) -> list[asyncpg.Record]:
-        rows = await self._pool.fetch(self._q["reap_zombie_tasks"], threshold_s)
+    async def reap_zombie_tasks(
+        self, threshold_s: float, *, contact_since: dt.datetime | None = None
+    ) -> list[asyncpg.Record]:
+        """Fail the running tries whose worker missed heartbeats for ``threshold_s`` seconds.
+        Only heartbeats the database could have received count as missed: none before the
+        server last started, nor before ``contact_since`` (when the caller regained contact
+        with the database after losing it; the workers likely lost it too)."""
+        rows = await self._pool.fetch(self._q["reap_zombie_tasks"], threshold_s, contact_since)
         await self._settle(rows)
         return rows
 
@@ -696,9 +734,13 @@ class Listener:
 
     async def connect(self) -> None:
         conn = await asyncpg.connect(self._url)
-        for channel in self._channels:
-            await conn.add_listener(channel, self._dispatch)
-        conn.add_termination_listener(self._on_lost)
+        try:
+            for channel in self._channels:
+                await conn.add_listener(channel, self._dispatch)
+            conn.add_termination_listener(self._on_lost)
+        except BaseException:
+            conn.terminate()  # half made (killed while listening): not kept
+            raise
         self._conn = conn
 
     def _on_lost(self, _conn: object) -> None:
@@ -714,11 +756,21 @@ class Listener:
         if not self.connected:
             try:
                 await self.connect()
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("cannot LISTEN (%s); polling only for now", exc)
+            except (
+                OSError,
+                TimeoutError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+                asyncpg.InternalClientError,
+            ) as exc:
+                log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
 
     async def close(self) -> None:
         self._closing = True
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
-            await conn.close()
+            try:
+                await conn.close()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.debug("closing the notification connection: %s", exc)
+                conn.terminate()

@@ -1,0 +1,101 @@
+"""A TCP proxy in front of PostgreSQL that a test controls, for faults without crashes.
+
+* ``hold()`` / ``release()``: new connections wait at a gate (a database that cannot be
+  reached yet, for one process only);
+* ``cut_reply_containing(marker)``: the first server reply that carries ``marker`` is not
+  passed on; the connection is cut instead. The statement has run (and committed, in
+  autocommit), its reply is lost: what a connection killed right after a commit leaves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.parse
+from collections.abc import AsyncIterator
+
+import anyio
+import anyio.abc
+from anyio.abc import ByteStream, SocketStream
+
+
+class PgProxy:
+    def __init__(self, upstream_url: str) -> None:
+        parts = urllib.parse.urlsplit(upstream_url)
+        query = urllib.parse.parse_qs(parts.query)
+        self._socket_dir = query.get("host", [None])[0] or (
+            parts.hostname if (parts.hostname or "").startswith("/") else None
+        )
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or 5432
+        self._user = urllib.parse.unquote(parts.username or "postgres")
+        self._password = urllib.parse.unquote(parts.password or "")
+        self._database = parts.path.lstrip("/") or "postgres"
+        self.port = 0
+        self._open = anyio.Event()
+        self._open.set()
+        self._marker: bytes | None = None
+        #: How many replies were cut, and how many connections were made.
+        self.cuts = 0
+        self.connections = 0
+
+    @property
+    def url(self) -> str:
+        auth = urllib.parse.quote(self._user)
+        if self._password:
+            auth += ":" + urllib.parse.quote(self._password)
+        return f"postgresql://{auth}@127.0.0.1:{self.port}/{self._database}?sslmode=disable"
+
+    def hold(self) -> None:
+        if self._open.is_set():
+            self._open = anyio.Event()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def cut_reply_containing(self, marker: bytes) -> None:
+        self._marker = marker
+
+    async def _upstream(self) -> SocketStream:
+        if self._socket_dir:
+            return await anyio.connect_unix(f"{self._socket_dir}/.s.PGSQL.{self._port}")
+        return await anyio.connect_tcp(self._host, self._port)
+
+    async def _handle(self, client: SocketStream) -> None:
+        async with client:
+            await self._open.wait()
+            try:
+                server = await self._upstream()
+            except OSError:
+                return  # the server is down: the client sees its connection closed
+            self.connections += 1
+            async with server, anyio.create_task_group() as tg:
+
+                async def pump(src: ByteStream, dst: ByteStream, watch: bool) -> None:
+                    tail = b""
+                    try:
+                        async for chunk in src:
+                            marker = self._marker if watch else None
+                            if marker is not None and marker in tail + chunk:
+                                self._marker = None
+                                self.cuts += 1
+                                break
+                            if marker is not None:
+                                tail = (tail + chunk)[-len(marker) :]
+                            await dst.send(chunk)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(pump, client, server, False)
+                tg.start_soon(pump, server, client, True)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[PgProxy]:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, self._handle)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
