@@ -150,6 +150,9 @@ class Scheduler:
         now = time.monotonic()
         if now - self._orphans_swept_at >= self.zombie_threshold_s / 2:
             self._orphans_swept_at = now
+            ownerless = await self.store.release_ownerless_triggers()
+            if ownerless:
+                log.warning("freed %d trigger(s) owned by no registered triggerer", ownerless)
             orphans = await self.store.delete_orphan_triggers(self.zombie_threshold_s)
             if orphans:
                 log.info("dropped %d trigger(s) nobody waits on", orphans)

@@ -402,35 +402,60 @@ SELECT count(*) AS released,
 FROM released;
 
 -- name: reap_triggerers
--- Triggerers that are gone lose their triggers, freed for adoption (and the claimers woken):
--- at once those registered with a session lock (register_triggerer_locked) that no session
--- holds any more (the process died, or its lease connection dropped: PostgreSQL ends the
--- session and its locks the moment the connection closes), and any whose lease expired on
--- the database clock. Cheap when nobody is gone: one read of the lock table, nothing deleted.
+-- Remove the triggerers that are gone: at once those registered with a session lock
+-- (register_triggerer_locked) that no session holds any more (the process died, or its lease
+-- connection dropped: PostgreSQL ends the session and its locks the moment the connection
+-- closes), and any whose lease expired on the database clock. Cheap when nobody is gone: one
+-- read of the lock table, nothing deleted. Returns the ids removed; release_reaped_triggers then
+-- frees their triggers, in a statement of its own: a claim_triggers in flight holds the removed
+-- row (FOR KEY SHARE) until it commits, so this DELETE waits for it, and only a later statement
+-- (a fresh snapshot) sees what that claim took.
 WITH locked AS MATERIALIZED (
     SELECT objid FROM pg_locks
     WHERE locktype = 'advisory' AND classid = 74657202 AND objsubid = 2 AND granted
       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-), dead AS (
-    DELETE FROM deferral_triggerers r
-    WHERE r.lease_expires_at < now()
-       OR (r.session_locked AND (r.id % 2147483647)::oid NOT IN (SELECT objid FROM locked))
-    RETURNING id
-), released AS (
+)
+DELETE FROM deferral_triggerers r
+WHERE r.lease_expires_at < now()
+   OR (r.session_locked AND (r.id % 2147483647)::oid NOT IN (SELECT objid FROM locked))
+RETURNING id;
+
+-- name: release_reaped_triggers
+-- Free the triggers of the triggerers reap_triggerers removed ($1) and wake the claimers.
+WITH released AS (
     UPDATE deferral_triggers SET triggerer_id = NULL
-    WHERE triggerer_id IN (SELECT id FROM dead)
+    WHERE triggerer_id = ANY ($1::bigint[])
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM dead) AS triggerers, (SELECT count(*) FROM released) AS triggers,
-       CASE WHEN EXISTS (SELECT 1 FROM released) THEN pg_notify('deferral_triggers', '') END
-           AS notified;
+SELECT count(*) AS triggers,
+       CASE WHEN count(*) > 0 THEN pg_notify('deferral_triggers', '') END AS notified
+FROM released;
+
+-- name: release_ownerless_triggers
+-- The scheduler's backstop: free triggers whose owner is no registered triggerer (a reaper that
+-- died between reap_triggerers and release_reaped_triggers leaves such triggers).
+WITH released AS (
+    UPDATE deferral_triggers t SET triggerer_id = NULL
+    WHERE t.triggerer_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM deferral_triggerers r WHERE r.id = t.triggerer_id)
+    RETURNING 1
+)
+SELECT count(*) AS triggers,
+       CASE WHEN count(*) > 0 THEN pg_notify('deferral_triggers', '') END AS notified
+FROM released;
 
 -- name: claim_triggers
 -- Claim up to $2 unowned triggers for triggerer $1 in one statement; each claim raises the
 -- trigger's fencing token. Returns the database time too, to place deadlines on the loop clock.
-WITH picked AS (
+-- The claimer's own row is read FOR KEY SHARE: a reap_triggerers removing it waits for this
+-- claim to commit (and then frees what it took), or has removed it already (nothing claimed).
+WITH me AS MATERIALIZED (
+    SELECT id FROM deferral_triggerers
+    WHERE id = $1 AND lease_expires_at > now()
+    FOR KEY SHARE
+), picked AS (
     SELECT id FROM deferral_triggers
-    WHERE triggerer_id IS NULL
+    WHERE triggerer_id IS NULL AND EXISTS (SELECT 1 FROM me)
     ORDER BY id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -439,7 +464,6 @@ UPDATE deferral_triggers t
 SET triggerer_id = $1, fence = t.fence + 1
 FROM picked
 WHERE t.id = picked.id
-  AND EXISTS (SELECT 1 FROM deferral_triggerers WHERE id = $1 AND lease_expires_at > now())
 RETURNING t.id, t.classpath, t.kwargs, t.fence, t.timeout_at, now() AS db_now;
 
 -- name: count_unowned_triggers

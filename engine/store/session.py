@@ -83,9 +83,14 @@ class TriggererSession:
 
     async def reap(self) -> tuple[int, int]:
         """Free the triggers of gone triggerers: ``(triggerers reaped, triggers freed)``."""
-        row = await self._c().fetchrow(self._q["reap_triggerers"], timeout=self.timeout_s)
+        conn = self._c()
+        rows = await conn.fetch(self._q["reap_triggerers"], timeout=self.timeout_s)
+        if not rows:
+            return 0, 0
+        gone = [r["id"] for r in rows]
+        row = await conn.fetchrow(self._q["release_reaped_triggers"], gone, timeout=self.timeout_s)
         assert row is not None
-        return int(row["triggerers"]), int(row["triggers"])
+        return len(gone), int(row["triggers"])
 
     async def fail_triggers(
         self, triggerer_id: int, outcomes: Sequence[TriggerOutcome]

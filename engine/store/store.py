@@ -497,14 +497,21 @@ class Store:
     async def reap_triggerers(self) -> int:
         """Unown the triggers of triggerers that are gone (lease expired, or session lock
         free); returns how many were freed."""
-        row = await self._one(self._pool, self._q["reap_triggerers"])
-        if row["triggerers"]:
-            log.warning(
-                "%d triggerer(s) gone (session ended or lease lapsed); %d trigger(s) freed for "
-                "adoption",
-                row["triggerers"],
-                row["triggers"],
-            )
+        gone = [r["id"] for r in await self._pool.fetch(self._q["reap_triggerers"])]
+        if not gone:
+            return 0
+        row = await self._one(self._pool, self._q["release_reaped_triggers"], gone)
+        log.warning(
+            "%d triggerer(s) gone (session ended or lease lapsed); %d trigger(s) freed for "
+            "adoption",
+            len(gone),
+            row["triggers"],
+        )
+        return int(row["triggers"])
+
+    async def release_ownerless_triggers(self) -> int:
+        """Free triggers owned by no registered triggerer (the scheduler's backstop)."""
+        row = await self._one(self._pool, self._q["release_ownerless_triggers"])
         return int(row["triggers"])
 
     async def claim_triggers(self, triggerer_id: int, limit: int) -> list[ClaimedTrigger]:
