@@ -30,7 +30,7 @@ from engine.worker import Worker
 from operators.base import BaseOperator, Context
 from tests.helpers import wait_until
 from tests.triggerer_support import WaitOn
-from triggers.base import encode_value
+from triggers.base import TriggerSerializationError, encode_value, rebuild_trigger
 from triggers.python import PythonTrigger
 
 pytestmark = pytest.mark.anyio
@@ -223,7 +223,7 @@ class DeferOnPython(BaseOperator):
             id="classpath",
         ),
         pytest.param(
-            lambda tmp: DeferOnPython(task_id="wait", check="asyncio.sleep"), id="callable"
+            lambda tmp: DeferOnPython(task_id="wait", check="asyncio.tasks.sleep"), id="callable"
         ),
     ],
 )
@@ -290,3 +290,28 @@ def test_the_setting_reads_a_comma_separated_environment_variable() -> None:
     settings = load_settings({"DEFERRAL_TRIGGER_ALLOW": "triggers.*, myproj.triggers.*,"})
     assert settings.trigger_allow == ("triggers.*", "myproj.triggers.*")
     assert load_settings({}).trigger_allow is None
+
+
+def test_a_callable_a_dags_module_only_imported_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``orders.*`` allows what orders.py defines, not what it imports: a row naming
+    ``orders.create_subprocess_shell`` must not reach asyncio's function."""
+    name = f"orders_{uuid.uuid4().hex[:8]}"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / f"{name}.py").write_text(
+        "from asyncio import create_subprocess_shell  # noqa: F401\n"
+        "async def ready() -> bool:\n    return True\n"
+    )
+    monkeypatch.syspath_prepend(str(dags))
+    allow = trigger_allow_list(Settings(dags_folder=str(dags)))
+    marker = tmp_path / "ran"
+    kwargs = {"check": f"{name}.create_subprocess_shell", "kwargs": {"cmd": f"touch {marker}"}}
+    assert allow(kwargs["check"])  # the pattern alone would let it through
+    with pytest.raises(TriggerSerializationError, match=r"defined in module 'asyncio\.subprocess'"):
+        rebuild_trigger("triggers.python.PythonTrigger", kwargs)
+    assert not marker.exists()
+    # What the module defines itself is still allowed and builds.
+    built = rebuild_trigger("triggers.python.PythonTrigger", {"check": f"{name}.ready"})
+    assert isinstance(built, PythonTrigger)

@@ -62,7 +62,11 @@ class PollingTrigger(BaseTrigger):
 
 
 def import_callable(path: str, what: str = "callable") -> Any:
-    """Import ``package.module.name`` and check it is callable (for checks passed by path)."""
+    """Import ``package.module.name`` and check it is callable (for checks passed by path).
+
+    The callable must be *defined* in the module the path names, not merely imported there:
+    the runtime's allow-list matches the path, and ``orders.run`` must not reach
+    ``asyncio.create_subprocess_shell`` because ``orders`` imported it under that name."""
     import importlib
 
     if not isinstance(path, str) or "." not in path:
@@ -74,4 +78,10 @@ def import_callable(path: str, what: str = "callable") -> Any:
         raise ValueError(f"{what} {path!r} cannot be imported: {exc}") from None
     if not callable(obj):
         raise ValueError(f"{what} {path!r} is not callable")
+    defined_in = getattr(obj, "__module__", None)
+    if defined_in != module_name:
+        raise ValueError(
+            f"{what} {path!r} is defined in module {defined_in!r}, not {module_name!r}: name a "
+            "callable by the module that defines it"
+        )
     return obj
