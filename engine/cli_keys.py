@@ -31,8 +31,9 @@ def keys() -> None:
 def keys_generate(path: Path | None) -> None:
     """Make a new Fernet key.
 
-    Printed on stdout (put it first in fernet_key / DEFERRAL_FERNET_KEY, comma-separated
-    before the old keys, then run `deferral keys rotate`), or written to --file.
+    Printed on stdout, or written to --file. To rotate: add it after the current key in
+    fernet_key / DEFERRAL_FERNET_KEY on every process, then move it first on every process,
+    then run `deferral keys rotate` (docs/explanation/security.md, "Rotating a key").
     """
     key = generate_key()
     if path is None:
