@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import platformdirs
 
-__all__ = ["ConfigError", "Settings", "load_settings"]
+__all__ = ["ConfigError", "Settings", "load_settings", "masked_url"]
 
 DEFAULT_WORKER_SLOTS = 16
 DEFAULT_TRIGGERER_CAPACITY = 1000
@@ -25,6 +25,16 @@ DEFAULT_CLAIM_BATCH = 5000
 DEFAULT_BLOCKED_LOOP_S = 0.2
 DEFAULT_TRIGGERER_MAX_BLOCK_S = 5.0
 DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S = 30.0
+
+
+def masked_url(url: str) -> str:
+    """A database URL with its password replaced by ``***`` (for messages and listings)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user, colon, _password = creds.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
 
 
 class ConfigError(ValueError):
@@ -127,10 +137,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             )
 
     def __repr__(self) -> str:
-        # The keys must not reach a log or a traceback through a repr of the settings.
+        # Keys and passwords must not reach a log or a traceback through a repr of the settings.
+        def shown(name: str, value: object) -> str:
+            if name == "fernet_key" and value:
+                return "'<hidden>'"
+            if name == "database_url" and isinstance(value, str):
+                return repr(masked_url(value))
+            return repr(value)
+
         fields = (
-            f"{name}={'<hidden>' if name == 'fernet_key' and value else repr(value)}"
-            for name, value in msgspec.structs.asdict(self).items()
+            f"{name}={shown(name, value)}" for name, value in msgspec.structs.asdict(self).items()
         )
         return f"Settings({', '.join(fields)})"
 

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 import engine.keys
 from engine import DAG
 from engine.cli import cli
-from engine.config import load_settings
+from engine.config import Settings, load_settings
 from engine.keys import MARKER, Keyring, MissingKeyError, generate_key, keyring_from_settings
 from engine.store import Deferral, Store, TaskOutcome, TriggerOutcome
 from operators.base import BaseOperator, Context
@@ -406,3 +406,13 @@ def test_an_unserializable_kwarg_is_named_without_its_value() -> None:
     with pytest.raises(TriggerSerializationError, match="kwarg 'token'") as info:
         validate_trigger(Bad(SECRET))
     assert SECRET not in str(info.value)
+
+
+def test_the_settings_repr_hides_the_key_and_the_database_password() -> None:
+    settings = Settings(
+        database_url="postgresql://app:s3cret-pw@db.example:5432/deferral", fernet_key="k3y"
+    )
+    shown = repr(settings)
+    assert "s3cret-pw" not in shown
+    assert "k3y" not in shown
+    assert "postgresql://app:***@db.example:5432/deferral" in shown
