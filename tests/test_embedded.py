@@ -248,7 +248,9 @@ def test_folders_above_the_home_and_the_binaries_keep_their_modes(tmp_path: Path
             # The server's OS user cannot enter ``parent``: the data went where it can.
             target = (home / "pgdata").resolve()
             assert target.is_relative_to(ROOT_DATA_BASE)
-            assert stat.S_IMODE(ROOT_DATA_BASE.stat().st_mode) == 0o700
+            # Root's, passable but not writable by the server's account.
+            assert stat.S_IMODE(ROOT_DATA_BASE.stat().st_mode) == 0o711
+            assert ROOT_DATA_BASE.stat().st_uid == 0
     finally:
         stop_embedded_server(home)
         if IS_ROOT and (home / "pgdata").is_symlink():

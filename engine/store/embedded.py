@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -130,11 +131,18 @@ def _data_folder(home: Path, account: Account | None) -> Path:
                 f"access (e.g. chmod o+x {blocked}), or set DEFERRAL_DATABASE_URL"
             )
         return local
-    ROOT_DATA_BASE.mkdir(mode=0o700, exist_ok=True)
-    os.chown(ROOT_DATA_BASE, account.uid, account.gid)
+    # The base stays root's (0711: the server's account may pass through, not add, rename or
+    # replace entries), so no folder in it can be swapped for a link before root chowns it.
+    ROOT_DATA_BASE.mkdir(mode=0o711, exist_ok=True)
+    base = os.lstat(ROOT_DATA_BASE)
+    if not stat.S_ISDIR(base.st_mode):
+        raise EmbeddedServerError(f"{ROOT_DATA_BASE} must be a folder; remove it")
+    if base.st_uid != 0:  # made by an earlier version, owned by the server's account
+        os.chown(ROOT_DATA_BASE, 0, 0, follow_symlinks=False)
+    ROOT_DATA_BASE.chmod(0o711)
     target = ROOT_DATA_BASE / hashlib.sha256(str(home).encode()).hexdigest()[:16]
     target.mkdir(mode=0o700, exist_ok=True)
-    os.chown(target, account.uid, account.gid)
+    os.chown(target, account.uid, account.gid, follow_symlinks=False)
     local.symlink_to(target, target_is_directory=True)
     log.info(
         "%s cannot reach %s; the embedded PostgreSQL keeps its data in %s",

@@ -157,7 +157,26 @@ def can_traverse(path: Path, account: Account) -> Path | None:
 
 def _give(path: Path, account: Account | None) -> None:
     if account is not None:
-        os.chown(path, account.uid, account.gid)
+        # Never through a link: the server's account can write in the data folder, and a link
+        # it planted there must not make root hand it another file.
+        os.chown(path, account.uid, account.gid, follow_symlinks=False)
+
+
+def _write_owned(path: Path, text: str, account: Account | None) -> None:
+    """Replace ``path`` (in a folder the server's account can write) with ``text``: written to
+    a new file that no link can redirect (O_EXCL | O_NOFOLLOW), then renamed over ``path``,
+    which replaces a link planted there instead of writing through it."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            if account is not None:
+                os.fchown(f.fileno(), account.uid, account.gid)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _exec(
@@ -237,12 +256,11 @@ def is_secured(pgdata: Path, password: str) -> bool:
 def ensure_auth(pgdata: Path, account: Account | None, password: str) -> None:
     """Require the password for every connection and set it (the server must be stopped)."""
     hba = pgdata / "pg_hba.conf"
-    if hba.read_text() != _HBA:
-        hba.write_text(_HBA)
-        _give(hba, account)
+    if hba.is_symlink() or hba.read_text() != _HBA:
+        _write_owned(hba, _HBA, account)
     mark = pgdata / _PASSWORD_MARK
     digest = hashlib.sha256(password.encode()).hexdigest()
-    if mark.exists() and mark.read_text() == digest:
+    if not mark.is_symlink() and mark.exists() and mark.read_text() == digest:
         return
     # Single-user mode: no connection, no password on a command line; the statement carries
     # a verifier, and a failing statement is not echoed into the log.
@@ -255,8 +273,7 @@ def ensure_auth(pgdata: Path, account: Account | None, password: str) -> None:
             f"could not set the superuser's password in {pgdata} (is a server running on it?); "
             f"see {pgdata / 'log'}"
         )
-    mark.write_text(digest)
-    _give(mark, account)
+    _write_owned(mark, digest, account)
 
 
 def socket_dir_for(pgdata: Path, account: Account | None) -> Path:
