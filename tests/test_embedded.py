@@ -426,3 +426,27 @@ def test_engine_processes_finish_their_tasks_after_the_postmaster_is_killed(base
                 proc.kill()
                 proc.wait()
     assert all(proc.returncode == 0 for proc in procs)
+
+
+def test_files_root_writes_in_the_data_folder_replace_a_planted_link(tmp_path: Path) -> None:
+    """The server's account can write in its data folder: a link it plants there (to
+    /etc/passwd, say) must be replaced, not written or chowned through."""
+    outside = tmp_path / "outside"
+    outside.write_text("precious\n")
+    before = outside.stat()
+    data = tmp_path / "data"
+    data.mkdir()
+    planted = data / "pg_hba.conf"
+    planted.symlink_to(outside)
+    pgcluster._write_owned(planted, "new contents\n", None)
+    pgcluster._give(planted, None)
+    assert outside.read_text() == "precious\n"
+    assert not planted.is_symlink()
+    assert planted.read_text() == "new contents\n"
+    assert stat.S_IMODE(planted.stat().st_mode) == 0o600
+    after = outside.stat()
+    assert (after.st_uid, after.st_gid, after.st_mode) == (
+        before.st_uid,
+        before.st_gid,
+        before.st_mode,
+    )
