@@ -115,6 +115,7 @@ class TriggerAllowList:
                     f"surrounding spaces, got {pattern!r}"
                 )
         self.dags_folder = dags_folder
+        self._scanned_at = self._folder_mtime()
         self._dag_modules = dags_folder_modules(dags_folder)
 
     @classmethod
@@ -135,9 +136,21 @@ class TriggerAllowList:
             return False
         top = name.split(".", 1)[0]
         if top not in self._dag_modules:
-            # A DAG file added since the last look counts too.
-            self._dag_modules = dags_folder_modules(self.dags_folder)
+            # A DAG file added since the last look counts too. (One stat() tells whether the
+            # folder's entries changed: a stream of refused names does not rescan it each time.)
+            mtime = self._folder_mtime()
+            if mtime != self._scanned_at:
+                self._scanned_at = mtime
+                self._dag_modules = dags_folder_modules(self.dags_folder)
         return top in self._dag_modules
+
+    def _folder_mtime(self) -> int | None:
+        if self.dags_folder is None:
+            return None
+        try:
+            return os.stat(self.dags_folder).st_mtime_ns
+        except OSError:
+            return None
 
     def describe(self) -> str:
         """The allowed names, for messages (patterns are configuration, not secrets)."""
