@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from engine import logs
+from engine import logs, usercode
 from engine.config import (
     DEFAULT_BLOCKED_LOOP_S,
     DEFAULT_CLAIM_BATCH,
@@ -187,6 +187,7 @@ class Triggerer:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._stopping = False
         self._loop = asyncio.get_running_loop()
+        usercode.install(self._loop)
         watchdog = LoopWatchdog(
             self._loop,
             threshold_s=self.blocked_loop_s,
@@ -419,6 +420,7 @@ class Triggerer:
 
     async def _watch(self, trigger_id: int, held: _Held, trigger: BaseTrigger) -> None:
         logs.bind(trigger=trigger_id, classpath=held.classpath)
+        usercode.enter_user_code()  # tasks the trigger starts cannot end the process
         outcome: TriggerOutcome | None = None
         agen = None
         try:

@@ -11,6 +11,7 @@ failures queue for one writer, which ends every try queued meanwhile in one stat
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import functools
 import inspect
@@ -26,7 +27,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from engine import logs
+from engine import logs, usercode
 from engine.config import (
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
@@ -134,6 +135,7 @@ class Worker:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._stopping = False
+        usercode.install(asyncio.get_running_loop())
         self.id = await self._register()
         listener = self.store.listener(CHANNEL_TASKS)
         listener.on_notify(lambda _channel, _payload: self._wake.set())
@@ -323,6 +325,7 @@ class Worker:
         return ti.execution_timeout_s - elapsed
 
     async def _call(self, op: BaseOperator, ti: ClaimedTask) -> Any:
+        usercode.enter_user_code()  # tasks an async execute starts cannot end the process
         context = self._context(ti)
         kwargs: dict[str, Any] = {}
         if ti.next_method:

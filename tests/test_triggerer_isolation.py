@@ -27,6 +27,7 @@ BAD = {
     "interrupt": ("KeyboardInterrupt", "KeyboardInterrupt"),
     "genexit": ("GeneratorExit", "GeneratorExit"),
     "bare_end": ("bare TaskEndEvent", "yielded a bare TaskEndEvent"),
+    "child_exit": ("child SystemExit", "raised SystemExit: 5"),
 }
 
 

@@ -211,6 +211,45 @@ async def test_a_deferral_the_database_refuses_fails_its_task_not_the_worker(
     assert await store.list_triggers() == []
 
 
+_CHILD_EXIT_DAG = """
+    import asyncio
+    from engine import DAG
+    from operators.base import BaseOperator
+    from operators.python import PythonOperator
+
+    class ChildExits(BaseOperator):
+        async def execute(self, context):
+            async def child():
+                raise SystemExit(6)  # asyncio re-raises this out of the loop
+
+            await asyncio.gather(child())
+
+    with DAG(dag_id="child_exit"):
+        ChildExits(task_id="exits", retries=0)
+        PythonOperator(task_id="after", python_callable=lambda: "fine")
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.subprocess
+async def test_a_task_started_by_async_task_code_raising_systemexit_fails_only_that_task(
+    store: Store, children: Children, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dags = _dags(tmp_path, "child_exit_dag", _CHILD_EXIT_DAG)
+    children.env["DEFERRAL_DAGS_FOLDER"] = str(dags)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    dag = DagBag(dags).get_dag("child_exit")
+    async with explained(children), running_engine(store, worker=False, triggerer=False) as engine:
+        worker = children.start("worker", "--slots", "1", name="worker")
+        await engine.start_run(dag)
+        await wait_until(lambda: _run_ended(store, "child_exit"), what="the run to end")
+        assert _alive(worker), children.output()
+    tis = await _tis(store, "child_exit")
+    assert tis["exits"]["state"] == "failed"
+    assert "raised SystemExit: 6" in tis["exits"]["error"]
+    assert tis["after"]["state"] == "success"
+
+
 # -- a claim whose reply is lost ---------------------------------------------------------------
 
 _ONCE_DAG = """
