@@ -128,12 +128,13 @@ class Worker:
 
     def stop(self) -> None:
         """Ask for a graceful stop: claim nothing more, let running tries finish (up to the
-        grace period). Safe to call before ``run`` or more than once."""
+        grace period). Safe to call before ``run`` (which then starts, sees it and returns)
+        or more than once; a stopped worker stays stopped."""
         self._stopping = True
         self._wake.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self._stopping = False
+        # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
         self.id = await self._register()
         listener = self.store.listener(CHANNEL_TASKS)
         listener.on_notify(lambda _channel, _payload: self._wake.set())
