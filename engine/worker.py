@@ -99,6 +99,7 @@ class Worker:
         heartbeat_s: float = 5.0,
         shutdown_grace_s: float = 30.0,
         allow: Callable[[str], bool] | None = None,
+        default_deferrable: bool = False,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
@@ -110,6 +111,8 @@ class Worker:
         self.shutdown_grace_s = shutdown_grace_s
         #: Trigger allow-list (setting trigger_allow): a deferral it refuses fails the task.
         self._allow = allow
+        #: Setting default_deferrable, handed to operators in their context.
+        self.default_deferrable = default_deferrable
         self.id: int | None = None
         self.running: dict[int, ClaimedTask] = {}
         self.peak_running = 0
@@ -315,6 +318,7 @@ class Worker:
             ti_id=ti.id,
             first_try_at=ti.first_try_at,
             claimed_at=ti.db_now,
+            default_deferrable=self.default_deferrable,
         )
 
     def _remaining_s(self, ti: ClaimedTask) -> float | None:
