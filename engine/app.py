@@ -26,9 +26,9 @@ from engine.worker import Worker
 from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, connection_defaults
 
 __all__ = [
+    "engine_connections",
     "make_scheduler",
     "make_triggerer",
-    "engine_connections",
     "make_worker",
     "run_component",
     "spawn",

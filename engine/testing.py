@@ -1,4 +1,11 @@
-"""The authoring kit: test a trigger without an engine, a database or guesswork.
+"""Testing: the authoring kit for triggers, and a whole engine run in-process.
+
+The in-process engine (:mod:`engine.harness`, re-exported here): :func:`run_engine` starts a
+scheduler, a worker and a triggerer on a test database in the test's event loop;
+:meth:`LocalEngine.drain` runs until nothing is runnable now (arq's burst mode) and
+:meth:`LocalEngine.wait_for_state` waits for a task instance to reach a state.
+
+The authoring kit tests a trigger without an engine, a database or guesswork.
 
 * :func:`run_trigger` runs a trigger's ``run()`` until its first event and returns it, or
   fails with a clear :class:`TriggerTestError`: it timed out, it raised, it returned without
@@ -22,6 +29,7 @@ import traceback
 from collections.abc import Coroutine, Generator
 from typing import Any
 
+from engine.harness import DEFAULT_WAIT_S, EngineTimeout, LocalEngine, run_engine
 from triggers.base import (
     BaseTrigger,
     TriggerEvent,
@@ -33,12 +41,16 @@ from triggers.base import (
 
 __all__ = [
     "DEFAULT_BLOCKING_THRESHOLD_S",
+    "DEFAULT_WAIT_S",
+    "EngineTimeout",
+    "LocalEngine",
     "TriggerBlockedLoop",
     "TriggerRaised",
     "TriggerReturnedWithoutEvent",
     "TriggerTestError",
     "TriggerTimedOut",
     "assert_serializable",
+    "run_engine",
     "run_trigger",
     "run_trigger_sync",
 ]

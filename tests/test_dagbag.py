@@ -15,7 +15,7 @@ import pytest
 
 from engine.dagbag import DagBag
 from engine.store import Store
-from tests.helpers import running_engine
+from engine.testing import run_engine
 from triggers.base import decode_value, import_trigger_class, validate_trigger
 
 
@@ -162,7 +162,7 @@ async def test_a_dag_deferring_to_a_folder_trigger_runs(store: Store, tmp_path: 
     )
     bag = DagBag(tmp_path)
     dag = bag.get_dag(f"folder_{uid}")
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["waits"]["state"] == "success", tis["waits"]["error"]
     assert decode_value(tis["waits"]["result"]) == "fired from the folder"

@@ -22,6 +22,7 @@ import pytest
 from engine.dagbag import DagBag
 from engine.retry import with_db_retry
 from engine.store import Store
+from engine.testing import run_engine
 from operators.base import (
     MAX_WAIT_S,
     BaseOperator,
@@ -29,7 +30,7 @@ from operators.base import (
     TaskDeferred,
     TriggerSerializationError,
 )
-from tests.helpers import running_engine, wait_until
+from tests.helpers import wait_until
 from tests.pg_proxy import PgProxy
 from tests.test_processes import Children, _env, explained
 from triggers.temporal import TimeDeltaTrigger
@@ -183,7 +184,7 @@ async def test_a_deferral_the_database_refuses_fails_its_task_not_the_worker(
         "naive_reschedule",
     ]
 
-    async with explained(children), running_engine(store, worker=False, triggerer=False) as engine:
+    async with explained(children), run_engine(store, worker=False, triggerer=False) as engine:
         worker = children.start("worker", "--slots", "8", name="worker")
         await engine.start_run(dag)
 
@@ -243,7 +244,7 @@ async def test_a_claim_whose_reply_is_lost_still_runs_once_in_its_try(
     async with (
         explained(children),
         proxy.running(),
-        running_engine(store, worker=False, triggerer=False) as engine,
+        run_engine(store, worker=False, triggerer=False) as engine,
     ):
         # Without recovery the unacknowledged claim is reaped after this, failing the task.
         engine.scheduler.zombie_threshold_s = 1.0
@@ -467,7 +468,7 @@ async def test_a_database_outage_longer_than_the_zombie_threshold_reaps_nothing(
         async with (
             explained(kids),
             proxy.running(),
-            running_engine(store, worker=False, triggerer=False) as engine,
+            run_engine(store, worker=False, triggerer=False) as engine,
         ):
             engine.scheduler.zombie_threshold_s = OUTAGE_THRESHOLD_S
             # The worker reaches the database through a gate the test holds closed after the

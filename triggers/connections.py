@@ -21,6 +21,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
+from types import MappingProxyType
 
 __all__ = [
     "DEFAULT_DEFERRAL_CONN_ID",
@@ -39,7 +40,8 @@ class ConnectionNotFound(LookupError):
 
 
 #: URLs by connection id that the running engine provides (see :func:`connection_defaults`).
-_defaults: ContextVar[Mapping[str, str]] = ContextVar("deferral_connection_defaults", default={})
+_NONE: Mapping[str, str] = MappingProxyType({})
+_defaults: ContextVar[Mapping[str, str]] = ContextVar("deferral_connection_defaults", default=_NONE)
 
 
 @contextlib.contextmanager
