@@ -110,3 +110,12 @@ def test_the_tutorial_quotes_its_runnable_files_verbatim() -> None:
         block = textwrap.dedent(code).strip()
         found = any(textwrap.indent(block, " " * n) in source for n in (0, 4, 8))
         assert found, f"tutorial block drifted from {path}:\n{code}"
+
+
+@pytest.mark.anyio
+async def test_the_harness_example_runs(store: Store, tmp_path: Path) -> None:
+    """docs/examples/engine_in_a_test.py, as the how-to shows it: drain, then a state wait."""
+    add_to_sys_path(EXAMPLES)
+    import engine_in_a_test
+
+    await engine_in_a_test.check_pipeline(store, tmp_path / "ready")
