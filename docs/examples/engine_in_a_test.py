@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
+
 from engine import DAG
 from engine.store import Store
 from engine.testing import run_engine
@@ -48,7 +50,7 @@ async def check_pipeline(store: Store, flag: Path) -> None:
         assert tis["wait"]["state"] == "deferred"
         assert tis["last"]["state"] == "pending"
         # The world changes: the trigger fires, the sensor resumes, the run ends.
-        flag.touch()
+        await anyio.Path(flag).touch()
         await engine.wait_for_state("example_pipeline", "wait", "success")
         tis = await engine.finish("example_pipeline")
         assert tis["__run__"]["state"] == "success"
