@@ -3,6 +3,8 @@ scheduler start, see it and return; nothing is claimed)."""
 
 from __future__ import annotations
 
+import os
+
 import anyio
 import pytest
 
@@ -45,3 +47,34 @@ async def test_a_scheduler_stopped_before_run_returns(store: Store) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(scheduler.run)
     assert scheduler.housekeeping_passes == 0
+
+
+async def test_an_engine_process_writes_no_configuration_into_the_environment(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_component (what ``deferral triggerer`` runs) hands the database and
+    default_deferrable to the code it runs explicitly; os.environ stays as it was."""
+    from engine.app import run_component
+    from engine.config import load_settings
+    from tests.conftest import TEST_FERNET_KEY
+    from tests.helpers import wait_until
+
+    for name in ("DEFERRAL_CONN_DEFERRAL", "DEFERRAL_DEFAULT_DEFERRABLE"):
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    settings = load_settings(
+        {
+            "DEFERRAL_DATABASE_URL": db_url,
+            "DEFERRAL_FERNET_KEY": TEST_FERNET_KEY,
+            "DEFERRAL_DEFAULT_DEFERRABLE": "true",
+        }
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_component, "triggerer", settings)
+
+        async def registered() -> bool:
+            return bool(await store.list_triggerers())
+
+        await wait_until(registered, what="the triggerer to register")
+        assert dict(os.environ) == before
+        tg.cancel_scope.cancel()
