@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -22,8 +23,10 @@ from engine.security.allow import TriggerAllowList
 from engine.store import Store, database_url, open_store
 from engine.triggerer import Triggerer
 from engine.worker import Worker
+from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, connection_defaults
 
 __all__ = [
+    "engine_connections",
     "make_scheduler",
     "make_triggerer",
     "make_worker",
@@ -49,6 +52,7 @@ def make_worker(store: Store, settings: Settings) -> Worker:
         heartbeat_s=settings.worker_heartbeat_s,
         shutdown_grace_s=settings.worker_shutdown_grace_s,
         allow=trigger_allow_list(settings),
+        default_deferrable=settings.default_deferrable,
     )
 
 
@@ -82,6 +86,12 @@ def make_scheduler(store: Store, settings: Settings) -> Scheduler:
     )
 
 
+def engine_connections(store: Store) -> contextlib.AbstractContextManager[None]:
+    """The connections an engine on ``store`` provides to the tasks and triggers it runs
+    within the block: ``deferral`` is its own database."""
+    return connection_defaults({DEFAULT_DEFERRAL_CONN_ID: store.url})
+
+
 _MAKERS: dict[str, Callable[[Store, Settings], Component]] = {
     "worker": make_worker,
     "triggerer": make_triggerer,
@@ -92,15 +102,12 @@ _MAKERS: dict[str, Callable[[Store, Settings], Component]] = {
 async def run_component(kind: str, settings: Settings) -> None:
     """Run one process kind (worker, triggerer, scheduler) until signalled."""
     store = await open_store(settings)
-    # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
-    # also when it is the embedded server, whose URL is known only now.
-    os.environ.setdefault("DEFERRAL_CONN_DEFERRAL", store.url)
-    # Operators import no engine code: a deferral.toml default_deferrable reaches them here.
-    os.environ.setdefault(
-        "DEFERRAL_DEFAULT_DEFERRABLE", "true" if settings.default_deferrable else "false"
-    )
     try:
-        await serve([_MAKERS[kind](store, settings)])
+        # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
+        # also when it is the embedded server, whose URL is known only now. (Operators read
+        # default_deferrable from their context: the worker puts it there.)
+        with engine_connections(store):
+            await serve([_MAKERS[kind](store, settings)])
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()

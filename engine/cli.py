@@ -317,7 +317,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
                     processor_timeout_s=settings.dag_file_processor_timeout_s,
                 )
                 await sync_dags(store, bag)
-                errors = bag.import_errors
+                errors = dict(bag.import_errors)
             return await store.list_dags(), errors
         finally:
             await store.close()

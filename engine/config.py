@@ -93,7 +93,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     timeout_backstop_grace_s: float = 5.0
 
     #: Sensors defer by default (``deferrable=None``), like Airflow's ``default_deferrable``.
-    #: Operators read it from ``DEFERRAL_DEFAULT_DEFERRABLE``, which the processes export.
+    #: The worker hands it to operators at run time, in ``context["default_deferrable"]``.
     default_deferrable: bool = False
 
     #: Patterns (fnmatch, full match) of the trigger classpaths and the import paths given to

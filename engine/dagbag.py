@@ -21,6 +21,8 @@ import importlib
 import logging
 import os
 import sys
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -30,6 +32,7 @@ from engine.dag import DAG, dags_of_module, forget_module
 from operators.base import BaseOperator
 
 __all__ = ["DagBag", "add_to_sys_path"]
+
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,31 @@ def add_to_sys_path(folder: str | os.PathLike[str] | None) -> Path | None:
     return path
 
 
+class _Snapshot:
+    """What readers see of a bag: its DAGs, the modification times they were loaded at, and
+    the import errors, from one (re)load. A reload builds a new one and swaps it in with one
+    assignment, so a reader (the worker's loop, while a reload runs in a thread) sees the old
+    bag or the new one, never a half-built one."""
+
+    __slots__ = ("dags", "import_errors", "mtimes")
+
+    def __init__(
+        self, dags: dict[str, DAG], mtimes: dict[str, float], import_errors: dict[str, str]
+    ) -> None:
+        self.dags = dags
+        #: Modification time of each loaded file, by path string: the check before every
+        #: task run is one stat(), with no Path to build.
+        self.mtimes = mtimes
+        self.import_errors = import_errors
+
+
 class DagBag:
-    """The DAGs of one folder, reloaded when their file changes."""
+    """The DAGs of one folder, reloaded when their file changes.
+
+    Reads (:attr:`dags`, :meth:`is_current`, :meth:`get_dag` of a current DAG) may run on
+    any thread while another reloads: every reload builds new maps and swaps them in at once.
+    Reloads themselves take turns (a lock).
+    """
 
     def __init__(
         self,
@@ -57,17 +83,27 @@ class DagBag:
             raise ValueError(f"processor_timeout_s must be > 0, got {processor_timeout_s!r}")
         self.folder = add_to_sys_path(folder)
         self.processor_timeout_s = processor_timeout_s
-        self.dags: dict[str, DAG] = {}
-        self.import_errors: dict[str, str] = {}
+        self._snapshot = _Snapshot({}, {}, {})
+        #: Held by whoever (re)loads: the state below belongs to the reload in progress.
+        self._reload_lock = threading.RLock()
         self._modules: dict[Path, tuple[ModuleType, float, list[DAG]]] = {}
-        #: Modification time of each loaded file, by path string: the check before every
-        #: task run is one stat(), with no Path to build.
-        self._mtimes: dict[str, float] = {}
+        #: Import errors of the reload in progress (a copy of the snapshot's, then swapped in).
+        self._errors: dict[str, str] = {}
         self._extra: dict[str, DAG] = {}
         #: Files whose import overran its time, with the modification time they had then.
         self._overran: dict[Path, float] = {}
         if self.folder is not None and not self.folder.is_dir():
             raise FileNotFoundError(f"DAGs folder {self.folder} does not exist")
+
+    @property
+    def dags(self) -> Mapping[str, DAG]:
+        """Every DAG of the bag's last (re)load, by id (read-only: never changed in place)."""
+        return self._snapshot.dags
+
+    @property
+    def import_errors(self) -> Mapping[str, str]:
+        """The error of each file that failed to import, by path (read-only)."""
+        return self._snapshot.import_errors
 
     def files(self) -> list[Path]:
         if self.folder is None:
@@ -80,9 +116,14 @@ class DagBag:
                     found.append(Path(root) / name)
         return found
 
-    def collect(self) -> dict[str, DAG]:
+    def collect(self) -> Mapping[str, DAG]:
         """(Re)load every file whose modification time changed; returns all DAGs."""
+        with self._reload_lock:
+            return self._collect()
+
+    def _collect(self) -> Mapping[str, DAG]:
         files = self.files()
+        self._errors = dict(self._snapshot.import_errors)
         changed = [c for c in map(self._needs_import, files) if c is not None]
         if changed:
             crash_point("dagbag.parse")
@@ -96,19 +137,20 @@ class DagBag:
             del self._modules[gone]
         for gone in set(self._overran) - seen:
             del self._overran[gone]
-        for stale in set(self.import_errors) - {str(f) for f in seen}:
-            del self.import_errors[stale]
-        self._mtimes = {str(file): known[1] for file, known in self._modules.items()}
-        self.dags = dict(self._extra)
+        for stale in set(self._errors) - {str(f) for f in seen}:
+            del self._errors[stale]
+        mtimes = {str(file): known[1] for file, known in self._modules.items()}
+        built = dict(self._extra)
         for file, (_, _, dags) in self._modules.items():
             for dag in dags:
-                if dag.dag_id in self.dags and self.dags[dag.dag_id] is not dag:
-                    other = self.dags[dag.dag_id].fileloc
-                    self.import_errors[str(file)] = f"DAG {dag.dag_id!r} is also defined in {other}"
+                if dag.dag_id in built and built[dag.dag_id] is not dag:
+                    other = built[dag.dag_id].fileloc
+                    self._errors[str(file)] = f"DAG {dag.dag_id!r} is also defined in {other}"
                     continue
                 dag.fileloc = str(file)
-                self.dags[dag.dag_id] = dag
-        return self.dags
+                built[dag.dag_id] = dag
+        self._snapshot = _Snapshot(built, mtimes, self._errors)
+        return built
 
     def _needs_import(self, file: Path) -> tuple[Path, float] | None:
         """``(file, mtime)`` if the file is new or changed since it was imported (or overran)."""
@@ -152,13 +194,13 @@ class DagBag:
         except BaseException as exc:  # user code: even SystemExit is this file's import error
             self._fail(file, known, dagparse.describe(file, exc))
             return
-        self.import_errors.pop(str(file), None)
+        self._errors.pop(str(file), None)
         self._modules[file] = (module, mtime, dags)
 
     def _fail(
         self, file: Path, known: tuple[ModuleType, float, list[DAG]] | None, error: str
     ) -> None:
-        self.import_errors[str(file)] = error
+        self._errors[str(file)] = error
         log.error("DAG file %s failed to import:\n%s", file, error)
         if known is not None:
             # A failed reload leaves the half-run module in sys.modules; once the file is
@@ -168,27 +210,32 @@ class DagBag:
 
     def is_current(self, dag_id: str) -> bool:
         """True when the DAG is loaded and its file has not changed since (no import needed)."""
-        if dag_id in self._extra:
+        snapshot = self._snapshot
+        dag = snapshot.dags.get(dag_id)
+        if dag is not None and dag_id in self._extra:
             return True
-        dag = self.dags.get(dag_id)
-        return dag is not None and not (dag.fileloc and self._changed(dag.fileloc))
+        return dag is not None and not (dag.fileloc and self._changed(snapshot, dag.fileloc))
 
     def get_dag(self, dag_id: str) -> DAG:
         """The DAG, (re)loading the folder first if it is unknown or its file changed."""
         if not self.is_current(dag_id):
             self.collect()
-        dag = self.dags.get(dag_id)
+        snapshot = self._snapshot
+        dag = snapshot.dags.get(dag_id)
         if dag is None:
             where = f" in {self.folder}" if self.folder else " (no DAGs folder is configured)"
-            error = next((f"; {f} failed to import" for f in self.import_errors if dag_id in f), "")
+            error = next(
+                (f"; {f} failed to import" for f in snapshot.import_errors if dag_id in f), ""
+            )
             raise LookupError(f"no DAG {dag_id!r}{where}{error}")
         return dag
 
     def get_task(self, dag_id: str, task_id: str) -> BaseOperator:
         return self.get_dag(dag_id).get_task(task_id)
 
-    def _changed(self, file: str) -> bool:
-        known = self._mtimes.get(file)
+    @staticmethod
+    def _changed(snapshot: _Snapshot, file: str) -> bool:
+        known = snapshot.mtimes.get(file)
         try:
             return known is None or os.stat(file).st_mtime != known
         except OSError:
@@ -197,5 +244,7 @@ class DagBag:
     def add_dag(self, dag: DAG) -> None:
         """Register a DAG built in code (tests, benchmarks, the demo) rather than from a file."""
         dag.validate()
-        self._extra[dag.dag_id] = dag
-        self.dags[dag.dag_id] = dag
+        with self._reload_lock:
+            self._extra[dag.dag_id] = dag
+            old = self._snapshot
+            self._snapshot = _Snapshot({**old.dags, dag.dag_id: dag}, old.mtimes, old.import_errors)

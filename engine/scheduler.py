@@ -64,12 +64,13 @@ class Scheduler:
         self.housekeeping_passes = 0
 
     def stop(self) -> None:
-        """Graceful stop; safe before ``run`` and more than once."""
+        """Graceful stop; safe before ``run`` (which then returns at once) and more than once;
+        a stopped scheduler stays stopped."""
         self._stopping = True
         self._wake.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self._stopping = False
+        # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
         if self.dagbag is not None:
             await self._sync_dags(first=True)
         listener = self.store.listener(CHANNEL_FINISHED)

@@ -1,4 +1,11 @@
-"""The authoring kit: test a trigger without an engine, a database or guesswork.
+"""Testing: the authoring kit for triggers, and a whole engine run in-process.
+
+The in-process engine (:mod:`engine.harness`, re-exported here): :func:`run_engine` starts a
+scheduler, a worker and a triggerer on a test database in the test's event loop;
+:meth:`LocalEngine.drain` runs until nothing is runnable now (arq's burst mode) and
+:meth:`LocalEngine.wait_for_state` waits for a task instance to reach a state.
+
+The authoring kit tests a trigger without an engine, a database or guesswork.
 
 * :func:`run_trigger` runs a trigger's ``run()`` until its first event and returns it, or
   fails with a clear :class:`TriggerTestError`: it timed out, it raised, it returned without
@@ -15,13 +22,13 @@ Use them in ``pytest`` (``async def`` tests with anyio, or plain ones with the s
 from __future__ import annotations
 
 import asyncio
-import sys
-import threading
-import time
-import traceback
-from collections.abc import Coroutine, Generator
 from typing import Any
 
+import anyio
+
+from engine.config import DEFAULT_BLOCKED_LOOP_S
+from engine.harness import DEFAULT_WAIT_S, EngineTimeout, LocalEngine, run_engine
+from engine.watchdog import BlockReport, LoopWatchdog
 from triggers.base import (
     BaseTrigger,
     TriggerEvent,
@@ -33,18 +40,23 @@ from triggers.base import (
 
 __all__ = [
     "DEFAULT_BLOCKING_THRESHOLD_S",
+    "DEFAULT_WAIT_S",
+    "EngineTimeout",
+    "LocalEngine",
     "TriggerBlockedLoop",
     "TriggerRaised",
     "TriggerReturnedWithoutEvent",
     "TriggerTestError",
     "TriggerTimedOut",
     "assert_serializable",
+    "run_engine",
     "run_trigger",
     "run_trigger_sync",
 ]
 
-#: A single step of trigger code running longer than this without yielding blocks the loop.
-DEFAULT_BLOCKING_THRESHOLD_S = 0.1
+#: A single step of trigger code running longer than this without yielding blocks the loop:
+#: the triggerer's own default (setting ``triggerer_blocked_loop_s``).
+DEFAULT_BLOCKING_THRESHOLD_S = DEFAULT_BLOCKED_LOOP_S
 
 
 class TriggerTestError(AssertionError):
@@ -109,100 +121,63 @@ def _plain_attributes(trigger: BaseTrigger) -> dict[str, Any]:
     return plain
 
 
-class _BlockWatch:
-    """Times every step of the trigger's coroutine; a watchdog thread samples the loop
-    thread's stack while a step runs too long, so the report names the blocking line."""
+class _BlockCheck:
+    """The triggerer's own loop watchdog (:class:`engine.watchdog.LoopWatchdog`) watching the
+    trigger's task: what it reports here is what a triggerer would report and enforce."""
 
-    def __init__(self, name: str, threshold_s: float) -> None:
+    def __init__(self, name: str, task_name: str, threshold_s: float | None) -> None:
         self.name = name
+        self.task_name = task_name
         self.threshold_s = threshold_s
-        self.step_started: float | None = None
-        self.worst_s = 0.0
-        self.stack: str | None = None
-        self.thread_id = threading.get_ident()
-        self._stop = threading.Event()
-        self._watcher = threading.Thread(
-            target=self._watch, name="trigger-block-watch", daemon=True
-        )
+        self.reports: list[BlockReport] = []
+        self._ended: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watchdog: LoopWatchdog | None = None
 
-    def __enter__(self) -> _BlockWatch:
-        if self.threshold_s != float("inf"):
-            self._watcher.start()
+    def __enter__(self) -> _BlockCheck:
+        if self.threshold_s is not None:
+            self._loop = asyncio.get_running_loop()
+            self._ended = asyncio.Event()
+            self._watchdog = LoopWatchdog(
+                self._loop, threshold_s=self.threshold_s, on_block=self._on_block
+            )
+            self._watchdog.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._watcher.is_alive():
-            self._watcher.join()
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
-    def _watch(self) -> None:
-        while not self._stop.wait(self.threshold_s / 4):
-            started = self.step_started
-            if started is None or self.stack is not None:
-                continue
-            if time.perf_counter() - started > self.threshold_s:
-                frame = sys._current_frames().get(self.thread_id)
-                if frame is not None and self.step_started == started:
-                    frames = [
-                        f
-                        for f in traceback.extract_stack(frame)
-                        if f.filename != __file__ and "asyncio" not in f.filename
-                    ]
-                    self.stack = "".join(traceback.format_list(frames[-4:]))
+    def _on_block(self, report: BlockReport) -> None:
+        # On the watchdog's thread: record, and hop to the loop to say a block ended.
+        if report.task_name != self.task_name:
+            return  # another task of the caller's loop blocked it, not the trigger
+        if report not in self.reports:
+            self.reports.append(report)
+        if report.ended and self._loop is not None and self._ended is not None:
+            self._loop.call_soon_threadsafe(self._ended.set)
 
-    def wrap(self, coro: Coroutine[Any, Any, Any]) -> Coroutine[Any, Any, Any]:
-        return _timed(coro, self)
+    async def settle(self) -> None:
+        """Let a block seen at the trigger's last step end, so its length is known (the
+        watchdog notices within a quarter of the threshold once the loop is free)."""
+        if self.threshold_s is None or self._ended is None:
+            return
+        with anyio.move_on_after(self.threshold_s * 4 + 1):
+            while any(not r.ended for r in self.reports):
+                self._ended.clear()
+                await self._ended.wait()
 
     def check(self) -> None:
-        if self.worst_s > self.threshold_s:
-            where = f"\nit was blocked here:\n{self.stack}" if self.stack else ""
-            raise TriggerBlockedLoop(
-                f"{self.name} blocked the event loop for {self.worst_s * 1000:.0f} ms in one step "
-                f"(limit {self.threshold_s * 1000:.0f} ms): run() must await, never call blocking "
-                "code such as time.sleep, requests or file reads; use asyncio.sleep, aiohttp or "
-                f"anyio.to_thread.run_sync{where}"
-            )
-
-
-async def _timed(coro: Coroutine[Any, Any, Any], watch: _BlockWatch) -> Any:
-    return await _Stepper(coro, watch)
-
-
-class _Stepper:
-    """Drives a coroutine step by step (as the loop would), timing each step."""
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], watch: _BlockWatch) -> None:
-        self.coro = coro
-        self.watch = watch
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        to_send: Any = None
-        to_throw: BaseException | None = None
-        while True:
-            self.watch.step_started = started = time.perf_counter()
-            try:
-                if to_throw is not None:
-                    yielded = self.coro.throw(to_throw)
-                else:
-                    yielded = self.coro.send(to_send)
-            except StopIteration as stop:
-                self._record(started)
-                return stop.value
-            except BaseException:
-                self._record(started)
-                raise
-            self._record(started)
-            try:
-                to_send, to_throw = (yield yielded), None
-            except GeneratorExit:
-                self.coro.close()
-                raise
-            except BaseException as exc:  # cancellation and errors go into the coroutine
-                to_send, to_throw = None, exc
-
-    def _record(self, started: float) -> None:
-        self.watch.step_started = None
-        self.watch.worst_s = max(self.watch.worst_s, time.perf_counter() - started)
+        if not self.reports or self.threshold_s is None:
+            return
+        worst = max(self.reports, key=lambda r: r.duration_s)
+        where = f"\nit was blocked here:\n  {worst.location}" if worst.location else ""
+        raise TriggerBlockedLoop(
+            f"{self.name} blocked the event loop for {worst.duration_s * 1000:.0f} ms in one step "
+            f"(limit {self.threshold_s * 1000:.0f} ms, as a triggerer's blocked_loop_s): run() "
+            "must await, never call blocking code such as time.sleep, requests or file reads; "
+            f"use asyncio.sleep, aiohttp or anyio.to_thread.run_sync{where}"
+        )
 
 
 async def run_trigger(
@@ -223,7 +198,6 @@ async def run_trigger(
     name = repr(trigger)
     if check_serializable:
         trigger = assert_serializable(trigger)
-    watch = _BlockWatch(name, blocking_threshold if blocking_threshold else float("inf"))
     agen = trigger.run()
 
     async def first_event() -> TriggerEvent | None:
@@ -239,17 +213,23 @@ async def run_trigger(
             finally:
                 await trigger.cleanup()
 
-    with watch:
+    # Named as the triggerer names a trigger's task: the watchdog reports the task it caught.
+    task_name = f"trigger-test-{id(trigger)}"
+    with _BlockCheck(name, task_name, blocking_threshold or None) as watch:
+        task = asyncio.get_running_loop().create_task(first_event(), name=task_name)
         try:
-            event = await asyncio.wait_for(watch.wrap(first_event()), timeout)
+            event = await asyncio.wait_for(task, timeout)
         except TimeoutError:
+            await watch.settle()
             watch.check()
             raise TriggerTimedOut(f"{name} yielded no event within {timeout}s") from None
         except TriggerTestError:
             raise
         except Exception as exc:
+            await watch.settle()
             watch.check()
             raise TriggerRaised(f"{name} raised {type(exc).__name__}: {exc}") from exc
+        await watch.settle()
     watch.check()
     if event is None:
         raise TriggerReturnedWithoutEvent(

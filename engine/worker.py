@@ -100,6 +100,7 @@ class Worker:
         heartbeat_s: float = 5.0,
         shutdown_grace_s: float = 30.0,
         allow: Callable[[str], bool] | None = None,
+        default_deferrable: bool = False,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
@@ -111,6 +112,8 @@ class Worker:
         self.shutdown_grace_s = shutdown_grace_s
         #: Trigger allow-list (setting trigger_allow): a deferral it refuses fails the task.
         self._allow = allow
+        #: Setting default_deferrable, handed to operators in their context.
+        self.default_deferrable = default_deferrable
         self.id: int | None = None
         self.running: dict[int, ClaimedTask] = {}
         self.peak_running = 0
@@ -129,12 +132,13 @@ class Worker:
 
     def stop(self) -> None:
         """Ask for a graceful stop: claim nothing more, let running tries finish (up to the
-        grace period). Safe to call before ``run`` or more than once."""
+        grace period). Safe to call before ``run`` (which then starts, sees it and returns)
+        or more than once; a stopped worker stays stopped."""
         self._stopping = True
         self._wake.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self._stopping = False
+        # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
         usercode.install(asyncio.get_running_loop())
         self.id = await self._register()
         listener = self.store.listener(CHANNEL_TASKS)
@@ -316,6 +320,7 @@ class Worker:
             ti_id=ti.id,
             first_try_at=ti.first_try_at,
             claimed_at=ti.db_now,
+            default_deferrable=self.default_deferrable,
         )
 
     def _remaining_s(self, ti: ClaimedTask) -> float | None:

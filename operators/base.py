@@ -83,6 +83,9 @@ class Context(TypedDict, total=False):
     first_try_at: dt.datetime | None
     #: When this worker claimed it for the current call (database clock).
     claimed_at: dt.datetime | None
+    #: The engine's ``default_deferrable`` setting: whether operators that can defer and were
+    #: not told (``deferrable=None``) do. The runtime hands it over here, at run time.
+    default_deferrable: bool
 
 
 class DagLike(Protocol):

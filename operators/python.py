@@ -90,6 +90,9 @@ class PythonSensor(BaseSensorOperator):
         extra = {k: v for k, v in extra.items() if k not in self.op_kwargs}
         return self.python_callable(*self.op_args, **self.op_kwargs, **extra)
 
+    def can_defer(self) -> bool:
+        return self.async_check is not None
+
     def trigger(self, context: Context) -> BaseTrigger:
         assert self.async_check is not None
         return PythonTrigger(self.async_check, kwargs=self.op_kwargs, **self.trigger_kwargs())

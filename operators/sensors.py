@@ -7,6 +7,10 @@ Every sensor checks with ``poke(context)`` and runs in one of three ways:
 * ``deferrable=True``: check once on the worker (a condition already true costs no
   deferral), then hand the wait to a triggerer via the sensor's :meth:`trigger`.
 
+``deferrable=None`` (the default) follows the engine's ``default_deferrable`` setting, which
+the worker hands over at run time in ``context["default_deferrable"]`` (a sensor that cannot
+defer, e.g. with no async check, then waits in its ``mode``).
+
 ``timeout`` counts from the sensor's first try, across reschedules, deferrals and retries.
 ``soft_fail`` turns a timeout into ``skipped``. A timeout never uses the task's retries (as
 in Airflow): in the worker it is a :class:`SensorTimeout`, and a timed-out deferral of a
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,17 +63,10 @@ __all__ = [
     "SensorTimeout",
     "SqlSensor",
     "TimeDeltaSensor",
-    "default_deferrable",
 ]
 
 DEFAULT_SENSOR_TIMEOUT_S = 7 * 24 * 3600.0
 DEFAULT_POKE_INTERVAL_S = 60.0
-
-
-def default_deferrable() -> bool:
-    """``DEFERRAL_DEFAULT_DEFERRABLE`` (true/false); false when unset."""
-    value = os.environ.get("DEFERRAL_DEFAULT_DEFERRABLE", "").strip().lower()
-    return value in ("1", "true", "yes", "on")
 
 
 class SensorTimeout(FailTask):
@@ -112,7 +108,19 @@ class BaseSensorOperator(BaseOperator):
         self.soft_fail = bool(soft_fail)
         self.exponential_backoff = bool(exponential_backoff)
         self.max_wait_s = to_seconds(max_wait, "max_wait")
-        self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
+        #: True or False as given; None follows the engine's ``default_deferrable``.
+        self.deferrable = None if deferrable is None else bool(deferrable)
+
+    def defers(self, context: Context) -> bool:
+        """Whether this sensor hands its wait to a triggerer: ``deferrable`` when given, else
+        the engine's ``default_deferrable`` (from the context) if it :meth:`can_defer`."""
+        if self.deferrable is not None:
+            return self.deferrable
+        return bool(context.get("default_deferrable", False)) and self.can_defer()
+
+    def can_defer(self) -> bool:
+        """Whether this sensor has a trigger to defer to (subclasses with conditions say so)."""
+        return type(self).trigger is not BaseSensorOperator.trigger
 
     # -- what subclasses write -------------------------------------------------------------
 
@@ -204,7 +212,7 @@ class BaseSensorOperator(BaseOperator):
             elapsed = self._elapsed_s(context, started)
             if elapsed >= self.timeout_s:
                 self._timed_out(elapsed)
-            if self.deferrable:
+            if self.defers(context):
                 self.defer(
                     trigger=self.trigger(context),
                     method_name="execute_complete",
@@ -331,6 +339,9 @@ class HttpSensor(BaseSensorOperator):
                     f"task {self.task_id}: a deferrable HttpSensor needs response_check as an "
                     "import path ('module.function'); a lambda or closure cannot reach a triggerer"
                 )
+
+    def can_defer(self) -> bool:
+        return self.check_fn is None or self.check_path is not None
 
     def _trigger(self) -> HttpTrigger:
         return HttpTrigger(response_check=self.check_path, **self.request, **self.trigger_kwargs())

@@ -1,19 +1,16 @@
-"""Helpers of the sensor and trigger tests: modes, runs at chosen logical dates, state waits,
-and a local HTTP server on 127.0.0.1."""
+"""Helpers of the sensor and trigger tests: modes, state waits and a local HTTP server on
+127.0.0.1 (the engine itself is ``engine.testing.run_engine``)."""
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from engine.client import wait_for_run
-from engine.dag import DAG
 from engine.store import Store
-from tests.helpers import WAIT_S, Engine, wait_until
+from tests.helpers import WAIT_S, wait_until
 
 #: Sensor keyword arguments of each way to wait.
 MODES: dict[str, dict[str, Any]] = {
@@ -23,14 +20,6 @@ MODES: dict[str, dict[str, Any]] = {
 }
 #: Short intervals; the timeout only guards against a hang.
 FAST: dict[str, Any] = {"poke_interval": 0.02, "timeout": WAIT_S}
-
-
-async def start_run(
-    engine: Engine, dag: DAG, run_id: str = "run1", logical_date: dt.datetime | None = None
-) -> None:
-    await engine.add_dag(dag)
-    when = logical_date or await engine.store.now()
-    await engine.store.create_dag_run(dag.dag_id, run_id, logical_date=when)
 
 
 async def task_instance(
@@ -57,16 +46,6 @@ async def wait_checked_once(store: Store, dag_id: str, task_id: str, mode: str) 
         return bool(ti["state"] == "deferred")
 
     await wait_until(waiting, what=f"{dag_id}.{task_id} waiting in {mode} mode")
-
-
-async def finish(store: Store, dag_id: str, run_id: str = "run1") -> dict[str, dict[str, Any]]:
-    """Wait for the run to end; its task instances by task_id, plus "__run__"."""
-    state = await wait_for_run(store, dag_id, run_id, WAIT_S)
-    assert state != "running", f"run {dag_id}/{run_id} did not end within {WAIT_S}s"
-    tis = await store.list_task_instances(dag_id=dag_id, run_id=run_id)
-    out: dict[str, dict[str, Any]] = {ti["task_id"]: ti for ti in tis}
-    out["__run__"] = {"state": state}
-    return out
 
 
 @contextlib.asynccontextmanager

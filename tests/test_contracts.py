@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from engine import DAG
 from engine.dag import DagCycleError
 from engine.store import Store
+from engine.testing import run_engine
 from operators.base import BaseOperator, Context, TaskDeferred, TriggerSerializationError
 from operators.python import PythonOperator
-from tests.helpers import running_engine, utcnow
+from tests.helpers import utcnow
 from tests.triggers_for_tests import (
     ClasspathTrigger,
     DriftTrigger,
@@ -205,7 +206,7 @@ async def test_a_bad_deferral_in_a_running_task_fails_it_and_writes_nothing(
         task = operator(task_id="bad", retries=0)
         after = PythonOperator(task_id="after", python_callable=lambda: "ran")
         task >> after
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["__run__"]["state"] == "failed"
     bad = tis["bad"]
@@ -236,7 +237,7 @@ class SwallowingDeferrer(BaseOperator):
 async def test_except_exception_in_execute_cannot_swallow_a_deferral(store: Store) -> None:
     with DAG(dag_id="swallow") as dag:
         SwallowingDeferrer(task_id="t")
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == "success"
     assert decode_value(tis["t"]["result"]) == "resumed with fired"

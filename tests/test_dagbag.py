@@ -3,6 +3,7 @@ reload on change."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import pytest
 
 from engine.dagbag import DagBag
 from engine.store import Store
-from tests.helpers import running_engine
+from engine.testing import run_engine
 from triggers.base import decode_value, import_trigger_class, validate_trigger
 
 
@@ -161,7 +162,7 @@ async def test_a_dag_deferring_to_a_folder_trigger_runs(store: Store, tmp_path: 
     )
     bag = DagBag(tmp_path)
     dag = bag.get_dag(f"folder_{uid}")
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["waits"]["state"] == "success", tis["waits"]["error"]
     assert decode_value(tis["waits"]["result"]) == "fired from the folder"
@@ -215,3 +216,43 @@ def test_a_removed_file_takes_its_dags_with_it(tmp_path: Path) -> None:
     gone.unlink()
     assert set(bag.collect()) == {f"keep_{uid}"}
     assert keep.exists()
+
+
+def test_a_reload_swaps_the_whole_bag_in_one_assignment(tmp_path: Path) -> None:
+    """While a reload builds the new DAG map, a reader (the worker's loop, while the reload
+    runs in a thread) sees the old complete map, never one with DAGs missing."""
+    uid = _uid()
+    write(tmp_path / f"a_{uid}.py", dag_source(f"a_{uid}", "t"))
+    probed = tmp_path / f"b_{uid}.py"
+    source = f"""
+        from engine import DAG
+        from operators.python import PythonOperator
+        import tests.bag_probe as probe
+
+        class ProbedDAG(DAG):
+            @property
+            def fileloc(self):
+                return self._fileloc
+
+            @fileloc.setter
+            def fileloc(self, value):
+                self._fileloc = value
+                if probe.bag is not None:
+                    probe.seen.append(sorted(probe.bag.dags))
+
+        with ProbedDAG(dag_id="b_{uid}"):
+            PythonOperator(task_id="t", python_callable=print)
+        # version
+        """
+    write(probed, source.replace("version", "version 1"))
+    bag = DagBag(tmp_path)
+    assert set(bag.collect()) == {f"a_{uid}", f"b_{uid}"}
+    probe = importlib.import_module("tests.bag_probe")
+    probe.bag, probe.seen = bag, []
+    try:
+        write(probed, source.replace("version", "version 2"))
+        assert set(bag.collect()) == {f"a_{uid}", f"b_{uid}"}
+    finally:
+        probe.bag = None
+    assert probe.seen, "the probe did not run"
+    assert all(keys == sorted([f"a_{uid}", f"b_{uid}"]) for keys in probe.seen), probe.seen

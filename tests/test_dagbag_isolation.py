@@ -19,7 +19,8 @@ import pytest
 
 from engine.dagbag import DagBag
 from engine.store import Store, TaskOutcome
-from tests.helpers import WAIT_S, child_env, running_engine, wait_until
+from engine.testing import run_engine
+from tests.helpers import WAIT_S, child_env, wait_until
 
 #: Short, so the looping file costs little; the child's interpreter starts well within it.
 TIMEOUT_S = 5.0
@@ -120,7 +121,7 @@ async def test_the_good_dag_next_to_bad_files_runs(store: Store, tmp_path: Path)
     bag = DagBag(tmp_path / "dags", processor_timeout_s=TIMEOUT_S)
     dags = await anyio.to_thread.run_sync(bag.collect)
     _check_errors(bag.import_errors, files)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dags[f"good_{uid}"])
     assert tis["__run__"]["state"] == "success"
 

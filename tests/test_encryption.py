@@ -26,10 +26,11 @@ from engine.cli import cli
 from engine.config import Settings, load_settings
 from engine.keys import MARKER, Keyring, MissingKeyError, generate_key, keyring_from_settings
 from engine.store import Deferral, Store, TaskOutcome, TriggerOutcome
+from engine.testing import run_engine
 from operators.base import BaseOperator, Context
 from operators.python import PythonOperator
 from tests.conftest import REPO
-from tests.helpers import child_env, running_engine, wait_until
+from tests.helpers import child_env, wait_until
 from tests.triggers_for_tests import FileTrigger, NeverTrigger, release_file
 from triggers.base import (
     BaseTrigger,
@@ -170,12 +171,12 @@ async def test_a_trigger_no_key_opens_fails_its_task_and_the_triggerer_runs_on(
     sealed_with_a = str(tmp_path / "a")
     async with keyed_store(db_url, key_a) as store_a:
         dag_a = _file_dag("under_a", [sealed_with_a])
-        async with running_engine(store_a, triggerer=False) as engine:
+        async with run_engine(store_a, triggerer=False) as engine:
             await engine.start_run(dag_a)
             await _wait_deferred(store_a, "under_a", 1)
 
     release_file(sealed_with_a, "never read")
-    async with keyed_store(db_url, key_c) as store_c, running_engine(store_c) as engine:
+    async with keyed_store(db_url, key_c) as store_c, run_engine(store_c) as engine:
         out = await engine.finish("under_a", "run1")
         assert out["w0"]["state"] == "failed"
         assert "fernet_key" in out["w0"]["error"]
@@ -236,7 +237,7 @@ async def test_rotation_runs_online_and_a_triggerer_with_only_the_new_key_fires(
     key_a, key_b = generate_key(), generate_key()
     paths = [str(tmp_path / f"f{i}-{uuid.uuid4().hex[:6]}") for i in range(3)]
     dag = _file_dag("rotated", paths)
-    async with keyed_store(db_url, key_a) as store_a, running_engine(store_a, triggerer=False) as e:
+    async with keyed_store(db_url, key_a) as store_a, run_engine(store_a, triggerer=False) as e:
         await e.start_run(dag)
         await _wait_deferred(store_a, "rotated", 3)
 
@@ -278,7 +279,7 @@ async def test_rotation_runs_online_and_a_triggerer_with_only_the_new_key_fires(
         await wait_until(held_by_second, what="the B-only triggerer to hold the triggers")
         for path in paths:
             release_file(path, f"fired {Path(path).name}")
-        async with running_engine(store_b, triggerer=False) as engine:
+        async with run_engine(store_b, triggerer=False) as engine:
             await engine.add_dag(dag)
             out = await engine.finish("rotated", "run1")
     assert out["__run__"]["state"] == "success", (tmp_path / "t2.log").read_text()

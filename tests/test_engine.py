@@ -14,10 +14,11 @@ import pytest
 
 from engine import DAG
 from engine.store import Store, TriggerOutcome
+from engine.testing import run_engine
 from engine.worker import Worker
 from operators.base import BaseOperator, Context, SkipTask
 from operators.python import PythonOperator
-from tests.helpers import running_engine, wait_until
+from tests.helpers import wait_until
 from tests.triggers_for_tests import (
     CLEANUPS,
     RUNS,
@@ -133,7 +134,7 @@ async def test_defer_fire_resume_then_downstream_and_the_run_succeeds(store: Sto
         )
         load = PythonOperator(task_id="load", python_callable=_ok)
         wait >> load
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["__run__"]["state"] == "success"
     assert tis["wait"]["state"] == "success"
@@ -157,7 +158,7 @@ async def test_an_async_execute_defers_and_resumes_on_the_loop(store: Store) -> 
     tag = _tag()
     with DAG(dag_id="async_exec") as dag:
         AsyncDeferrer(task_id="a", tag=tag)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["a"]["state"] == "success", tis["a"]["error"]
     assert _result(tis["a"]) == 21
@@ -179,7 +180,7 @@ async def test_a_sync_execute_runs_in_a_thread_and_an_async_one_on_the_loop(stor
     with DAG(dag_id="sync_async") as dag:
         PythonOperator(task_id="sync", python_callable=_thread_name)
         AsyncNoDefer(task_id="async")
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["__run__"]["state"] == "success"
     assert _result(tis["sync"]) == "worker-thread"
@@ -195,7 +196,7 @@ async def test_a_failing_task_stores_its_traceback_and_fails_the_run(store: Stor
         after = PythonOperator(task_id="after", python_callable=_ok)
         later = PythonOperator(task_id="later", python_callable=_ok)
         bad >> after >> later
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["__run__"]["state"] == "failed"
     assert tis["bad"]["state"] == "failed"
@@ -226,7 +227,7 @@ async def test_an_error_with_a_nul_character_is_stored_escaped(store: Store) -> 
         Deferrer(task_id="trigger_nul", tag=_tag(), trigger=RaisingTrigger("gone \x00 away"))
         for i in range(3):
             PythonOperator(task_id=f"fine{i}", python_callable=_ok)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert "ValueError: bad byte \\x00 in the message" in tis["task_nul"]["error"]
     assert "RuntimeError: gone \\x00 away" in tis["trigger_nul"]["error"]
@@ -250,7 +251,7 @@ class FlakyTask(BaseOperator):
 async def test_retries_then_success(store: Store) -> None:
     with DAG(dag_id="retry_ok") as dag:
         FlakyTask(task_id="flaky", succeed_on=3, retries=2, retry_delay=0)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["__run__"]["state"] == "success"
     assert tis["flaky"]["state"] == "success"
@@ -262,7 +263,7 @@ async def test_retries_then_success(store: Store) -> None:
 async def test_retries_run_out(store: Store) -> None:
     with DAG(dag_id="retry_out") as dag:
         FlakyTask(task_id="flaky", succeed_on=99, retries=1, retry_delay=0)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["flaky"]["state"] == "failed"
     assert tis["flaky"]["try_number"] == 2
@@ -273,7 +274,7 @@ async def test_a_trigger_that_raises_fails_its_task(store: Store) -> None:
     tag = _tag()
     with DAG(dag_id="trigger_raises") as dag:
         Deferrer(task_id="t", tag=tag, trigger=RaisingTrigger("the remote API is gone"))
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["__run__"]["state"] == "failed"
     assert tis["t"]["state"] == "failed"
@@ -293,7 +294,7 @@ async def test_a_trigger_error_uses_the_tasks_retries(store: Store) -> None:
             retries=1,
             retry_delay=0,
         )
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == "failed"
     assert tis["t"]["try_number"] == 2
@@ -305,7 +306,7 @@ async def test_a_trigger_that_returns_without_an_event_fails_its_task(store: Sto
     tag = _tag()
     with DAG(dag_id="trigger_silent") as dag:
         Deferrer(task_id="t", tag=tag, trigger=SilentTrigger(tag))
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == "failed"
     assert "returned without yielding an event" in tis["t"]["error"]
@@ -318,7 +319,7 @@ async def test_a_deferral_timeout_fails_the_task_without_a_worker_hop(store: Sto
         waits = Deferrer(task_id="t", tag=tag, trigger=NeverTrigger(tag), timeout=0.05)
         after = PythonOperator(task_id="after", python_callable=_ok)
         waits >> after
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         engine.scheduler.timeout_backstop_grace_s = 3600.0  # the triggerer's timer must do it
         tis = await engine.run_dag(dag)
         # The trigger nobody waits on any more is stopped, and its cleanup runs.
@@ -353,7 +354,7 @@ async def test_a_duplicate_event_resumes_the_task_once(store: Store) -> None:
     tag = _tag()
     with DAG(dag_id="dupe_event") as dag:
         Deferrer(task_id="t", tag=tag, trigger=NeverTrigger(tag))
-    async with running_engine(store, triggerer=False) as engine:
+    async with run_engine(store, triggerer=False) as engine:
         await engine.start_run(dag)
 
         async def is_deferred() -> bool:
@@ -387,7 +388,7 @@ async def test_the_same_outcome_twice_in_one_batch_moves_the_task_once(store: St
     tag = _tag()
     with DAG(dag_id="dupe_batch") as dag:
         Deferrer(task_id="t", tag=tag, trigger=NeverTrigger(tag))
-    async with running_engine(store, triggerer=False) as engine:
+    async with run_engine(store, triggerer=False) as engine:
         await engine.start_run(dag)
 
         async def is_deferred() -> bool:
@@ -416,7 +417,7 @@ async def test_an_event_with_a_stale_fence_changes_nothing(store: Store) -> None
     tag = _tag()
     with DAG(dag_id="stale_fence") as dag:
         Deferrer(task_id="t", tag=tag, trigger=NeverTrigger(tag))
-    async with running_engine(store, triggerer=False) as engine:
+    async with run_engine(store, triggerer=False) as engine:
         await engine.start_run(dag)
 
         async def is_deferred() -> bool:
@@ -468,7 +469,7 @@ async def test_the_worker_slot_is_free_while_its_task_is_deferred(
         # Higher priority: the single slot takes the waiter first.
         Deferrer(task_id="waiter", tag=tag, trigger=FileTrigger(str(release)), priority_weight=10)
         PythonOperator(task_id="other", python_callable=_ok)
-    async with running_engine(store, slots=1) as engine:
+    async with run_engine(store, slots=1) as engine:
         await engine.start_run(dag)
 
         async def other_done() -> bool:
@@ -515,7 +516,7 @@ async def test_a_task_end_event_ends_the_task_without_a_worker_hop(
         t = Deferrer(task_id="t", tag=tag, trigger=EndTrigger(kind, {"why": kind}))
         after = PythonOperator(task_id="after", python_callable=_ok)
         t >> after
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == state
     assert tis["after"]["state"] == downstream
@@ -537,7 +538,7 @@ async def test_a_failed_event_uses_the_tasks_retries(store: Store) -> None:
     tag = _tag()
     with DAG(dag_id="end_failed_retry") as dag:
         Deferrer(task_id="t", tag=tag, trigger=EndTrigger("failed"), retries=1, retry_delay=0)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == "failed"
     assert tis["t"]["try_number"] == 2
@@ -588,7 +589,7 @@ async def test_trigger_rules_with_failed_and_skipped_upstreams(store: Store) -> 
             tasks[task_id] = PythonOperator(task_id=task_id, python_callable=_ok, trigger_rule=rule)
         for task_id, (_, upstream, _) in _RULES.items():
             [tasks[u] for u in upstream] >> tasks[task_id]
-    async with running_engine(store, slots=8) as engine:
+    async with run_engine(store, slots=8) as engine:
         tis = await engine.run_dag(dag)
     got = {task_id: tis[task_id]["state"] for task_id in _RULES}
     expected = {task_id: state for task_id, (_, _, state) in _RULES.items()}
@@ -606,7 +607,7 @@ async def test_a_run_whose_leaves_succeed_succeeds_despite_a_failed_inner_task(
         bad = PythonOperator(task_id="bad", python_callable=_boom)
         cleanup = PythonOperator(task_id="cleanup", python_callable=_ok, trigger_rule="all_done")
         bad >> cleanup
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["bad"]["state"] == "failed"
     assert tis["cleanup"]["state"] == "success"
@@ -633,7 +634,7 @@ async def test_identical_triggers_share_one_row_and_the_event_fans_out(
         ]
         join = PythonOperator(task_id="join", python_callable=_ok)
         waiters >> join
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         await engine.start_run(dag)
 
         async def all_deferred() -> bool:
@@ -669,7 +670,7 @@ async def test_one_waiter_timing_out_leaves_the_others_waiting(
     with DAG(dag_id="shared_deadline") as dag:
         Deferrer(task_id="patient", tag=tag, trigger=FileTrigger(str(release)))
         Deferrer(task_id="hasty", tag=tag, trigger=FileTrigger(str(release)), timeout=0.05)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         await engine.start_run(dag)
 
         async def hasty_failed() -> bool:
@@ -701,7 +702,7 @@ async def test_joining_a_running_trigger_with_an_earlier_deadline_is_enforced_by
         gate = Deferrer(task_id="gate", tag=tag, trigger=FileTrigger(str(gate_file)))
         hasty = Deferrer(task_id="hasty", tag=tag, trigger=FileTrigger(str(release)), timeout=0.05)
         gate >> hasty
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         engine.scheduler.timeout_backstop_grace_s = 3600.0  # only the triggerer may end it
         await engine.start_run(dag)
 
@@ -759,7 +760,7 @@ async def test_a_resumed_method_can_defer_again(store: Store) -> None:
     tag = _tag()
     with DAG(dag_id="two_steps") as dag:
         TwoStepDeferrer(task_id="t", tag=tag)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == "success", tis["t"]["error"]
     assert _result(tis["t"]) == {"seen": ["one", "two"], "try_number": 1}
@@ -770,7 +771,7 @@ async def test_a_failure_after_a_resume_retries_from_execute(store: Store) -> No
     tag = _tag()
     with DAG(dag_id="fail_after_resume") as dag:
         TwoStepDeferrer(task_id="t", tag=tag, fail_second_resume_on_try=1, retries=1, retry_delay=0)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == "success", tis["t"]["error"]
     assert tis["t"]["try_number"] == 2
@@ -786,7 +787,7 @@ class Unstorable(BaseOperator):
 async def test_unrecoverable_outcomes_fail_the_task_with_a_clear_error(store: Store) -> None:
     with DAG(dag_id="unrecoverable") as dag:
         Unstorable(task_id="unstorable", retries=3, retry_delay=0)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["unstorable"]["state"] == "failed"
     assert tis["unstorable"]["try_number"] == 1  # no retry can fix the code
@@ -798,7 +799,7 @@ async def test_an_event_racing_the_deadline_moves_the_task_once(store: Store) ->
     tag = _tag()
     with DAG(dag_id="event_vs_deadline") as dag:
         Deferrer(task_id="t", tag=tag, trigger=NeverTrigger(tag), timeout=0)
-    async with running_engine(store, triggerer=False) as engine:
+    async with run_engine(store, triggerer=False) as engine:
         engine.scheduler.timeout_backstop_grace_s = 3600.0  # the test plays the triggerer
         await engine.start_run(dag)
 
@@ -838,7 +839,7 @@ async def test_the_scheduler_ends_an_overdue_deferral_when_no_triggerer_runs(sto
     tag = _tag()
     with DAG(dag_id="backstop") as dag:
         Deferrer(task_id="t", tag=tag, trigger=NeverTrigger(tag), timeout=0.01)
-    async with running_engine(store, triggerer=False) as engine:
+    async with run_engine(store, triggerer=False) as engine:
         engine.scheduler.timeout_backstop_grace_s = 0.0
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == "failed"
@@ -854,7 +855,7 @@ def _echo_context(conf: dict[str, Any], run_id: str, try_number: int) -> dict[st
 async def test_the_run_conf_and_ids_reach_the_task(store: Store) -> None:
     with DAG(dag_id="conf") as dag:
         PythonOperator(task_id="echo", python_callable=_echo_context)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag, run_id="nightly", conf={"region": "eu", "n": 2})
     assert _result(tis["echo"]) == {
         "conf": {"region": "eu", "n": 2},
@@ -870,7 +871,7 @@ async def test_two_workers_run_and_resume_every_task_exactly_once(store: Store) 
     with DAG(dag_id="contention") as dag:
         for i in range(n):
             Deferrer(task_id=f"t{i}", tag=f"{tag}{i}", trigger=WaitTrigger(0.01, i))
-    async with running_engine(store, slots=3) as engine:
+    async with run_engine(store, slots=3) as engine:
         second = Worker(store, engine.dagbag, slots=3, poll_interval_s=0.5, heartbeat_s=1.0)
         async with anyio.create_task_group() as tg:
             await tg.start(second.run)

@@ -14,8 +14,9 @@ import pytest
 
 from engine.dagbag import DagBag, add_to_sys_path
 from engine.store import Store
-from tests.helpers import running_engine, wait_until
-from tests.sensor_helpers import finish, http_server, start_run, task_instance
+from engine.testing import run_engine
+from tests.helpers import wait_until
+from tests.sensor_helpers import http_server, task_instance
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "docs" / "examples"
@@ -64,8 +65,8 @@ async def test_submit_and_wait_end_to_end(
             submit_and_wait.SubmitJob(
                 task_id="train", command="train", duration_s=None, poll_interval=0.02
             )
-        async with running_engine(store, slots=1) as engine:
-            await start_run(engine, dag)
+        async with run_engine(store, slots=1) as engine:
+            await engine.start_run(dag)
 
             async def deferred() -> bool:
                 return (await task_instance(store, "jobs", "train"))["state"] == "deferred"
@@ -82,7 +83,7 @@ async def test_submit_and_wait_end_to_end(
                 url = f"{base}/jobs/job-1/finish"
                 async with session.post(url, json={"state": outcome}) as response:
                     assert response.status == 200
-            tis = await finish(store, "jobs")
+            tis = await engine.finish("jobs")
     train = tis["train"]
     if outcome == "done":
         from triggers.base import decode_value
@@ -109,3 +110,12 @@ def test_the_tutorial_quotes_its_runnable_files_verbatim() -> None:
         block = textwrap.dedent(code).strip()
         found = any(textwrap.indent(block, " " * n) in source for n in (0, 4, 8))
         assert found, f"tutorial block drifted from {path}:\n{code}"
+
+
+@pytest.mark.anyio
+async def test_the_harness_example_runs(store: Store, tmp_path: Path) -> None:
+    """docs/examples/engine_in_a_test.py, as the how-to shows it: drain, then a state wait."""
+    add_to_sys_path(EXAMPLES)
+    import engine_in_a_test
+
+    await engine_in_a_test.check_pipeline(store, tmp_path / "ready")

@@ -11,7 +11,7 @@ import pytest
 
 from engine import DAG, logs
 from engine.store import Store
-from tests.helpers import running_engine
+from engine.testing import run_engine
 from tests.log_triggers import ChattyOperator
 
 pytestmark = pytest.mark.anyio
@@ -33,7 +33,7 @@ async def test_trigger_and_task_log_lines_carry_their_ids(store: Store) -> None:
     try:
         with DAG(dag_id="chatty") as dag:
             ChattyOperator(task_id="talk")
-        async with running_engine(store) as engine:
+        async with run_engine(store) as engine:
             tis = await engine.run_dag(dag)
     finally:
         logging.getLogger("tests.log_triggers").removeHandler(capture)

@@ -24,8 +24,9 @@ import pytest
 from engine import DAG
 from engine.dagbag import DagBag
 from engine.store import Store
+from engine.testing import run_engine
 from operators.base import BaseOperator, Context
-from tests.helpers import TEST_TRIGGER_ALLOW, child_env, running_engine, wait_until
+from tests.helpers import TEST_TRIGGER_ALLOW, child_env, wait_until
 from tests.triggers_for_tests import FileTrigger, release_file
 from triggers.base import decode_value
 
@@ -159,7 +160,7 @@ async def test_sigterm_releases_a_triggerers_triggers_to_another(
         await wait_until(first_registered, what="the first triggerer to register")
         (first_id,) = await triggerer_ids()
 
-        async with running_engine(store, triggerer=False) as engine:
+        async with run_engine(store, triggerer=False) as engine:
             await engine.start_run(dag)
 
             async def held_by_first() -> bool:
@@ -373,7 +374,7 @@ async def test_a_killed_workers_task_is_reaped_and_retried(
         (ti,) = await store.list_task_instances(dag_id="stuck")
         return ti
 
-    async with explained(children), running_engine(store, worker=False, triggerer=False) as engine:
+    async with explained(children), run_engine(store, worker=False, triggerer=False) as engine:
         engine.scheduler.zombie_threshold_s = 2.0
         first = children.start("worker", name="worker-1")
         await engine.start_run(dag)

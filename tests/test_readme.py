@@ -9,7 +9,8 @@ import pytest
 
 from engine.dagbag import DagBag
 from engine.store import Store
-from tests.helpers import REPO_ROOT, running_engine, wait_until
+from engine.testing import run_engine
+from tests.helpers import REPO_ROOT, wait_until
 from triggers.base import decode_value
 
 pytestmark = pytest.mark.anyio
@@ -33,7 +34,7 @@ async def test_the_readme_example_defers_and_resumes_when_the_file_lands(
     dag = bag.collect()["orders"]
     assert not bag.import_errors
     landing = tmp_path / "orders.csv"
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         await engine.start_run(dag, "r1", conf={"path": str(landing)})
 
         async def deferred() -> bool:

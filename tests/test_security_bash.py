@@ -7,8 +7,8 @@ import pytest
 
 from engine import DAG
 from engine.store import Store
+from engine.testing import run_engine
 from operators.bash import KEPT_ENV, BashOperator, clean_env
-from tests.helpers import running_engine
 from triggers.base import decode_value
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +32,7 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
 async def _run(store: Store, **options: object) -> str:
     with DAG(dag_id="bash_env") as dag:
         BashOperator(task_id="show", bash_command=SHOW, **options)  # type: ignore[arg-type]
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["show"]["state"] == "success", tis["show"]["error"]
     result: str = decode_value(tis["show"]["result"])

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from engine import DAG
 from engine.store import Store
+from engine.testing import run_engine
 from operators.base import BaseOperator, Context
-from tests.helpers import running_engine
 from tests.sensor_helpers import http_server
 from triggers.http import CredentialsRefused, HttpTrigger
 
@@ -127,7 +127,7 @@ async def test_in_the_triggerer_the_refusal_fails_the_task_and_sends_nothing(
     async with two_servers(monkeypatch) as (conn, _, other, other_base):
         with DAG(dag_id="leak") as dag:
             DeferOnHttp(task_id="wait", url=f"{other_base}/steal")
-        async with running_engine(store) as engine:
+        async with run_engine(store) as engine:
             tis = await engine.run_dag(dag)
     assert tis["wait"]["state"] == "failed"
     assert "CredentialsRefused" in tis["wait"]["error"]

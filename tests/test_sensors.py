@@ -14,6 +14,7 @@ from aiohttp import web
 
 from engine import DAG
 from engine.store import Store
+from engine.testing import run_engine
 from operators.python import PythonOperator, PythonSensor
 from operators.sensors import (
     DateTimeSensor,
@@ -23,13 +24,11 @@ from operators.sensors import (
     SqlSensor,
     TimeDeltaSensor,
 )
-from tests.helpers import running_engine, utcnow, wait_until
+from tests.helpers import utcnow, wait_until
 from tests.sensor_helpers import (
     FAST,
     MODES,
-    finish,
     http_server,
-    start_run,
     task_instance,
     wait_checked_once,
 )
@@ -60,12 +59,12 @@ async def test_file_sensor_waits_for_the_file(store: Store, tmp_path: Path, mode
             task_id="wait", filepath=str(tmp_path / "in" / "*.csv"), **FAST, **MODES[mode]
         )
         sensor >> PythonOperator(task_id="after", python_callable=_done)
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
         await wait_checked_once(store, "files", "wait", mode)
         target.parent.mkdir()
         target.write_text("x")
-        tis = await finish(store, "files")
+        tis = await engine.finish("files")
     assert tis["__run__"]["state"] == "success"
     assert tis["wait"]["state"] == "success"
     assert _result(tis["wait"]) == [str(target)]
@@ -85,9 +84,9 @@ async def test_file_sensor_recursive_and_already_there_costs_no_deferral(
             deferrable=True,
             **FAST,
         )
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        tis = await finish(store, "files2")
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        tis = await engine.finish("files2")
     assert tis["wait"]["state"] == "success"
     assert tis["wait"]["trigger_id"] is None
     assert engine.triggerer.fired == 0  # the first check on the worker was enough
@@ -130,8 +129,8 @@ async def test_http_sensor_waits_for_status_and_check(store: Store, mode: str) -
                 **FAST,
                 **MODES[mode],
             )
-        async with running_engine(store) as engine:
-            await start_run(engine, dag)
+        async with run_engine(store) as engine:
+            await engine.start_run(dag)
             await wait_checked_once(store, "http", "wait", mode)
             service.status = 200  # 200 but not ready: still waiting
             hits = service.hits
@@ -142,7 +141,7 @@ async def test_http_sensor_waits_for_status_and_check(store: Store, mode: str) -
             await wait_until(more_hits)
             assert (await task_instance(store, "http", "wait"))["state"] != "success"
             service.ready = True
-            tis = await finish(store, "http")
+            tis = await engine.finish("http")
     assert tis["wait"]["state"] == "success"
     assert _result(tis["wait"])["status"] == 200
 
@@ -156,9 +155,9 @@ async def test_http_sensor_uses_a_connection_id_for_url_and_credentials(
         monkeypatch.setenv("DEFERRAL_CONN_JOBS_API", base.replace("://", "://robot:s3cret@"))
         with DAG(dag_id="http_conn") as dag:
             HttpSensor(task_id="wait", url="status", conn_id="jobs-api", **FAST, deferrable=True)
-        async with running_engine(store) as engine:
-            await start_run(engine, dag)
-            tis = await finish(store, "http_conn")
+        async with run_engine(store) as engine:
+            await engine.start_run(dag)
+            tis = await engine.finish("http_conn")
     assert tis["wait"]["state"] == "success"
     assert service.auth
     assert all(a == "Basic cm9ib3Q6czNjcmV0" for a in service.auth)  # robot:s3cret
@@ -191,12 +190,12 @@ async def test_sql_sensor_waits_for_a_truthy_first_cell(
                 **FAST,
                 **MODES[mode],
             )
-        async with running_engine(store) as engine:
-            await start_run(engine, dag)
+        async with run_engine(store) as engine:
+            await engine.start_run(dag)
             await wait_checked_once(store, "sql", "wait", mode)
             await conn.execute("INSERT INTO partitions VALUES ('2026-11-29', 0)")  # falsy
             await conn.execute("UPDATE partitions SET rows = 1200")
-            tis = await finish(store, "sql")
+            tis = await engine.finish("sql")
     finally:
         await conn.close()
     assert tis["wait"]["state"] == "success"
@@ -220,7 +219,6 @@ async def test_external_task_sensor_waits_for_the_other_dag(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setenv("DEFERRAL_CONN_DEFERRAL", db_url)
     caplog.set_level(logging.WARNING)
     producer, _ = _external_dags()
     logical = dt.datetime(2026, 11, 29, 6, tzinfo=dt.UTC)
@@ -233,9 +231,9 @@ async def test_external_task_sensor_waits_for_the_other_dag(
             **FAST,
             **MODES[mode],
         )
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         await engine.add_dag(producer)
-        await start_run(engine, consumer, logical_date=logical)
+        await engine.start_run(consumer, logical_date=logical)
         await wait_checked_once(store, "consumer", "wait", mode)
         missing = "no run of DAG producer exists at logical date 2026-11-29T05:00:00+00:00"
 
@@ -244,8 +242,8 @@ async def test_external_task_sensor_waits_for_the_other_dag(
 
         # The first check finds no producer run and says so in the log at once.
         await wait_until(said_so, what="the log to name the missing run")
-        await start_run(engine, producer, "p1", logical - dt.timedelta(hours=1))
-        tis = await finish(store, "consumer")
+        await engine.start_run(producer, "p1", logical_date=logical - dt.timedelta(hours=1))
+        tis = await engine.finish("consumer")
     assert tis["wait"]["state"] == "success"
     assert _result(tis["wait"])["state"] == "success"
 
@@ -254,7 +252,6 @@ async def test_external_task_sensor_waits_for_the_other_dag(
 async def test_external_task_sensor_fails_fast_when_the_dates_do_not_line_up(
     store: Store, db_url: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DEFERRAL_CONN_DEFERRAL", db_url)
     producer, _ = _external_dags()
     logical = dt.datetime(2026, 11, 29, 6, tzinfo=dt.UTC)
     with DAG(dag_id="consumer") as consumer:
@@ -268,10 +265,10 @@ async def test_external_task_sensor_fails_fast_when_the_dates_do_not_line_up(
             **FAST,
             **MODES[mode],
         )
-    async with running_engine(store) as engine:
-        await start_run(engine, producer, "p1", logical - dt.timedelta(minutes=30))
-        await start_run(engine, consumer, logical_date=logical)
-        tis = await finish(store, "consumer")
+    async with run_engine(store) as engine:
+        await engine.start_run(producer, "p1", logical_date=logical - dt.timedelta(minutes=30))
+        await engine.start_run(consumer, logical_date=logical)
+        tis = await engine.finish("consumer")
     assert tis["wait"]["state"] == "failed"
     assert "no run of DAG producer exists" in tis["wait"]["error"]
     assert "2026-11-29T05:30:00+00:00" in tis["wait"]["error"]  # the nearest run is named
@@ -286,7 +283,6 @@ def _boom() -> None:
 async def test_external_task_sensor_stops_on_a_failed_state(
     store: Store, db_url: str, mode: str, soft_fail: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DEFERRAL_CONN_DEFERRAL", db_url)
     with DAG(dag_id="producer") as producer:
         PythonOperator(task_id="load", python_callable=_boom)
     logical = dt.datetime(2026, 11, 29, 6, tzinfo=dt.UTC)
@@ -300,12 +296,12 @@ async def test_external_task_sensor_stops_on_a_failed_state(
             **FAST,
             **MODES[mode],
         )
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         await engine.add_dag(producer)
-        await start_run(engine, consumer, logical_date=logical)
+        await engine.start_run(consumer, logical_date=logical)
         await wait_checked_once(store, "consumer", "wait", mode)
-        await start_run(engine, producer, "p1", logical.replace(hour=0))
-        tis = await finish(store, "consumer")
+        await engine.start_run(producer, "p1", logical_date=logical.replace(hour=0))
+        tis = await engine.finish("consumer")
     assert tis["wait"]["state"] == ("skipped" if soft_fail else "failed")
 
 
@@ -334,11 +330,11 @@ async def test_python_sensor(store: Store, mode: str) -> None:
             **FAST,
             **MODES[mode],
         )
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
         await wait_checked_once(store, "py", "wait", mode)
         FLAGS[flag] = True
-        tis = await finish(store, "py")
+        tis = await engine.finish("py")
     assert tis["wait"]["state"] == "success"
     if mode == "deferrable":
         assert _result(tis["wait"]) == {"flag": flag}
@@ -356,16 +352,31 @@ async def test_time_sensors(store: Store, mode: str) -> None:
             task_id="at", target_time=utcnow() + dt.timedelta(seconds=0.2), **FAST, **MODES[mode]
         )
         TimeDeltaSensor(task_id="after", delta=0.2, **FAST, **MODES[mode])
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        tis = await finish(store, "time")
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        tis = await engine.finish("time")
     assert tis["at"]["state"] == "success"
     assert tis["after"]["state"] == "success"
 
 
-def test_deferrable_defaults_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEFERRAL_DEFAULT_DEFERRABLE", "true")
-    assert FileSensor(task_id="f", filepath="/x").deferrable
-    assert not FileSensor(task_id="g", filepath="/x", deferrable=False).deferrable
-    monkeypatch.delenv("DEFERRAL_DEFAULT_DEFERRABLE")
-    assert not FileSensor(task_id="h", filepath="/x").deferrable
+async def test_deferrable_follows_the_engines_default_at_run_time(
+    store: Store, tmp_path: Path
+) -> None:
+    """default_deferrable reaches sensors through their context (no environment variable):
+    a sensor not told defers; one told not to, or one that cannot defer, waits in its mode."""
+    flag = tmp_path / "flag"
+    with DAG(dag_id="defaults") as dag:
+        FileSensor(task_id="untold", filepath=str(flag), **FAST)
+        FileSensor(task_id="told", filepath=str(flag), deferrable=False, **FAST)
+        PythonSensor(task_id="cannot", python_callable=flag.exists, **FAST)
+    assert FileSensor(task_id="f", filepath=str(flag)).deferrable is None
+    async with run_engine(store, default_deferrable=True) as engine:
+        await engine.start_run(dag)
+        untold = await engine.wait_for_state("defaults", "untold", "deferred")
+        assert untold["trigger_id"] is not None
+        # poke mode holds its slot and keeps checking: running, never deferred.
+        await engine.wait_for_state("defaults", "told", "running")
+        await engine.wait_for_state("defaults", "cannot", "running")
+        flag.touch()
+        tis = await engine.finish("defaults")
+    assert {tis[t]["state"] for t in ("untold", "told", "cannot")} == {"success"}

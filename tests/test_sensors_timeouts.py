@@ -12,11 +12,11 @@ import pytest
 
 from engine import DAG
 from engine.store import Store
+from engine.testing import run_engine
 from operators.base import BaseOperator, Context
 from operators.python import PythonOperator
 from operators.sensors import FileSensor
-from tests.helpers import running_engine
-from tests.sensor_helpers import MODES, finish, start_run
+from tests.sensor_helpers import MODES
 from triggers.temporal import TimeDeltaTrigger
 
 pytestmark = pytest.mark.anyio
@@ -49,9 +49,9 @@ async def test_timeout_fails_or_skips_without_using_retries(
             **SHORT_TIMEOUT,
             **MODES[mode],
         )
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        tis = await finish(store, "timeouts")
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        tis = await engine.finish("timeouts")
     wait = tis["wait"]
     assert wait["state"] == ("skipped" if soft_fail else "failed")
     assert wait["try_number"] == 1  # a timeout does not burn retries
@@ -67,9 +67,9 @@ async def test_timeout_counts_from_the_first_try_across_reschedules(
         FileSensor(
             task_id="wait", filepath=str(tmp_path / "never"), mode="reschedule", **SHORT_TIMEOUT
         )
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        tis = await finish(store, "resched")
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        tis = await engine.finish("resched")
     wait = tis["wait"]
     assert wait["state"] == "failed"
     assert "sensor timed out" in wait["error"]
@@ -96,9 +96,9 @@ async def test_timeout_counts_from_the_first_try_across_retries(
             mode="reschedule",
             **SHORT_TIMEOUT,
         )
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        tis = await finish(store, "retried")
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        tis = await engine.finish("retried")
     assert tis["wait"]["state"] == "failed"
     assert tis["wait"]["try_number"] == 2
     assert "sensor timed out" in tis["wait"]["error"]
@@ -146,9 +146,9 @@ async def test_soft_fail_sensor_and_none_failed_downstream(
         strict = PythonOperator(task_id="strict", python_callable=_ok)  # all_success
         [sensor, ok] >> report
         sensor >> strict
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        tis = await finish(store, "softfail")
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        tis = await engine.finish("softfail")
     assert tis["wait"]["state"] == "skipped"
     assert tis["report"]["state"] == "success"
     assert tis["strict"]["state"] == "skipped"
@@ -196,9 +196,9 @@ async def _rules_run(
         second = PythonOperator(task_id="second", python_callable=_ok)
         for rule in rules:
             [first, second] >> PythonOperator(task_id=rule, python_callable=_ok, trigger_rule=rule)
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        return await finish(store, dag_id)
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        return await engine.finish(dag_id)
 
 
 async def test_trigger_rules_after_a_skipped_upstream(store: Store, tmp_path: Path) -> None:
@@ -237,9 +237,9 @@ async def test_retries_with_exponential_backoff(store: Store) -> None:
             retry_exponential_backoff=True,
             max_retry_delay=0.05,
         )
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        tis = await finish(store, "retries")
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        tis = await engine.finish("retries")
     assert tis["flaky"]["state"] == "success"
     assert tis["flaky"]["try_number"] == 3
 
@@ -270,9 +270,9 @@ class _WaitsAnHour(BaseOperator):
 async def test_execution_timeout_keeps_counting_across_a_deferral(store: Store) -> None:
     with DAG(dag_id="exec_timeout") as dag:
         _WaitsAnHour(task_id="op", execution_timeout=0.3, retries=1, retry_delay=0)
-    async with running_engine(store) as engine:
-        await start_run(engine, dag)
-        tis = await finish(store, "exec_timeout")
+    async with run_engine(store) as engine:
+        await engine.start_run(dag)
+        tis = await engine.finish("exec_timeout")
     op = tis["op"]
     assert op["state"] == "failed"
     assert "deferral timed out" in op["error"]

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from engine.config import DEFAULT_BLOCKED_LOOP_S
 from engine.testing import (
+    DEFAULT_BLOCKING_THRESHOLD_S,
     TriggerBlockedLoop,
     TriggerRaised,
     TriggerReturnedWithoutEvent,
@@ -59,6 +61,17 @@ class ReadsSynchronously(Quick):
         while time.perf_counter() < deadline:
             pass
         yield TriggerEvent(None)
+
+
+class BlocksBriefly(Quick):
+    """One step of 0.1 s, half the triggerer's blocked_loop_s: a triggerer lets it be."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("tests.test_testing_kit.BlocksBriefly", {"value": self.value})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        time.sleep(DEFAULT_BLOCKED_LOOP_S / 2)  # noqa: ASYNC251 - within the triggerer's limit
+        yield TriggerEvent(self.value)
 
 
 class NeverFires(Quick):
@@ -132,6 +145,13 @@ async def test_a_blocking_call_in_run_is_reported_by_name(cls: type[Quick]) -> N
     message = str(caught.value)
     assert f"{cls.__name__}(value=...) blocked the event loop" in message
     assert "test_testing_kit.py" in message  # the line that blocked
+
+
+async def test_the_blocking_check_is_the_triggerers_watchdog() -> None:
+    """The kit flags what a triggerer flags, with the triggerer's default threshold: a step
+    well within blocked_loop_s is no block."""
+    assert DEFAULT_BLOCKING_THRESHOLD_S == DEFAULT_BLOCKED_LOOP_S
+    assert (await run_trigger(BlocksBriefly(2))).payload == 2
 
 
 async def test_the_blocking_check_can_be_turned_off() -> None:

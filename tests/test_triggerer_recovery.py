@@ -10,7 +10,8 @@ import pytest
 
 from engine import DAG
 from engine.store import Store
-from tests.helpers import running_engine, wait_until
+from engine.testing import run_engine
+from tests.helpers import wait_until
 from tests.test_engine import Deferrer
 from tests.triggers_for_tests import FileTrigger, release_file
 
@@ -23,7 +24,7 @@ async def test_an_owned_trigger_that_runs_nowhere_is_released_and_claimed_again(
     landing = tmp_path / "landing"
     with DAG(dag_id="leak") as dag:
         Deferrer(task_id="wait", tag=uuid.uuid4().hex, trigger=FileTrigger(str(landing)))
-    async with running_engine(store, lease_s=1.5) as engine:
+    async with run_engine(store, lease_s=1.5) as engine:
         triggerer = engine.triggerer
         await engine.start_run(dag)
 

@@ -7,7 +7,6 @@ live, and ends with a summary. Figures are sampled from the database while the r
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import time
@@ -23,6 +22,7 @@ from engine.app import spawn, stop_children
 from engine.client import wait_for_run
 from engine.config import Settings
 from engine.dagbag import DagBag
+from engine.demo.dag import dag_file_source
 from engine.demo.jobs import JobApi
 from engine.keys import child_key_env, keyring_from_settings
 from engine.runner import run_async
@@ -33,6 +33,7 @@ from triggers.base import decode_value
 
 __all__ = ["run_demo"]
 
+#: The bundled DAGs folder (the demo DAG at its default size).
 DAGS_FOLDER = Path(__file__).resolve().parent / "dags"
 DEMO_DB = "deferral_demo"
 SAMPLE_S = 0.25
@@ -118,20 +119,20 @@ async def _demo(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         api_url = await api.start()
+        # The sizes reach the engine processes in the DAG file itself, not the environment.
+        dags_folder = settings.home_path / "demo_dags"
+        dags_folder.mkdir(parents=True, exist_ok=True)
+        (dags_folder / "deferral_demo.py").write_text(
+            dag_file_source(sensors=sensors, jobs=jobs, window_s=window_s)
+        )
         demo_settings = settings.replace(
             database_url=url,
-            dags_folder=str(DAGS_FOLDER),
+            dags_folder=str(dags_folder),
             log_level="WARNING",
             # The demo's trigger lives in engine.demo.jobs, not in its DAGs folder.
             trigger_allow=("triggers.*", "engine.demo.jobs.*"),
         )
-        env = {
-            "DEFERRAL_DEMO_SENSORS": str(sensors),
-            "DEFERRAL_DEMO_JOBS": str(jobs),
-            "DEFERRAL_DEMO_WINDOW_S": str(window_s),
-        }
-        os.environ.update(env)
-        bag = DagBag(DAGS_FOLDER)
+        bag = DagBag(dags_folder)
         await sync_dags(store, bag)
         if bag.import_errors:
             raise RuntimeError(f"demo DAG failed to import: {bag.import_errors}")
@@ -146,7 +147,7 @@ async def _demo(
                         kind,
                         demo_settings,
                         *args,
-                        env={**env, **child_key_env(settings)},
+                        env=child_key_env(settings),
                         stderr=log_file,
                     )
                 )

@@ -353,6 +353,13 @@ class Store:
         rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)
         return {r["state"]: r["n"] for r in rows}
 
+    async def work_left(self) -> dict[str, int]:
+        """Counts of what is left to do now: ``runnable`` (runnable now, queued or running),
+        ``deferred_due`` (deadline due, or trigger not claimed yet), ``runs_to_end``."""
+        row = await self._pool.fetchrow(self._q["work_left"])
+        assert row is not None
+        return {k: int(v) for k, v in row.items()}
+
     # -- workers -------------------------------------------------------------------------
 
     async def register_worker(self, hostname: str, pid: int, slots: int) -> int:
