@@ -224,9 +224,8 @@ class LocalEngine:
 
 
 def _unwritten_events(triggerer: Triggerer) -> int:
-    """Events the triggerer produced and has not written yet (it has no public count of them;
-    these two attributes are its write queue and the write in flight)."""
-    return len(getattr(triggerer, "_outbox", ())) + int(getattr(triggerer, "_in_flight", 0))
+    """Events the triggerer produced and has not written yet."""
+    return triggerer.unwritten_events
 
 
 @contextlib.asynccontextmanager

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from engine.crashpoints import crash_point
-from engine.retry import Backoff
+from engine.keepalive import KeepAlive
 from engine.store.models import TriggerOutcome
 from engine.store.session import TriggererSession
 
@@ -79,7 +79,7 @@ class LeaseKeeper:
         self._failures: collections.deque[TriggerOutcome] = collections.deque()
         self._stopping = threading.Event()
         self._thread_loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self._keepalive: KeepAlive | None = None
         self._thread = threading.Thread(target=self._main, name="triggerer-lease", daemon=True)
 
     # -- called from other threads ---------------------------------------------------------
@@ -90,7 +90,7 @@ class LeaseKeeper:
     def stop(self, timeout_s: float = 5.0) -> None:
         """End the thread; closing its connection frees the lock (peers reap what is left)."""
         self._stopping.set()
-        self._poke()
+        self._call_on_thread("stop")
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
@@ -102,10 +102,13 @@ class LeaseKeeper:
         self._poke()
 
     def _poke(self) -> None:
-        loop, wake = self._thread_loop, self._wake
-        if loop is not None and wake is not None:
+        self._call_on_thread("poke")
+
+    def _call_on_thread(self, method: str) -> None:
+        loop, keepalive = self._thread_loop, self._keepalive
+        if loop is not None and keepalive is not None:
             with contextlib.suppress(RuntimeError):  # the thread's loop already ended
-                loop.call_soon_threadsafe(wake.set)
+                loop.call_soon_threadsafe(getattr(keepalive, method))
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -116,37 +119,35 @@ class LeaseKeeper:
             log.exception("the triggerer's lease thread ended")
 
     async def _run(self) -> None:
+        keepalive = KeepAlive(
+            "triggerer lease connection",
+            self._tick,
+            interval_s=self.reap_interval_s,
+            max_backoff_s=min(1.0, self.lease_s / 3),
+            on_error=self._dropped,
+        )
+        self._keepalive = keepalive
         self._thread_loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        backoff = Backoff(max_s=min(1.0, self.lease_s / 3))
         try:
-            while not self._stopping.is_set():
-                try:
-                    await self._tick()
-                    backoff.reset()
-                    delay = self.reap_interval_s
-                except Exception as exc:  # any error: new connection, jittered pause, go on
-                    await self._session.close()
-                    delay = backoff.next_delay()
-                    log.warning(
-                        "triggerer lease connection failed (%s: %s); retrying in %.2fs",
-                        type(exc).__name__,
-                        exc,
-                        delay,
-                    )
-                self._wake.clear()
-                if self._failures or self._stopping.is_set():
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+            if not self._stopping.is_set():  # (else stop() came before the loop was known)
+                await keepalive.run()
         finally:
             await self._session.close()
+
+    async def _dropped(self, _exc: BaseException) -> None:
+        """Any error: a new connection at the next tick, after a jittered pause."""
+        await self._session.close()
 
     def _publish(self, call: Callable[..., None], *args: object) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the triggerer stopped
             self._loop.call_soon_threadsafe(call, *args)
 
     async def _tick(self) -> None:
+        await self._keep()
+        if self._failures and self._id is not None and self._keepalive is not None:
+            self._keepalive.poke()  # queued meanwhile: write them at once, not next tick
+
+    async def _keep(self) -> None:
         session = self._session
         if not session.connected:
             await session.connect()

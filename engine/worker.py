@@ -34,6 +34,8 @@ from engine.config import (
 )
 from engine.crashpoints import crash_point
 from engine.dagbag import DagBag
+from engine.keepalive import KeepAlive
+from engine.outbox import Outbox
 from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
 from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
@@ -77,6 +79,22 @@ class _Queued:
     def size(self) -> int:
         o = self.outcome
         return 64 + len(o.result or b"") + len(o.error or "")
+
+
+def _substitute_failure(queued: _Queued, exc: Exception) -> _Queued:
+    """The failure written in place of an outcome the database refused: without retries
+    (the same data would be refused again), saying why."""
+    outcome = queued.outcome
+    return _Queued(
+        TaskOutcome(
+            ti_id=outcome.ti_id,
+            worker_id=outcome.worker_id,
+            try_number=outcome.try_number,
+            kind="failed",
+            error=f"the outcome of this try could not be stored: {type(exc).__name__}: {exc}",
+            no_retry=True,
+        )
+    )
 
 
 class ExecutionTimeout(Exception):
@@ -123,8 +141,7 @@ class Worker:
         self._stopping = False
         self._limiter = anyio.CapacityLimiter(slots)
         self._dag_lock = anyio.Lock()
-        self._outbox: list[_Queued] = []
-        self._write_wake = Wakeup()
+        self._outbox = self._new_outbox()
         # A claim failed after it may have committed: look for claims whose reply was lost.
         self._claims_unsure = False
         # Tasks this process gave up on without recording an outcome: never adopted again.
@@ -148,7 +165,7 @@ class Worker:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_loop, listener)
-                tg.start_soon(self._writer_loop)
+                tg.start_soon(self._outbox.run, name="worker-writer")
                 task_status.started()
                 async with anyio.create_task_group() as tasks:
                     await self._claim_loop(tasks)
@@ -263,18 +280,19 @@ class Worker:
         self.peak_running = max(self.peak_running, len(self.running))
 
     async def _heartbeat_loop(self, listener: Any) -> None:
-        # Retries come at least as often as heartbeats, so a short outage costs no reaping.
-        backoff = Backoff(max_s=min(MAX_DELAY_S, self.heartbeat_s))
-        while True:
-            await anyio.sleep(self.heartbeat_s)
-            while True:
-                try:
-                    await self._heartbeat()
-                    break
-                except TRANSIENT_ERRORS as exc:
-                    await backoff.wait("heartbeat", exc)
-            backoff.reset()
+        async def beat() -> None:
+            await self._heartbeat()
             await self._listen(listener)
+
+        # Retries come at least as often as heartbeats, so a short outage costs no reaping.
+        await KeepAlive(
+            "heartbeat",
+            beat,
+            interval_s=self.heartbeat_s,
+            max_backoff_s=min(MAX_DELAY_S, self.heartbeat_s),
+            errors=TRANSIENT_ERRORS,
+            first_after_s=self.heartbeat_s,
+        ).run()
 
     async def _heartbeat(self) -> None:
         assert self.id is not None
@@ -548,92 +566,47 @@ class Worker:
         """Queue the outcome for the writer and wait until it is written; the new state, or
         None if the worker no longer held the task."""
         queued = _Queued(outcome)
-        self._outbox.append(queued)
-        self._write_wake.set()
+        self._outbox.put(queued)
         await queued.done.wait()
         return queued.state
 
-    async def _writer_loop(self) -> None:
-        """Write queued outcomes: everything that queued while the last write was in flight
-        goes in the next statement, so the batch grows with the load and a lone outcome is
-        written at once."""
-        while True:
-            await self._write_wake.wait(None)
-            while self._outbox:
-                batch: list[_Queued] = []
-                size = 0
-                for queued in self._outbox:
-                    if len(batch) == FINISH_BATCH or (batch and size >= FINISH_BATCH_BYTES):
-                        break
-                    batch.append(queued)
-                    size += queued.size
-                del self._outbox[: len(batch)]
-                await self._write(batch)
-
-    async def _write(self, batch: list[_Queued]) -> None:
-        states: dict[tuple[int, int], str] = {}
-        try:
-            states = await self._write_outcomes(batch)
-        finally:
-            # Whatever happened, no task waits forever for its outcome to be written.
-            for queued in batch:
-                queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
-                queued.done.set()
+    def _new_outbox(self) -> Outbox[_Queued, tuple[int, int], str]:
+        """Outcomes are written by one writer (engine/outbox.py), every try queued while the
+        last write was in flight in one statement."""
+        return Outbox(
+            "record outcomes",
+            write=self._write_outcomes,
+            substitute=_substitute_failure,
+            on_written=self._written,
+            on_lost=self._outcome_lost,
+            describe=lambda q: f"the outcome of task instance {q.outcome.ti_id}",
+            max_items=FINISH_BATCH,
+            size=lambda q: q.size,
+            max_bytes=FINISH_BATCH_BYTES,
+            crash_before="worker.outcome.before_write",
+            crash_after="worker.outcome.after_write",
+        )
 
     async def _write_outcomes(self, batch: list[_Queued]) -> dict[tuple[int, int], str]:
-        outcomes = [q.outcome for q in batch]
-        crash_point("worker.outcome.before_write")
-        try:
-            states = await with_db_retry(
-                "record outcomes", functools.partial(self.store.finish_tasks, outcomes)
-            )
-        except Exception as exc:  # not transient: about some outcome's data
-            if len(batch) == 1:
-                return await self._write_refused(batch[0].outcome, exc)
-            # One outcome the database refuses must not take the others with it. Written
-            # one by one, only its own task is affected.
-            log.warning("writing %d outcomes failed (%s); writing each alone", len(batch), exc)
-            states = {}
-            for queued in batch:
-                states.update(await self._write_outcomes([queued]))
-            return states
-        crash_point("worker.outcome.after_write")
-        return states
+        return await self.store.finish_tasks([q.outcome for q in batch])
 
-    async def _write_refused(
-        self, outcome: TaskOutcome, exc: Exception
-    ) -> dict[tuple[int, int], str]:
-        """The database refused this outcome: end the try as failed, without retries, saying
-        why. If even that is refused, the try is left to the reaper; the worker carries on."""
-        log.error(
-            "the outcome of task instance %s could not be stored (%s: %s); failing the try",
-            outcome.ti_id,
-            type(exc).__name__,
-            exc,
-        )
-        substitute = TaskOutcome(
-            ti_id=outcome.ti_id,
-            worker_id=outcome.worker_id,
-            try_number=outcome.try_number,
-            kind="failed",
-            error=f"the outcome of this try could not be stored: {type(exc).__name__}: {exc}",
-            no_retry=True,
-        )
+    @staticmethod
+    def _written(batch: list[_Queued], states: dict[tuple[int, int], str]) -> None:
+        for queued in batch:
+            queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
+            queued.done.set()
+
+    def _outcome_lost(self, queued: _Queued, _exc: Exception) -> None:
+        """Not even a failure could be stored: the try is left to the reaper."""
+        self._abandoned.add(queued.outcome.ti_id)
+
+    async def _write(self, batch: list[_Queued]) -> None:
+        """Write one batch now, outside the writer (tests); every outcome's waiter is told."""
+        states: dict[tuple[int, int], str] = {}
         try:
-            return await with_db_retry(
-                "record a substitute outcome",
-                functools.partial(self.store.finish_tasks, [substitute]),
-            )
-        except Exception as again:
-            self._abandoned.add(outcome.ti_id)
-            log.error(
-                "not even a failure could be stored for task instance %s (%s: %s); it is left "
-                "to the scheduler's reaper",
-                outcome.ti_id,
-                type(again).__name__,
-                again,
-            )
-            return {}
+            states = await self._outbox.write_batch(batch)
+        finally:
+            self._written(batch, states)
 
     @staticmethod
     def _lost_if_not(ok: bool, ti: ClaimedTask) -> None:

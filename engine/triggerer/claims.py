@@ -1,0 +1,168 @@
+"""Claiming: take unowned triggers in large batches and start them.
+
+Woken by ``NOTIFY`` (and by the lease thread when it freed a gone triggerer's triggers, and by
+room made here while the last claim stopped at capacity), polling as the backstop. The next
+batch is asked for while the last one starts, so the database and the loop overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from engine.crashpoints import crash_point
+from engine.retry import Backoff
+from engine.security.allow import check_classpath, check_import_paths
+from engine.store import ClaimedTrigger, TriggerOutcome
+from engine.triggerer.deadlines import Deadlines
+from engine.triggerer.running import TriggerRunner
+from engine.triggerer.shared import Shared
+from triggers.base import (
+    BaseTrigger,
+    TriggerSerializationError,
+    decode_value,
+    import_trigger_class,
+    rebuild_trigger,
+)
+
+__all__ = ["START_SLICE", "Claimer"]
+
+log = logging.getLogger("engine.triggerer")
+
+#: Claimed triggers started per loop iteration.
+START_SLICE = 1000
+
+
+class Claimer:
+    """The claim loop; ``claiming`` is true while a claim may have committed rows that are not
+    held yet (the lease check must not call them unheld then)."""
+
+    def __init__(
+        self,
+        shared: Shared,
+        runner: TriggerRunner,
+        deadlines: Deadlines,
+        *,
+        capacity: int,
+        claim_batch: int,
+        poll_interval_s: float,
+        allow: Callable[[str], bool] | None,
+    ) -> None:
+        self._shared = shared
+        self._runner = runner
+        self._deadlines = deadlines
+        self.capacity = capacity
+        self.claim_batch = claim_batch
+        self.poll_interval_s = poll_interval_s
+        self._allow = allow
+        self.claiming = False
+        #: One string object per classpath, shared by every trigger of that class.
+        self._classpaths: dict[str, str] = {}
+        self._classes: dict[str, type[BaseTrigger]] = {}
+
+    async def run(self) -> None:
+        """Claim until the triggerer stops."""
+        shared = self._shared
+        backoff = Backoff()
+        while not shared.stopping:
+            self.claiming = True
+            try:
+                await self._claim_available()
+            except Exception as exc:  # a lost connection, anything: pause, then claim again
+                self.claiming = False
+                await backoff.wait("claim triggers", exc)
+                continue
+            finally:
+                self.claiming = False
+            backoff.reset()
+            await shared.claim_wake.wait(self.poll_interval_s)
+
+    async def _claim_available(self) -> None:
+        # (The lease thread reaps gone triggerers several times a second and wakes this
+        # loop when that freed triggers.)
+        shared, held = self._shared, self._shared.held
+        loop = shared.loop
+        assert loop is not None
+        triggerer_id = shared.id
+        if triggerer_id is None:
+            return
+        asked = min(self.capacity - len(held), self.claim_batch)
+        if asked <= 0 or shared.stopping:
+            held.full = asked <= 0
+            return
+        batch = await shared.store.claim_triggers(triggerer_id, asked)
+        crash_point("triggerer.claim.after_commit")
+        held.full = False
+        while batch:
+            # Ask for the next batch while this one starts: the database and the loop overlap.
+            room = self.capacity - len(held) - len(batch)
+            more = len(batch) == asked
+            held.full = more and room <= 0
+            next_asked = min(room, self.claim_batch) if more else 0
+            pending = None
+            if next_asked > 0 and not shared.stopping:
+                pending = loop.create_task(shared.store.claim_triggers(triggerer_id, next_asked))
+            await self._start_batch(batch)
+            log.info("claimed %d trigger(s); holding %d", len(batch), len(held))
+            if pending is None:
+                return
+            # Always awaited, never cancelled: a claim that committed must be started.
+            batch, asked = await pending, next_asked
+            crash_point("triggerer.claim.after_commit")
+
+    async def _start_batch(self, rows: list[ClaimedTrigger]) -> None:
+        """Start claimed triggers a slice at a time, letting the loop run in between (timers
+        of the triggers already held stay on time), and take them out of the garbage
+        collector's generations once started."""
+        await self._import_new_classes(rows)
+        for first in range(0, len(rows), START_SLICE):
+            for row in rows[first : first + START_SLICE]:
+                self._start(row)
+            await asyncio.sleep(0)  # the new tasks take their first step, up to their wait
+            self._shared.freeze()
+
+    async def _import_new_classes(self, rows: list[ClaimedTrigger]) -> None:
+        """Import the trigger classes not seen yet in a thread: a first import (aiohttp's,
+        say) can take a good part of a second, which would stall every held trigger."""
+        for classpath in {row.classpath for row in rows} - self._classes.keys():
+            if self._allow is not None and not self._allow(classpath):
+                continue
+            try:
+                cls = await anyio.to_thread.run_sync(import_trigger_class, classpath)
+            except TriggerSerializationError:
+                continue  # _start reports it, for each trigger of that classpath
+            self._classes[classpath] = cls
+
+    def _rebuild(self, classpath: str, kwargs: dict[str, Any]) -> BaseTrigger:
+        """``rebuild_trigger``, importing and checking each class once per triggerer."""
+        if self._allow is not None:
+            check_classpath(self._allow, classpath)  # before the import
+        cls = self._classes.get(classpath)
+        if cls is None:
+            cls = self._classes[classpath] = import_trigger_class(classpath)
+        if self._allow is not None:
+            check_import_paths(self._allow, classpath, cls, kwargs)  # before __init__ imports
+        return rebuild_trigger(classpath, kwargs, cls)
+
+    def _start(self, row: ClaimedTrigger) -> None:
+        classpath = self._classpaths.setdefault(row.classpath, row.classpath)
+        held = self._shared.held.take(row.id, row.fence, classpath)
+        try:
+            trigger = self._rebuild(classpath, decode_value(row.kwargs))
+        except Exception as exc:
+            self._shared.emit(
+                TriggerOutcome(
+                    trigger_id=row.id,
+                    fence=row.fence,
+                    kind="failed",
+                    error=f"the triggerer could not build the trigger: {exc}",
+                )
+            )
+            return
+        self._runner.start(row.id, held, trigger)
+        if row.timeout_at is not None:
+            self._deadlines.arm(row.id, held, row.timeout_at, row.db_now)

@@ -1,0 +1,208 @@
+"""``Triggerer``: wires the parts together and runs them in one task group.
+
+The parts, one module each: the held set and its invariant (``held``), claiming (``claims``),
+running one trigger (``running``), deadlines (``deadlines``), the lease as the loop sees it
+(``ownership``; the lease thread is engine/lease.py), the blocked-loop policy (``blocking``)
+and the outcomes' writer (engine/outbox.py, in ``shared``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+from anyio.abc import TaskStatus
+
+from engine import usercode
+from engine.config import (
+    DEFAULT_BLOCKED_LOOP_S,
+    DEFAULT_CLAIM_BATCH,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_TRIGGERER_CAPACITY,
+    DEFAULT_TRIGGERER_LEASE_S,
+    DEFAULT_TRIGGERER_MAX_BLOCK_S,
+)
+from engine.lease import LeaseKeeper
+from engine.store import CHANNEL_DEADLINES, CHANNEL_TRIGGERS, Listener, Store
+from engine.triggerer.blocking import BlockPolicy
+from engine.triggerer.claims import Claimer
+from engine.triggerer.deadlines import Deadlines
+from engine.triggerer.held import Held
+from engine.triggerer.ownership import Ownership, ensure_listening
+from engine.triggerer.running import TriggerRunner
+from engine.triggerer.shared import Shared
+from engine.watchdog import BlockReport, LoopWatchdog
+
+__all__ = ["Triggerer"]
+
+log = logging.getLogger("engine.triggerer")
+
+
+class Triggerer:
+    """Runs up to ``capacity`` trigger coroutines on one event loop; see the package docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        capacity: int = DEFAULT_TRIGGERER_CAPACITY,
+        lease_s: float = DEFAULT_TRIGGERER_LEASE_S,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        claim_batch: int = DEFAULT_CLAIM_BATCH,
+        blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S,
+        cleanup_timeout_s: float = 5.0,
+        cancel_blocking_after: int = 0,
+        max_block_s: float = DEFAULT_TRIGGERER_MAX_BLOCK_S,
+        allow: Callable[[str], bool] | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.store = store
+        self.capacity = capacity
+        self.lease_s = lease_s
+        self.blocked_loop_s = blocked_loop_s
+        self.cleanup_timeout_s = cleanup_timeout_s
+        #: A trigger that blocks the loop longer than this is failed (from another thread).
+        self.max_block_s = max_block_s
+        self._shared = shared = Shared(store)
+        self._runner = TriggerRunner(shared, cleanup_timeout_s=cleanup_timeout_s)
+        self._deadlines = Deadlines(shared)
+        self._claimer = Claimer(
+            shared,
+            self._runner,
+            self._deadlines,
+            capacity=capacity,
+            claim_batch=claim_batch,
+            poll_interval_s=poll_interval_s,
+            allow=allow,
+        )
+        self._ownership = Ownership(
+            shared,
+            capacity=capacity,
+            lease_s=lease_s,
+            max_block_s=max_block_s,
+            claiming=lambda: self._claimer.claiming,
+        )
+        self._blocking = BlockPolicy(
+            shared, cancel_blocking_after=cancel_blocking_after, max_block_s=max_block_s
+        )
+
+    # -- what tests, benchmarks and the CLI read ---------------------------------------------
+
+    @property
+    def id(self) -> int | None:
+        return self._shared.id
+
+    @property
+    def held(self) -> dict[int, Held]:
+        return self._shared.held.triggers
+
+    @property
+    def peak_held(self) -> int:
+        return self._shared.held.peak
+
+    @property
+    def fired(self) -> int:
+        return self._shared.fired
+
+    @property
+    def blocks(self) -> list[BlockReport]:
+        return self._blocking.blocks
+
+    @property
+    def unwritten_events(self) -> int:
+        """Outcomes produced but not written yet (queued, or in the write in flight)."""
+        outbox = self._shared.outbox
+        return len(outbox) + outbox.in_flight
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "held": len(self.held),
+            "peak_held": self.peak_held,
+            "fired": self.fired,
+            "outbox": len(self._shared.outbox),
+            "time": time.time(),
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Graceful stop: write pending events, cancel the triggers, release them to others.
+        Safe before ``run`` (``run`` then returns at once) and more than once."""
+        self._shared.stopping = True
+        self._shared.claim_wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        shared = self._shared
+        if shared.stopping:
+            log.info("triggerer stopped before it started")
+            task_status.started()
+            return
+        shared.loop = asyncio.get_running_loop()
+        usercode.install(shared.loop)
+        watchdog = LoopWatchdog(
+            shared.loop,
+            threshold_s=self.blocked_loop_s,
+            on_block=self._blocking.on_block,
+            limit_s=self.max_block_s,
+            on_limit=self._blocking.on_limit,
+        )
+        lease = self._ownership.keeper(watchdog.lag_s)
+        self._blocking.attach(shared.loop, lease)
+        listener = self.store.listener(CHANNEL_TRIGGERS, CHANNEL_DEADLINES)
+        listener.on_notify(self._on_notify)
+        watchdog.start()
+        lease.start()
+        try:
+            await ensure_listening(listener)
+            while shared.id is None and not shared.stopping:
+                await shared.claim_wake.wait(None)  # set by the registration (and stop)
+            if shared.id is None:
+                task_status.started()
+                return
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(shared.outbox.run, name="triggerer-writer")
+                tg.start_soon(self._deadlines.run, name="triggerer-deadlines")
+                tg.start_soon(self._ownership.run, listener, name="triggerer-ownership")
+                task_status.started()
+                await self._claimer.run()
+                with anyio.move_on_after(max(self.lease_s, 5.0)):
+                    await shared.outbox.drain()  # events already produced, before letting go
+                tg.cancel_scope.cancel()
+        finally:
+            watchdog.stop()
+            with anyio.move_on_after(self.cleanup_timeout_s + 5, shield=True):
+                await self._shutdown(listener, lease)
+            log.info("triggerer %s stopped", shared.id)
+
+    async def _shutdown(self, listener: Listener, lease: LeaseKeeper) -> None:
+        tasks = self._shared.held.drop_all()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.cleanup_timeout_s + 1)
+        await listener.close()
+        triggerer_id = self._shared.id
+        if triggerer_id is not None:
+            try:
+                released = await self.store.release_triggerer(triggerer_id)
+                log.info("triggerer %s released %d trigger(s)", triggerer_id, released)
+            except Exception as exc:
+                log.warning(
+                    "could not release triggers (%s); they are adopted once this process's "
+                    "lease connection closes",
+                    exc,
+                )
+        # Closing the lease connection frees the lock: peers reap what is left.
+        await anyio.to_thread.run_sync(lease.stop)
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == CHANNEL_DEADLINES:
+            self._deadlines.notified(payload)
+        else:
+            self._shared.claim_wake.set()
+
+    def _drop(self, trigger_id: int) -> None:
+        """Stop running a trigger without writing anything (tests lose one in memory so)."""
+        self._shared.held.drop(trigger_id)
