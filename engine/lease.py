@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from engine.crashpoints import crash_point
 from engine.keepalive import KeepAlive
+from engine.retry import CONNECTION_ERRORS, REFUSED_DATA_ERRORS
 from engine.store.models import TriggerOutcome
 from engine.store.session import TriggererSession
 
@@ -134,9 +135,12 @@ class LeaseKeeper:
         finally:
             await self._session.close()
 
-    async def _dropped(self, _exc: BaseException) -> None:
-        """Any error: a new connection at the next tick, after a jittered pause."""
-        await self._session.close()
+    async def _dropped(self, exc: BaseException) -> None:
+        """After an error, a jittered pause; a new connection only if this one is lost. (Closing
+        a healthy connection would free the session lock: peers would reap this live
+        triggerer and run all its triggers again elsewhere.)"""
+        if not self._session.connected or isinstance(exc, CONNECTION_ERRORS):
+            await self._session.close()
 
     def _publish(self, call: Callable[..., None], *args: object) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the triggerer stopped
@@ -154,7 +158,13 @@ class LeaseKeeper:
             if self._id is not None and not await session.relock(self._id):
                 log.error("triggerer %s: its session lock is held elsewhere", self._id)
                 self._id = None
-        await self._write_failures()
+        try:
+            await self._write_failures()
+        except REFUSED_DATA_ERRORS as exc:
+            # Refused for good: the lease must not wait on it. The loop stops the blocker once
+            # it runs again; its tasks end by their deadline or with the trigger's next owner.
+            log.error("could not write %d trigger failure(s): %s", len(self._failures), exc)
+            self._failures.clear()
         responsive = self._loop_lag_s() < self.max_unresponsive_s
         if self._id is None:
             if not responsive:

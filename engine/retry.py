@@ -10,7 +10,13 @@ from typing import TypeVar
 import anyio
 import asyncpg
 
-__all__ = ["REFUSED_DATA_ERRORS", "TRANSIENT_ERRORS", "Backoff", "with_db_retry"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "REFUSED_DATA_ERRORS",
+    "TRANSIENT_ERRORS",
+    "Backoff",
+    "with_db_retry",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,6 +38,16 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.ReadOnlySQLTransactionError,
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
+)
+
+#: The part of TRANSIENT_ERRORS that says the connection itself is gone or unusable (a
+#: statement that timed out is not counted: the connection stays usable).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.AdminShutdownError,
 )
 
 #: Errors that say the statement's data cannot be stored as it is (a value out of range or

@@ -16,6 +16,7 @@ loop first with ``call_soon_threadsafe`` (``_block_seen``, ``_blocker_failed``).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 
 from engine.lease import LeaseKeeper
@@ -67,7 +68,8 @@ class BlockPolicy:
                 _culprit(report.task_name),
                 report.location,
             )
-        loop.call_soon_threadsafe(self._block_seen, report)
+        # A copy: the watchdog's thread goes on updating the report it holds.
+        loop.call_soon_threadsafe(self._block_seen, copy.copy(report))
 
     def on_limit(self, report: BlockReport) -> None:
         """Watchdog thread, while the loop is still blocked past ``max_block_s``: the
