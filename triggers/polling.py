@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
+from triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent, import_object
 
 __all__ = ["DEFAULT_POLL_INTERVAL_S", "PollingTrigger", "import_callable", "is_met"]
 
@@ -62,16 +62,6 @@ class PollingTrigger(BaseTrigger):
 
 
 def import_callable(path: str, what: str = "callable") -> Any:
-    """Import ``package.module.name`` and check it is callable (for checks passed by path)."""
-    import importlib
-
-    if not isinstance(path, str) or "." not in path:
-        raise ValueError(f"{what} must be an import path 'module.function', got {path!r}")
-    module_name, _, attr = path.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{what} {path!r} cannot be imported: {exc}") from None
-    if not callable(obj):
-        raise ValueError(f"{what} {path!r} is not callable")
-    return obj
+    """Import ``package.module.name`` and check it is callable (a check passed by path);
+    :func:`triggers.base.import_object` with one more check, raising its ``ImportPathError``."""
+    return import_object(path, what, accept=callable, wanted="callable")
