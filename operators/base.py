@@ -12,11 +12,12 @@ from __future__ import annotations
 import copy
 import copyreg
 import datetime as dt
+import inspect
 import logging
 import math
 import re
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, NoReturn, Protocol, TypedDict
 
@@ -39,6 +40,7 @@ __all__ = [
     "SkipTask",
     "TaskDeferred",
     "TriggerSerializationError",
+    "call_with_context",
     "current_dag",
     "dag_context",
     "to_seconds",
@@ -159,6 +161,26 @@ def to_seconds(value: dt.timedelta | float | int | None, name: str) -> float | N
     if seconds < 0:
         raise ValueError(f"{name} must not be negative, got {value!r}")
     return seconds
+
+
+def call_with_context(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], context: Context
+) -> Any:
+    """``fn(*args, **kwargs)``, plus the context entries ``fn`` asks for by parameter name
+    (all of them for ``**kwargs``; an explicit kwarg wins over a context entry of its name).
+    What ``PythonOperator`` and ``PythonSensor`` run."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins have no signature: pass no context
+        params = None
+    if params is None:
+        extra: dict[str, Any] = {}
+    elif any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        extra = dict(context)
+    else:
+        extra = {name: value for name, value in context.items() if name in params}
+    extra = {k: v for k, v in extra.items() if k not in kwargs}
+    return fn(*args, **kwargs, **extra)
 
 
 def _deferral_timeout_s(task_id: str, timeout: dt.timedelta | float | None) -> float | None:

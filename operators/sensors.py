@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from operators.base import (
     BaseOperator,
@@ -34,9 +35,17 @@ from operators.base import (
     FailTask,
     RescheduleRequested,
     SkipTask,
+    call_with_context,
     to_seconds,
 )
-from triggers.base import BaseTrigger, TaskFailedEvent, TaskSkippedEvent, TriggerEvent
+from triggers.base import (
+    BaseTrigger,
+    ImportPathError,
+    TaskFailedEvent,
+    TaskSkippedEvent,
+    TriggerEvent,
+    import_object,
+)
 from triggers.connections import DEFAULT_DEFERRAL_CONN_ID
 from triggers.external_task import (
     DEFAULT_ALLOWED_STATES,
@@ -46,11 +55,9 @@ from triggers.external_task import (
 from triggers.file import FileTrigger, find_files
 from triggers.http import HttpResponse, HttpTrigger
 from triggers.polling import is_met
+from triggers.python import PythonTrigger
 from triggers.sql import SqlTrigger
 from triggers.temporal import DateTimeTrigger
-
-if TYPE_CHECKING:
-    from operators.python import PythonSensor
 
 __all__ = [
     "BaseSensorOperator",
@@ -357,16 +364,15 @@ class HttpSensor(BaseSensorOperator):
 
 def _import_path_of(fn: Callable[..., Any]) -> str | None:
     """``module.qualname`` of a function importable under that name, else None."""
-    import importlib
-
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not module or "<" in name or "." in name or module == "__main__":
+    if not module or "<" in name or "." in name:
         return None
+    path = f"{module}.{name}"
     try:
-        found = getattr(importlib.import_module(module), name, None)
-    except ImportError:
+        found = import_object(path, "function")
+    except ImportPathError:
         return None
-    return f"{module}.{name}" if found is fn else None
+    return path if found is fn else None
 
 
 class SqlSensor(BaseSensorOperator):
@@ -448,10 +454,41 @@ class ExternalTaskSensor(BaseSensorOperator):
         return self._cached
 
 
-def __getattr__(name: str) -> Any:
-    # PythonSensor lives in operators.python (which imports this module).
-    if name == "PythonSensor":
-        from operators.python import PythonSensor
+class PythonSensor(BaseSensorOperator):
+    """Waits until ``python_callable(*op_args, **op_kwargs)`` returns something truthy (the
+    result, unless it is ``True``). Poke and reschedule mode run the callable on the worker;
+    ``deferrable=True`` needs ``async_check``, an import path to an ``async def`` taking
+    ``**op_kwargs`` that the triggerer awaits instead (a sync callable would block its loop).
+    """
 
-        return PythonSensor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Sequence[Any] | None = None,
+        op_kwargs: Mapping[str, Any] | None = None,
+        async_check: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not callable(python_callable) or inspect.iscoroutinefunction(python_callable):
+            raise TypeError(f"task {self.task_id}: python_callable must be a plain callable")
+        if self.deferrable and async_check is None:
+            raise ValueError(
+                f"task {self.task_id}: a deferrable PythonSensor needs async_check, an import "
+                "path to an async def the triggerer can await"
+            )
+        self.python_callable = python_callable
+        self.op_args = list(op_args or ())
+        self.op_kwargs = dict(op_kwargs or {})
+        self.async_check = async_check
+
+    def poke(self, context: Context) -> Any:
+        return call_with_context(self.python_callable, self.op_args, self.op_kwargs, context)
+
+    def can_defer(self) -> bool:
+        return self.async_check is not None
+
+    def trigger(self, context: Context) -> BaseTrigger:
+        assert self.async_check is not None
+        return PythonTrigger(self.async_check, kwargs=self.op_kwargs, **self.trigger_kwargs())

@@ -89,12 +89,12 @@ def test_a_live_object_nested_in_kwargs_is_refused() -> None:
 @pytest.mark.parametrize(
     ("classpath", "message"),
     [
-        ("no_such_module_xyz.Trigger", r"cannot import module 'no_such_module_xyz'"),
+        ("no_such_module_xyz.Trigger", r"cannot be imported: module 'no_such_module_xyz'"),
         (f"{T}.Missing", r"has no attribute 'Missing'"),
         (f"{T}.NotATrigger", r"not a BaseTrigger subclass"),
         ("datetime.datetime", r"not a BaseTrigger subclass"),
         ("__main__.MyTrigger", r"points into __main__"),
-        ("NoDots", r"must be a dotted 'module.ClassName'"),
+        ("NoDots", r"must be a dotted import path 'module.name'"),
     ],
 )
 def test_defer_with_a_bad_classpath_is_a_serialization_error(classpath: str, message: str) -> None:
@@ -196,7 +196,7 @@ class UnimportableDeferrer(BaseOperator):
     [
         (LambdaDeferrer, "cannot be serialized"),
         (SocketDeferrer, "cannot be serialized"),
-        (UnimportableDeferrer, "cannot import module 'no_such_module_xyz'"),
+        (UnimportableDeferrer, "cannot be imported: module 'no_such_module_xyz'"),
     ],
 )
 async def test_a_bad_deferral_in_a_running_task_fails_it_and_writes_nothing(

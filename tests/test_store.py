@@ -61,6 +61,13 @@ _CATALOG: dict[str, str] = {
         SELECT c.relname, c.relkind::text FROM pg_class c
         JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' ORDER BY 1""",
+    "views": """
+        SELECT viewname, definition FROM pg_views WHERE schemaname = 'public' ORDER BY 1""",
+    "comments": """
+        SELECT c.relname, obj_description(c.oid, 'pg_class') AS comment FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND obj_description(c.oid, 'pg_class') IS NOT NULL
+        ORDER BY 1""",
     "triggers": """
         SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid) AS def
         FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid

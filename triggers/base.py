@@ -12,13 +12,14 @@ import abc
 import hashlib
 import importlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
 import msgspec
 
 __all__ = [
     "BaseTrigger",
+    "ImportPathError",
     "SerializedTrigger",
     "TaskEndEvent",
     "TaskFailedEvent",
@@ -28,6 +29,7 @@ __all__ = [
     "TriggerSerializationError",
     "decode_value",
     "encode_value",
+    "import_object",
     "import_path_kwargs",
     "import_trigger_class",
     "rebuild_trigger",
@@ -142,38 +144,72 @@ def decode_value(data: bytes) -> Any:
     return _decoder.decode(data)
 
 
-def import_trigger_class(classpath: str) -> type[BaseTrigger]:
-    """Import ``package.module.ClassName`` and check it names a :class:`BaseTrigger` subclass."""
-    if not isinstance(classpath, str) or "." not in classpath:
-        raise TriggerSerializationError(
-            f"trigger classpath {classpath!r} must be a dotted 'module.ClassName' string"
+class ImportPathError(ValueError):
+    """A dotted import path (``package.module.name``) does not name what it should.
+
+    Every import by path in the engine (trigger classpaths, checks passed by path, lazily
+    loaded commands) goes through :func:`import_object` and fails with this one shape:
+    ``<what> '<path>' <reason>``. Messages name the path, never a value found there."""
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"class {obj.__module__}.{obj.__qualname__}"
+    return f"a {type(obj).__qualname__}"
+
+
+def import_object(
+    path: str,
+    what: str,
+    *,
+    accept: Callable[[Any], bool] | None = None,
+    wanted: str = "",
+) -> Any:
+    """Import ``package.module.name`` and, with ``accept``, check the object (``wanted``
+    says what it must be, for the error).
+
+    ``what`` names the path's role in errors ("trigger classpath", "check", ...). Raises
+    :class:`ImportPathError`. Code run by the import is user code: any exception it raises,
+    ``SystemExit`` included, becomes an ``ImportPathError`` instead of ending the process.
+    """
+    if not isinstance(path, str) or "." not in path.strip(".") or path != path.strip():
+        raise ImportPathError(f"{what} {path!r} must be a dotted import path 'module.name'")
+    if path == "__main__" or path.startswith("__main__."):
+        raise ImportPathError(
+            f"{what} {path!r} points into __main__, which other processes cannot import; "
+            "define it in a module (for instance next to your DAG files)"
         )
-    module_name, _, attr = classpath.rpartition(".")
-    if module_name == "__main__" or module_name.startswith("__main__."):
-        raise TriggerSerializationError(
-            f"trigger classpath {classpath!r} points into __main__, which the triggerer cannot "
-            "import; define the trigger in a module (for instance next to your DAG files)"
-        )
+    module_name, _, attr = path.rpartition(".")
     try:
         module = importlib.import_module(module_name)
-    except BaseException as exc:  # user code: a SystemExit there must not end the process
-        raise TriggerSerializationError(
-            f"trigger classpath {classpath!r}: cannot import module {module_name!r}: "
+    except BaseException as exc:  # user code: even a SystemExit there must not end the process
+        raise ImportPathError(
+            f"{what} {path!r} cannot be imported: module {module_name!r} raised "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise TriggerSerializationError(
-                f"trigger classpath {classpath!r}: module {module_name!r} has no attribute {attr!r}"
-            ) from None
-    if not (isinstance(obj, type) and issubclass(obj, BaseTrigger)):
-        raise TriggerSerializationError(
-            f"trigger classpath {classpath!r} names {obj!r}, which is not a BaseTrigger subclass"
-        )
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ImportPathError(
+            f"{what} {path!r} cannot be imported: module {module_name!r} has no attribute {attr!r}"
+        ) from None
+    if accept is not None and not accept(obj):
+        raise ImportPathError(f"{what} {path!r} names {_describe(obj)}, which is not {wanted}")
     return obj
+
+
+def import_trigger_class(classpath: str) -> type[BaseTrigger]:
+    """Import ``package.module.ClassName`` and check it names a :class:`BaseTrigger` subclass."""
+    try:
+        cls: type[BaseTrigger] = import_object(
+            classpath,
+            "trigger classpath",
+            accept=lambda obj: isinstance(obj, type) and issubclass(obj, BaseTrigger),
+            wanted="a BaseTrigger subclass",
+        )
+    except ImportPathError as exc:
+        raise TriggerSerializationError(str(exc)) from exc
+    return cls
 
 
 def import_path_kwargs(cls: type[BaseTrigger], kwargs: dict[str, Any]) -> dict[str, object]:

@@ -13,7 +13,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
+from triggers.base import (
+    BaseTrigger,
+    ImportPathError,
+    TaskSuccessEvent,
+    TriggerEvent,
+    import_object,
+)
 
 __all__ = ["DEFAULT_POLL_INTERVAL_S", "PollingTrigger", "import_callable", "is_met"]
 
@@ -62,25 +68,17 @@ class PollingTrigger(BaseTrigger):
 
 
 def import_callable(path: str, what: str = "callable") -> Any:
-    """Import ``package.module.name`` and check it is callable (for checks passed by path).
+    """Import ``package.module.name`` and check it is callable (a check passed by path);
+    :func:`triggers.base.import_object` with more checks, raising its ``ImportPathError``.
 
     The callable must be *defined* in the module the path names, not merely imported there:
     the runtime's allow-list matches the path, and ``orders.run`` must not reach
     ``asyncio.create_subprocess_shell`` because ``orders`` imported it under that name."""
-    import importlib
-
-    if not isinstance(path, str) or "." not in path:
-        raise ValueError(f"{what} must be an import path 'module.function', got {path!r}")
-    module_name, _, attr = path.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{what} {path!r} cannot be imported: {exc}") from None
-    if not callable(obj):
-        raise ValueError(f"{what} {path!r} is not callable")
+    obj = import_object(path, what, accept=callable, wanted="callable")
+    module_name = path.rpartition(".")[0]
     defined_in = getattr(obj, "__module__", None)
     if defined_in != module_name:
-        raise ValueError(
+        raise ImportPathError(
             f"{what} {path!r} is defined in module {defined_in!r}, not {module_name!r}: name a "
             "callable by the module that defines it"
         )

@@ -1,36 +1,20 @@
-"""Load the named queries of ``queries.sql``: ``-- name: x`` blocks into a mapping."""
+"""The store's SQL files: the named queries of ``queries.sql`` (``-- name: x`` blocks, parsed
+by :mod:`triggers.sqlfiles`, the one parser the built-in triggers share), the schema and the
+numbered migrations."""
 
 from __future__ import annotations
 
 import re
-from functools import cache
 from importlib import resources
+
+from triggers.sqlfiles import read_queries
 
 __all__ = ["load_queries", "migrations", "schema_sql"]
 
-_NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
-
-def parse_queries(text: str) -> dict[str, str]:
-    """Split a file of ``-- name:`` blocks; each block's leading comment lines are dropped."""
-    parts = _NAME.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = body.strip().splitlines()
-        while lines and lines[0].startswith("--"):
-            lines.pop(0)
-        sql = "\n".join(lines).strip().rstrip(";")
-        if not sql:
-            raise ValueError(f"query {name!r} is empty")
-        if name in queries:
-            raise ValueError(f"query {name!r} is defined twice")
-        queries[name] = sql
-    return queries
-
-
-@cache
 def load_queries() -> dict[str, str]:
-    return parse_queries(resources.files(__package__).joinpath("queries.sql").read_text())
+    """The store's named queries (parsed by the one parser of named SQL files)."""
+    return read_queries(__package__ or "engine.store", "queries.sql")
 
 
 def schema_sql() -> str:

@@ -1,6 +1,9 @@
 -- Named queries of the deferral store. Each block starts with "-- name: <name>", then comment
 -- lines that say what it does, then one statement. engine/store/queries.py parses this file;
--- no SQL lives anywhere else.
+-- no SQL lives anywhere else. The plans of the hot statements (claim_tasks, claim_triggers,
+-- lock_owned_triggers, fire_triggers, finish_tasks, defer_task, timeout_deferrals) are pinned
+-- at 100,000 waiting rows, with and without statistics, custom and generic, by
+-- tests/test_query_plans.py: a comment below about a plan is an assertion there.
 
 -- name: ensure_migrations_table
 -- The ledger of applied migrations.
@@ -482,8 +485,9 @@ WITH me AS MATERIALIZED (
 )
 UPDATE deferral_triggers t
 SET triggerer_id = $1, fence = t.fence + 1
-FROM picked
-WHERE t.id = picked.id
+-- (By an array of ids, not a join with picked: with statistics the planner hashed the picked
+-- rows against a sequential scan of every trigger; tests/test_query_plans.py pins this.)
+WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING t.id, t.classpath, t.kwargs, t.fence, t.timeout_at, now() AS db_now;
 
 -- name: count_unowned_triggers
@@ -511,7 +515,10 @@ WITH outcome AS (
     -- (IS NOT DISTINCT FROM, not =: no index on the owner can serve it, so every plan reaches
     -- each row by its id. Without statistics, a generic plan otherwise read every trigger the
     -- triggerer owns through the owner index, for each batch.)
-    WHERE t.id = o.trigger_id AND t.triggerer_id IS NOT DISTINCT FROM $1 AND t.fence = o.fence
+    -- (t.id = ANY ($2): without statistics a custom plan hashed the outcomes against a
+    -- sequential scan of every trigger; the array gives every plan the primary key.)
+    WHERE t.id = o.trigger_id AND t.id = ANY ($2::bigint[])
+      AND t.triggerer_id IS NOT DISTINCT FROM $1 AND t.fence = o.fence
     RETURNING t.id, o.kind, o.payload, o.error
 ), moved AS (
     UPDATE deferral_task_instances ti
