@@ -183,6 +183,10 @@ class Triggerer:
         if tasks:
             await asyncio.wait(tasks, timeout=self.cleanup_timeout_s + 1)
         await listener.close()
+        # The lease thread first: renewing a registration while it is released would find it
+        # gone and register again. (Its connection closing frees the session lock, so peers
+        # may reap what is left at the same time as the release below: both only free.)
+        await anyio.to_thread.run_sync(lease.stop)
         triggerer_id = self._shared.id
         if triggerer_id is not None:
             try:
@@ -190,12 +194,10 @@ class Triggerer:
                 log.info("triggerer %s released %d trigger(s)", triggerer_id, released)
             except Exception as exc:
                 log.warning(
-                    "could not release triggers (%s); they are adopted once this process's "
-                    "lease connection closes",
+                    "could not release triggers (%s); peers adopt them, its session lock "
+                    "being free",
                     exc,
                 )
-        # Closing the lease connection frees the lock: peers reap what is left.
-        await anyio.to_thread.run_sync(lease.stop)
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == CHANNEL_DEADLINES:
