@@ -16,6 +16,9 @@ go to stderr with its log lines. What the task did comes back as a :data:`Reply`
 reschedule, skip or fail, which the worker turns back into the same exceptions a thread would
 have raised.
 
+The child runs in a process group of its own, which the worker signals; and it watches its
+worker: if the worker dies (even by SIGKILL), the child kills its own process group.
+
 The child gets a clean environment, as a BashOperator command does
 (:func:`operators.bash.clean_env`): no database URL, no Fernet keys, no ``DEFERRAL_*`` secrets.
 """
@@ -30,6 +33,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +68,8 @@ log = logging.getLogger(__name__)
 DEFAULT_KILL_GRACE_S = 5.0
 #: A reply larger than this is refused (results are limited far below it).
 MAX_REPLY_BYTES = 64 << 20
+#: How often a child checks that its worker is still there.
+PARENT_CHECK_S = 0.2
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -78,6 +85,8 @@ class Request(msgspec.Struct, frozen=True):
     context: bytes
     kwargs: bytes
     log_level: str = "INFO"
+    #: The worker's pid: the child ends itself (and its process group) once it is gone.
+    parent_pid: int = 0
 
 
 class Returned(msgspec.Struct, frozen=True, tag="returned"):
@@ -335,11 +344,25 @@ def run_request(request: Request) -> Reply:
         )
 
 
+def _end_with_parent(parent_pid: int) -> None:
+    """A worker killed with SIGKILL cannot stop its children: each one watches its parent
+    and, once it is gone, kills its own process group (the task and what it started)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_S)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="isolation-parent-watch", daemon=True).start()
+
+
 def main() -> None:
     # The reply goes to the stdout this process was given; the task's prints go to stderr.
     reply_fd = os.dup(1)
     os.dup2(2, 1)
     request = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=Request)
+    if request.parent_pid:
+        _end_with_parent(request.parent_pid)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

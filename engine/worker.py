@@ -455,6 +455,7 @@ class Worker:
             context=encode_value(context),
             kwargs=encode_value(kwargs),
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            parent_pid=os.getpid(),
         )
         try:
             reply = await isolation.run_isolated(

@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,8 @@ from engine.store import Store
 from engine.triggerer import Triggerer
 from engine.worker import Worker
 from operators.base import BaseOperator
-from tests.helpers import wait_until
+from tests.helpers import running_engine, wait_until
+from tests.test_processes import Children, _env, explained
 from triggers.base import decode_value
 
 
@@ -183,11 +186,12 @@ _STOPPED_DAG = """
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie nobody reaped yet does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 @pytest.mark.anyio
@@ -206,6 +210,47 @@ async def test_an_isolated_task_past_its_timeout_is_failed_and_its_process_is_go
     pid = int(pid_file.read_text())
     assert pid != os.getpid()
     assert not _alive(pid), f"the task's process {pid} still runs"
+
+
+@pytest.fixture
+def children(db_url: str, tmp_path: Path) -> Iterator[Children]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    kids = Children(_env(db_url, tmp_path), logs)
+    try:
+        yield kids
+    finally:
+        kids.stop_all()
+
+
+@pytest.mark.anyio
+@pytest.mark.subprocess
+async def test_the_child_of_a_worker_killed_with_sigkill_ends_too(
+    store: Store, children: Children, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid_file = tmp_path / "pid"
+    dags = _write_dag(tmp_path, _STOPPED_DAG, pid_file=str(pid_file), ignore_term=True)
+    (dags / "timeouts_dag.py").write_text(
+        (dags / "timeouts_dag.py").read_text().replace("execution_timeout=1.0", "retries=0")
+    )
+    children.env["DEFERRAL_DAGS_FOLDER"] = str(dags)
+    monkeypatch.setattr("sys.path", list(sys.path))
+    dag = DagBag(dags).get_dag("stopped")
+    async with explained(children), running_engine(store, worker=False, triggerer=False) as engine:
+        worker = children.start("worker", "--slots", "1", name="worker")
+        await engine.start_run(dag)
+        await wait_until(
+            lambda: anyio.to_thread.run_sync(pid_file.exists), what="the task's child to start"
+        )
+        pid = int(pid_file.read_text())
+        assert _alive(pid)
+        worker.send_signal(signal.SIGKILL)
+        await anyio.to_thread.run_sync(worker.wait)
+
+        async def gone() -> bool:
+            return not _alive(pid)
+
+        await wait_until(gone, what=f"the task's process {pid} to end with its worker")
 
 
 # -- isolation="process" behaves like a thread -----------------------------------------------
