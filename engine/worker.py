@@ -370,7 +370,7 @@ class Worker:
             raise ExecutionTimeout(_timeout_message(ti))
         if ti.next_method:
             crash_point("worker.resume.before_method")
-        if op.isolation == "process":
+        if getattr(op, "isolation", "none") == "process":
             return await self._in_child(op, ti, context, kwargs, remaining)
         if not inspect.iscoroutinefunction(fn):
             return await self._in_thread(ti, functools.partial(fn, context, **kwargs), remaining)
