@@ -377,3 +377,22 @@ async def test_an_isolated_task_returns_raises_defers_and_resumes_like_a_thread(
 def test_isolation_must_be_a_known_mode() -> None:
     with pytest.raises(ValueError, match="isolation must be one of none, process"):
         BaseOperator(task_id="t", isolation="thread-pool")
+
+
+class _Returns(BaseOperator):
+    def execute(self, context: Any) -> int:
+        return 1
+
+
+@pytest.mark.anyio
+async def test_an_isolated_task_of_a_dag_built_in_code_fails_saying_why(store: Store) -> None:
+    from engine.dag import DAG
+
+    with DAG("in_code") as dag:
+        _Returns(task_id="isolated", isolation="process", retries=2, retry_delay=0)
+    async with running_engine(store, triggerer=False) as engine:
+        tis = await engine.run_dag(dag)
+    ti = tis["isolated"]
+    assert ti["state"] == "failed"
+    assert ti["try_number"] == 1  # retrying cannot help
+    assert "not loaded from a file of the DAGs folder" in ti["error"]
