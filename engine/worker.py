@@ -12,6 +12,7 @@ failures queue for one writer, which ends every try queued meanwhile in one stat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import inspect
@@ -22,12 +23,13 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
-from engine import logs, usercode
+from engine import isolation, logs, usercode
 from engine.config import (
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
@@ -101,6 +103,17 @@ class ExecutionTimeout(Exception):
     """The try ran longer than the task's execution_timeout (counted across deferrals)."""
 
 
+class _Lingering:
+    """A thread still running after its task was failed at the execution_timeout."""
+
+    __slots__ = ("ended", "ti", "timed_out_at")
+
+    def __init__(self, ti: ClaimedTask) -> None:
+        self.ti = ti
+        self.ended = False
+        self.timed_out_at: float | None = None
+
+
 class InvalidDeferral(ValueError):
     """A deferral (or reschedule) the worker will not store: it fails its task, no retry."""
 
@@ -119,6 +132,7 @@ class Worker:
         shutdown_grace_s: float = 30.0,
         allow: Callable[[str], bool] | None = None,
         default_deferrable: bool = False,
+        isolation_kill_grace_s: float = isolation.DEFAULT_KILL_GRACE_S,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
@@ -128,6 +142,8 @@ class Worker:
         self.poll_interval_s = poll_interval_s
         self.heartbeat_s = heartbeat_s
         self.shutdown_grace_s = shutdown_grace_s
+        #: For isolation="process": time between SIGTERM and SIGKILL once a task's time is up.
+        self.isolation_kill_grace_s = isolation_kill_grace_s
         #: Trigger allow-list (setting trigger_allow): a deferral it refuses fails the task.
         self._allow = allow
         #: Setting default_deferrable, handed to operators in their context.
@@ -146,6 +162,9 @@ class Worker:
         self._claims_unsure = False
         # Tasks this process gave up on without recording an outcome: never adopted again.
         self._abandoned: set[int] = set()
+        # Threads of tries failed at their execution_timeout that still run (Python cannot
+        # stop a thread), by (task instance, try): each keeps its slot until it ends.
+        self._lingering: dict[tuple[int, int], _Lingering] = {}
 
     def stop(self) -> None:
         """Ask for a graceful stop: claim nothing more, let running tries finish (up to the
@@ -184,6 +203,12 @@ class Worker:
                                 "retried per their policy",
                                 len(self.running),
                             )
+                    for run in self._lingering.values():
+                        log.warning(
+                            "stopping while the thread of task %s (failed at its "
+                            "execution_timeout) still runs; the process exits when it ends",
+                            _name(run.ti),
+                        )
                     tasks.cancel_scope.cancel()
                 tg.cancel_scope.cancel()
         finally:
@@ -223,16 +248,20 @@ class Worker:
         except TRANSIENT_ERRORS as exc:
             log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
 
+    def _busy(self) -> int:
+        """Slots taken: running tries, and threads still running past their timeout."""
+        return len(self.running) + len(self._lingering)
+
     async def _claim_loop(self, tasks: anyio.abc.TaskGroup) -> None:
         backoff = Backoff()
         while not self._stopping:
-            free = self.slots - len(self.running)
+            free = self.slots - self._busy()
             timeout = self.poll_interval_s
             if free > 0:
                 try:
                     if self._claims_unsure:
                         self._adopt(tasks, await self._unacknowledged_claims())
-                        free = self.slots - len(self.running)
+                        free = self.slots - self._busy()
                     claimed, next_in = await self._claim(free) if free > 0 else ([], None)
                 except TRANSIENT_ERRORS as exc:
                     await backoff.wait("claiming tasks", exc)
@@ -277,7 +306,7 @@ class Worker:
                 continue
             self.running[ti.id] = ti
             tasks.start_soon(self._execute, ti, name=f"ti-{ti.id}")
-        self.peak_running = max(self.peak_running, len(self.running))
+        self.peak_running = max(self.peak_running, self._busy())
 
     async def _heartbeat_loop(self, listener: Any) -> None:
         async def beat() -> None:
@@ -363,26 +392,105 @@ class Worker:
             fn = op.execute
         remaining = self._remaining_s(ti)
         if remaining is not None and remaining <= 0:
-            raise ExecutionTimeout(
-                f"execution_timeout of {ti.execution_timeout_s}s passed (counted from the start "
-                "of this try, across deferrals)"
-            )
+            raise ExecutionTimeout(_timeout_message(ti))
         if ti.next_method:
             crash_point("worker.resume.before_method")
-        with anyio.move_on_after(remaining) as scope:
-            if inspect.iscoroutinefunction(fn):
-                return await fn(context, **kwargs)
-            call = functools.partial(fn, context, **kwargs)
+        if getattr(op, "isolation", "none") == "process":
+            return await self._in_child(op, ti, context, kwargs, remaining)
+        if not inspect.iscoroutinefunction(fn):
+            return await self._in_thread(ti, functools.partial(fn, context, **kwargs), remaining)
+        with anyio.move_on_after(remaining):
+            return await fn(context, **kwargs)
+        raise ExecutionTimeout(_timeout_message(ti))
+
+    async def _in_thread(
+        self, ti: ClaimedTask, call: Callable[[], Any], remaining: float | None
+    ) -> Any:
+        """Run ``call`` in a worker thread. Past the timeout the try fails, but the thread
+        cannot be stopped: its slot stays taken (see :meth:`_busy`) until it ends."""
+        loop = asyncio.get_running_loop()
+        run = _Lingering(ti)
+
+        def body() -> Any:
+            try:
+                return call()
+            finally:
+                # (A loop that is closed has no slot left to free.)
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._thread_ended, run)
+
+        with anyio.move_on_after(remaining):
             return await anyio.to_thread.run_sync(
-                call, limiter=self._limiter, abandon_on_cancel=True
+                body, limiter=self._limiter, abandon_on_cancel=True
             )
-        if scope.cancelled_caught:
-            raise ExecutionTimeout(
-                f"execution_timeout of {ti.execution_timeout_s}s passed (counted from the start "
-                "of this try, across deferrals)"
-                + ("" if inspect.iscoroutinefunction(fn) else "; the thread could not be stopped")
+        if not run.ended:
+            run.timed_out_at = time.monotonic()
+            self._lingering[(ti.id, ti.try_number)] = run
+            log.warning(
+                "task %s is past its execution_timeout of %ss and is failed, but its thread "
+                "cannot be stopped and still runs; its slot stays taken until it ends (give "
+                'the task isolation="process" to have it stopped)',
+                _name(ti),
+                ti.execution_timeout_s,
             )
-        return None  # pragma: no cover - move_on_after either returned or was caught
+        raise ExecutionTimeout(
+            _timeout_message(ti) + "; the thread could not be stopped and still holds its slot"
+        )
+
+    def _thread_ended(self, run: _Lingering) -> None:
+        """(On the loop.) A worker thread ended; if its try was already failed at its
+        timeout, its slot is free now."""
+        run.ended = True
+        key = (run.ti.id, run.ti.try_number)
+        if self._lingering.get(key) is not run:
+            return
+        del self._lingering[key]
+        late = time.monotonic() - (run.timed_out_at or 0.0)
+        log.warning(
+            "the thread of task %s ended %.1fs after its execution_timeout; its slot is free",
+            _name(run.ti),
+            late,
+        )
+        self._wake.set()
+        self._idle.set()
+
+    async def _in_child(
+        self,
+        op: BaseOperator,
+        ti: ClaimedTask,
+        context: Context,
+        kwargs: dict[str, Any],
+        remaining: float | None,
+    ) -> Any:
+        """Run the call in a child process (isolation="process"), stopped at the timeout."""
+        dag = self.dagbag.get_dag(ti.dag_id)
+        folder = self.dagbag.folder
+        if folder is None or not dag.fileloc or not Path(dag.fileloc).is_relative_to(folder):
+            raise isolation.TaskError(
+                f'task {op.task_id} has isolation="process", but its DAG {ti.dag_id!r} was '
+                "not loaded from a file of the DAGs folder: the child process could not find it",
+                no_retry=True,
+            )
+        request = isolation.Request(
+            folder=str(folder),
+            file=dag.fileloc,
+            dag_id=ti.dag_id,
+            task_id=ti.task_id,
+            method=ti.next_method,
+            context=encode_value(context),
+            kwargs=encode_value(kwargs),
+            log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            parent_pid=os.getpid(),
+        )
+        try:
+            reply = await isolation.run_isolated(
+                request, timeout_s=remaining, kill_grace_s=self.isolation_kill_grace_s
+            )
+        except isolation.ChildEnded as exc:
+            raise isolation.TaskError(str(exc)) from None
+        if reply is None:
+            raise ExecutionTimeout(_timeout_message(ti) + "; its child process was stopped")
+        return isolation.outcome_of(reply)
 
     async def _run_and_record(self, ti: ClaimedTask, worker_id: int) -> None:
         started = time.perf_counter()
@@ -408,6 +516,9 @@ class Worker:
             return
         except FailTask as exc:
             await self._record_failure(ti, worker_id, f"FailTask: {exc}", no_retry=True)
+            return
+        except isolation.TaskError as exc:  # raised in a child process: its traceback
+            await self._record_failure(ti, worker_id, exc.error, no_retry=exc.no_retry)
             return
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
@@ -616,3 +727,14 @@ class Worker:
                 "heartbeats?); its outcome was not recorded",
                 ti.id,
             )
+
+
+def _name(ti: ClaimedTask) -> str:
+    return f"{ti.dag_id}.{ti.task_id} (run {ti.run_id}, try {ti.try_number}, task instance {ti.id})"
+
+
+def _timeout_message(ti: ClaimedTask) -> str:
+    return (
+        f"execution_timeout of {ti.execution_timeout_s}s passed (counted from the start of "
+        "this try, across deferrals)"
+    )

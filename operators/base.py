@@ -30,6 +30,7 @@ from triggers.base import (
 )
 
 __all__ = [
+    "ISOLATION_MODES",
     "MAX_WAIT_S",
     "TRIGGER_RULES",
     "BaseOperator",
@@ -68,6 +69,10 @@ DEFAULT_RETRY_DELAY_S = 300.0
 #: and the furthest a reschedule may lie ahead. Deadlines are stored as database timestamps;
 #: beyond a bound like this one (or for nan and infinity) the database refuses to make one.
 MAX_WAIT_S = 10 * 365 * 24 * 3600.0
+#: Where ``execute`` runs: "none", in the worker process (a ``def`` in a worker thread, an
+#: ``async def`` on its loop); "process", in a child process (``engine.isolation``) that the
+#: execution_timeout can stop, at the cost of starting one per call.
+ISOLATION_MODES = ("none", "process")
 _TASK_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,249}$")
 
 
@@ -257,6 +262,7 @@ class BaseOperator:
         trigger_rule: str = "all_success",
         priority_weight: int = 1,
         pool: str = "default_pool",
+        isolation: str = "none",
         dag: DagLike | None = None,
     ) -> None:
         if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
@@ -267,6 +273,11 @@ class BaseOperator:
             raise ValueError(
                 f"task {task_id}: unknown trigger_rule {trigger_rule!r}; "
                 f"choose one of {', '.join(sorted(TRIGGER_RULES))}"
+            )
+        if isolation not in ISOLATION_MODES:
+            raise ValueError(
+                f"task {task_id}: isolation must be one of {', '.join(ISOLATION_MODES)}, "
+                f"got {isolation!r}"
             )
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError(f"task {task_id}: retries must be an int >= 0, got {retries!r}")
@@ -279,6 +290,9 @@ class BaseOperator:
         self.trigger_rule = trigger_rule
         self.priority_weight = int(priority_weight)
         self.pool = pool
+        #: "none": ``execute`` runs in the worker process (a ``def`` in a thread, which an
+        #: execution_timeout cannot stop); "process": in a child process the timeout ends.
+        self.isolation = isolation
         self.upstream_task_ids: set[str] = set()
         self.downstream_task_ids: set[str] = set()
         self.dag: DagLike | None = None
