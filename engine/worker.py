@@ -502,8 +502,15 @@ class Worker:
                     await anyio.to_thread.run_sync(self.dagbag.get_dag, ti.dag_id)
             op = self.dagbag.get_task(ti.dag_id, ti.task_id).fresh_copy()
             result = await self._call(op, ti)
-        except anyio.get_cancelled_exc_class():
-            raise
+        except anyio.get_cancelled_exc_class() as exc:
+            current = asyncio.current_task()
+            if current is None or current.cancelling():
+                raise  # the worker is cancelling this task (a stop, or the try's timeout)
+            # The task's own CancelledError (an inner task it awaited was cancelled): a failure
+            # of this try, not a reason to leave it running unrecorded.
+            error = "".join(traceback.format_exception(exc)).rstrip()
+            await self._record_failure(ti, worker_id, error)
+            return
         except TaskDeferred as deferred:
             await self._record_deferral(ti, worker_id, deferred)
             return
@@ -521,8 +528,8 @@ class Worker:
             await self._record_failure(ti, worker_id, exc.error, no_retry=exc.no_retry)
             return
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                raise
+            # Whatever task code raises is its own failure, SystemExit and KeyboardInterrupt
+            # included (Ctrl-C reaches the process as a signal its runner handles, not as this).
             error = "".join(traceback.format_exception(exc)).rstrip()
             await self._record_failure(ti, worker_id, error)
             return

@@ -225,15 +225,27 @@ _CHILD_EXIT_DAG = """
 
             await asyncio.gather(child())
 
+    class OwnCancel(BaseOperator):
+        async def execute(self, context):
+            inner = asyncio.get_running_loop().create_task(asyncio.Event().wait())
+            await asyncio.sleep(0)
+            inner.cancel()
+            await inner  # surfaces as this task's own CancelledError
+
+    def interrupt():
+        raise KeyboardInterrupt
+
     with DAG(dag_id="child_exit"):
         ChildExits(task_id="exits", retries=0)
+        OwnCancel(task_id="own_cancel", retries=0)
+        PythonOperator(task_id="interrupt", python_callable=interrupt)
         PythonOperator(task_id="after", python_callable=lambda: "fine")
 """
 
 
 @pytest.mark.anyio
 @pytest.mark.subprocess
-async def test_a_task_started_by_async_task_code_raising_systemexit_fails_only_that_task(
+async def test_task_code_raising_systemexit_keyboardinterrupt_or_cancellederror_fails_only_itself(
     store: Store, children: Children, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dags = _dags(tmp_path, "child_exit_dag", _CHILD_EXIT_DAG)
@@ -248,6 +260,10 @@ async def test_a_task_started_by_async_task_code_raising_systemexit_fails_only_t
     tis = await _tis(store, "child_exit")
     assert tis["exits"]["state"] == "failed"
     assert "raised SystemExit: 6" in tis["exits"]["error"]
+    assert tis["own_cancel"]["state"] == "failed"
+    assert "CancelledError" in tis["own_cancel"]["error"]
+    assert tis["interrupt"]["state"] == "failed"
+    assert "KeyboardInterrupt" in tis["interrupt"]["error"]
     assert tis["after"]["state"] == "success"
 
 
