@@ -35,6 +35,7 @@ from engine.crashpoints import crash_point
 from engine.dagbag import DagBag
 from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
+from engine.states import TaskOutcomeKind
 from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
 from engine.wakeup import Wakeup
 from operators.base import (
@@ -414,7 +415,9 @@ class Worker:
 
     def _deferral(self, ti: ClaimedTask, deferred: TaskDeferred) -> Deferral:
         """What will be stored for this deferral; InvalidDeferral if it cannot be. (A
-        TaskDeferred may be built by hand, bypassing the checks of ``defer()``.)"""
+        TaskDeferred may be built by hand, bypassing the checks of ``defer()``.) The stored
+        deadline is not computed here: defer_task takes the earliest of this timeout and the
+        task's execution_timeout, on the database clock, when it writes the deferral."""
         timeout_s = deferred.timeout_s
         if timeout_s is not None and not (
             isinstance(timeout_s, int | float)
@@ -426,14 +429,12 @@ class Worker:
                 f"the deferral timeout must be a finite number of seconds from 0 to "
                 f"{MAX_WAIT_S:.0f}; got a {type(timeout_s).__name__} outside that range"
             )
-        remaining = self._remaining_s(ti)
-        if remaining is not None:
-            # execution_timeout keeps counting while the task waits: the deferral ends by then.
-            timeout_s = remaining if timeout_s is None else min(timeout_s, remaining)
-        try:
-            method_kwargs = encode_value(deferred.kwargs)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidDeferral(f"the resume kwargs are not plain data: {exc}") from None
+        method_kwargs = deferred.encoded_kwargs
+        if not isinstance(method_kwargs, bytes):  # built by hand: not encoded by defer()
+            try:
+                method_kwargs = encode_value(deferred.kwargs)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InvalidDeferral(f"the resume kwargs are not plain data: {exc}") from None
         trigger = deferred.trigger
         return Deferral(
             classpath=trigger.classpath,
@@ -441,7 +442,7 @@ class Worker:
             dedup_key=trigger.dedup_key,
             method_name=deferred.method_name,
             method_kwargs=method_kwargs,
-            timeout_s=timeout_s,
+            timeout_s=None if timeout_s is None else float(timeout_s),
         )
 
     async def _record_deferral(
@@ -509,7 +510,7 @@ class Worker:
         )
 
     async def _record_end(
-        self, ti: ClaimedTask, worker_id: int, state: str, payload: bytes | None
+        self, ti: ClaimedTask, worker_id: int, state: TaskOutcomeKind, payload: bytes | None
     ) -> None:
         outcome = TaskOutcome(
             ti_id=ti.id,

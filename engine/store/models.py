@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from engine.states import TaskOutcomeKind, TriggerOutcomeKind
+
 __all__ = ["ClaimedTask", "ClaimedTrigger", "Deferral", "TaskOutcome", "TriggerOutcome"]
 
 
@@ -37,7 +39,7 @@ class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
     ti_id: int
     worker_id: int
     try_number: int
-    kind: str
+    kind: TaskOutcomeKind
     result: bytes | None = None
     error: str | None = None
     no_retry: bool = False
@@ -70,6 +72,6 @@ class TriggerOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
     trigger_id: int
     fence: int
-    kind: str
+    kind: TriggerOutcomeKind
     payload: bytes | None = None
     error: str | None = None
