@@ -216,8 +216,11 @@ RETURNING id;
 WITH held AS (
     SELECT id, no_retry_on_timeout,
            now() + make_interval(secs => $6::double precision) AS wait_until,
-           -- (bounded: an execution_timeout of inf or a century makes no timestamp)
-           try_started_at + make_interval(secs => LEAST(execution_timeout_s, 3153600000.0))
+           -- (bounded: an execution_timeout of inf or a century makes no timestamp; LEAST
+           -- skips nulls, so no execution_timeout is tested for first)
+           CASE WHEN execution_timeout_s IS NOT NULL
+                THEN try_started_at + make_interval(secs => LEAST(execution_timeout_s,
+                                                                  3153600000.0)) END
                AS run_until
     FROM deferral_task_instances
     WHERE id = $1 AND worker_id = $2 AND state = 'running'
