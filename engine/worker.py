@@ -443,6 +443,7 @@ class Worker:
             method_name=deferred.method_name,
             method_kwargs=method_kwargs,
             timeout_s=None if timeout_s is None else float(timeout_s),
+            try_number=ti.try_number,
         )
 
     async def _record_deferral(

@@ -46,7 +46,8 @@ class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Deferral(msgspec.Struct, frozen=True, kw_only=True):
-    """A running try handing its wait to a trigger."""
+    """A running try handing its wait to a trigger. ``try_number``: only that try may defer
+    (a write replayed by a claim that no longer holds the task changes nothing); None: any."""
 
     classpath: str
     kwargs: bytes
@@ -54,6 +55,7 @@ class Deferral(msgspec.Struct, frozen=True, kw_only=True):
     method_name: str
     method_kwargs: bytes
     timeout_s: float | None
+    try_number: int | None = None
 
 
 class ClaimedTrigger(msgspec.Struct, frozen=True, kw_only=True):

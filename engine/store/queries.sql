@@ -203,7 +203,8 @@ WHERE id = $1 AND worker_id = $2 AND state = 'running'
 RETURNING id;
 
 -- name: defer_task
--- The running try of task instance $1, held by worker $2, waits on a trigger: store the
+-- The running try of task instance $1, held by worker $2 (try $9; null: whichever try it
+-- holds), waits on a trigger: store the
 -- trigger (or join the identical one already waiting: same classpath and kwargs, keeping the
 -- earliest deadline) and park the task on it, in one statement. Nothing is written unless the
 -- worker still holds the task. The deferral's deadline is the earliest of the trigger's ($6
@@ -224,6 +225,7 @@ WITH held AS (
                AS run_until
     FROM deferral_task_instances
     WHERE id = $1 AND worker_id = $2 AND state = 'running'
+      AND ($9::integer IS NULL OR try_number = $9)
     FOR UPDATE
 ), deadline AS (
     SELECT LEAST(wait_until, run_until) AS at,
