@@ -203,7 +203,7 @@ def _noop() -> None:
 def _dag() -> DAG:
     with DAG(dag_id="sm") as dag:
         a = PythonOperator(task_id="a", python_callable=_noop, retries=1, retry_delay=0)
-        b = PythonOperator(task_id="b", python_callable=_noop, execution_timeout=3600)
+        b = PythonOperator(task_id="b", python_callable=_noop, retries=2, execution_timeout=3600)
         s: BaseOperator = _Sensor(task_id="s", timeout=600, retries=2, retry_delay=0)
         k: BaseOperator = _Sensor(task_id="k", timeout=600, soft_fail=True)
         d = PythonOperator(task_id="d", python_callable=_noop, retries=1, retry_delay=0)
@@ -223,6 +223,11 @@ def _deferral(tag: str, timeout_s: float | None) -> Deferral:
         method_kwargs=encode_value({"tag": tag}),
         timeout_s=timeout_s,
     )
+
+
+def _recent_or_any(items: list[Any]) -> st.SearchStrategy[Any]:
+    """One of the last few items (likely still current) or any (likely stale)."""
+    return st.one_of(st.sampled_from(items[-3:]), st.sampled_from(items))
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -305,7 +310,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(data=st.data(), kind=st.sampled_from(sorted(TASK_OUTCOME_KINDS)), no_retry=st.booleans())
     def finish(self, data: st.DataObject, kind: Any, no_retry: bool) -> None:
         """Ends a try; a claim that is no longer current replays a stale or duplicate outcome."""
-        claim = data.draw(st.sampled_from(self.claims))
+        claim = data.draw(_recent_or_any(self.claims))
         ti_id, worker, try_number = claim
         self.last_step = f"finish({ti_id}, try {try_number}, {kind})"
         error = "x" if kind == "failed" else None
@@ -320,7 +325,7 @@ class StoreMachine(RuleBasedStateMachine):
         timeout_s=st.sampled_from([None, 0.0, 3600.0]),
     )
     def defer(self, data: st.DataObject, tag: str, timeout_s: float | None) -> None:
-        claim = data.draw(st.sampled_from(self.claims))
+        claim = data.draw(_recent_or_any(self.claims))
         ti_id, worker, try_number = claim
         self.last_step = f"defer({ti_id}, try {try_number}, {tag}, {timeout_s})"
         deferral = msgspec.structs.replace(_deferral(tag, timeout_s), try_number=try_number)
@@ -329,7 +334,7 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.claims)
     @rule(data=st.data())
     def reschedule(self, data: st.DataObject) -> None:
-        claim = data.draw(st.sampled_from(self.claims))
+        claim = data.draw(_recent_or_any(self.claims))
         ti_id, worker, try_number = claim
         self.last_step = f"reschedule({ti_id}, try {try_number})"
         at = self._call(self.store.now)
@@ -364,7 +369,7 @@ class StoreMachine(RuleBasedStateMachine):
     def fire(self, data: st.DataObject, kind: Any, twice: bool) -> None:
         """Fires a trigger (a claim lost to another triggerer or already fired: refused);
         ``twice``: the same event is written again at once (a duplicate)."""
-        triggerer, trigger_id, fence = data.draw(st.sampled_from(self.trigger_claims))
+        triggerer, trigger_id, fence = data.draw(_recent_or_any(self.trigger_claims))
         self.last_step = f"fire({trigger_id}, fence {fence}, {kind}, twice={twice})"
         outcome = TriggerOutcome(trigger_id=trigger_id, fence=fence, kind=kind,
                                  payload=encode_value(kind), error="x")  # fmt: skip
@@ -474,5 +479,5 @@ def test_random_store_operations_make_only_table_moves_and_one_outcome_per_try(
 
     Machine.portal, Machine.store, Machine.conn = portal, store, conn
     run_state_machine_as_test(
-        Machine, settings=settings(max_examples=12, stateful_step_count=25, deadline=None)
+        Machine, settings=settings(max_examples=20, stateful_step_count=40, deadline=None)
     )
