@@ -528,12 +528,12 @@ SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FRO
 -- name: timeout_deferrals
 -- End the deferrals that passed their deadline: of the given triggers ($1), or of every
 -- trigger when $1 is null and the deadline passed more than $2 seconds ago (the scheduler's
--- backstop). The error names the deadline (deadline_kind, set by defer_task). A sensor's
--- timeout never uses retries (soft_fail: skipped, else failed); the trigger's timeout and
--- execution_timeout apply the retry policy. (A deferral stored before deadline_kind existed
--- (null) keeps the old rule: soft_fail, then no_retry_on_timeout, then the retry policy.)
+-- backstop). The error names the deadline (deadline_kind, set by defer_task).
+-- execution_timeout applies the retry policy, as it does on a worker; otherwise soft_fail
+-- turns the timeout into skipped, a sensor (no_retry_on_timeout) fails without retries, and
+-- the retry policy applies to the rest.
 UPDATE deferral_task_instances ti
-SET state = CASE WHEN ti.deadline_kind IN ('trigger_timeout', 'execution_timeout')
+SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
                  THEN deferral_fail_state(ti.try_number, ti.retries)
                  WHEN ti.soft_fail THEN 'skipped'
                  WHEN ti.no_retry_on_timeout THEN 'failed'
