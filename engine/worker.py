@@ -40,6 +40,7 @@ from engine.keepalive import KeepAlive
 from engine.outbox import Outbox
 from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
+from engine.states import TaskOutcomeKind
 from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
 from engine.wakeup import Wakeup
 from operators.base import (
@@ -558,7 +559,9 @@ class Worker:
 
     def _deferral(self, ti: ClaimedTask, deferred: TaskDeferred) -> Deferral:
         """What will be stored for this deferral; InvalidDeferral if it cannot be. (A
-        TaskDeferred may be built by hand, bypassing the checks of ``defer()``.)"""
+        TaskDeferred may be built by hand, bypassing the checks of ``defer()``.) The stored
+        deadline is not computed here: defer_task takes the earliest of this timeout and the
+        task's execution_timeout, on the database clock, when it writes the deferral."""
         timeout_s = deferred.timeout_s
         if timeout_s is not None and not (
             isinstance(timeout_s, int | float)
@@ -570,14 +573,12 @@ class Worker:
                 f"the deferral timeout must be a finite number of seconds from 0 to "
                 f"{MAX_WAIT_S:.0f}; got a {type(timeout_s).__name__} outside that range"
             )
-        remaining = self._remaining_s(ti)
-        if remaining is not None:
-            # execution_timeout keeps counting while the task waits: the deferral ends by then.
-            timeout_s = remaining if timeout_s is None else min(timeout_s, remaining)
-        try:
-            method_kwargs = encode_value(deferred.kwargs)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidDeferral(f"the resume kwargs are not plain data: {exc}") from None
+        method_kwargs = deferred.encoded_kwargs
+        if not isinstance(method_kwargs, bytes):  # built by hand: not encoded by defer()
+            try:
+                method_kwargs = encode_value(deferred.kwargs)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InvalidDeferral(f"the resume kwargs are not plain data: {exc}") from None
         trigger = deferred.trigger
         return Deferral(
             classpath=trigger.classpath,
@@ -585,7 +586,8 @@ class Worker:
             dedup_key=trigger.dedup_key,
             method_name=deferred.method_name,
             method_kwargs=method_kwargs,
-            timeout_s=timeout_s,
+            timeout_s=None if timeout_s is None else float(timeout_s),
+            try_number=ti.try_number,
         )
 
     async def _record_deferral(
@@ -653,7 +655,7 @@ class Worker:
         )
 
     async def _record_end(
-        self, ti: ClaimedTask, worker_id: int, state: str, payload: bytes | None
+        self, ti: ClaimedTask, worker_id: int, state: TaskOutcomeKind, payload: bytes | None
     ) -> None:
         outcome = TaskOutcome(
             ti_id=ti.id,

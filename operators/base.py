@@ -120,6 +120,10 @@ class TaskDeferred(BaseException):
     """Raised by :meth:`BaseOperator.defer`; the worker stores the deferral and frees the slot.
 
     Derives from ``BaseException`` so that a user's ``except Exception`` cannot swallow it.
+    ``encoded_kwargs`` is ``kwargs`` as stored (``encode_value``): ``defer()`` encodes them
+    once, to check them, and the worker stores those bytes. (A TaskDeferred built by hand
+    without them has its kwargs encoded by the worker.) ``timeout_s`` is the trigger's own
+    timeout; the task's execution_timeout, if earlier, bounds the deferral too.
     """
 
     def __init__(
@@ -129,12 +133,14 @@ class TaskDeferred(BaseException):
         method_name: str,
         kwargs: dict[str, Any],
         timeout_s: float | None,
+        encoded_kwargs: bytes | None = None,
     ) -> None:
         super().__init__(f"deferred to {trigger.classpath}, resume at {method_name}")
         self.trigger = trigger
         self.method_name = method_name
         self.kwargs = kwargs
         self.timeout_s = timeout_s
+        self.encoded_kwargs = encoded_kwargs
 
 
 class RescheduleRequested(BaseException):
@@ -344,14 +350,18 @@ class BaseOperator:
                 f"resumed method is called as {method_name}(context, event=<payload>, **kwargs)"
             )
         try:
-            encode_value(resume_kwargs)
+            encoded_kwargs = encode_value(resume_kwargs)
         except (TypeError, ValueError, OverflowError) as exc:
             raise TriggerSerializationError(
                 f"task {self.task_id}: defer(kwargs=...) must be plain data: {exc}"
             ) from None
         timeout_s = _deferral_timeout_s(self.task_id, timeout)
         raise TaskDeferred(
-            trigger=serialized, method_name=method_name, kwargs=resume_kwargs, timeout_s=timeout_s
+            trigger=serialized,
+            method_name=method_name,
+            kwargs=resume_kwargs,
+            timeout_s=timeout_s,
+            encoded_kwargs=encoded_kwargs,
         )
 
     # -- the graph -----------------------------------------------------------------------

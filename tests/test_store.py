@@ -365,6 +365,7 @@ async def test_a_trigger_joined_while_it_is_dropped_survives(
             joined.timeout_s,
             joined.method_name,
             store.keyring.encrypt(joined.method_kwargs),
+            joined.try_number,
         )
         assert row is not None
         assert row["trigger_id"] == claimed.id

@@ -13,7 +13,7 @@ import hashlib
 import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, cast
 
 import msgspec
 
@@ -22,6 +22,7 @@ __all__ = [
     "ImportPathError",
     "SerializedTrigger",
     "TaskEndEvent",
+    "TaskEndState",
     "TaskFailedEvent",
     "TaskSkippedEvent",
     "TaskSuccessEvent",
@@ -58,28 +59,35 @@ class TriggerEvent(msgspec.Struct, frozen=True):
     payload: Any = None
 
 
+#: How a :class:`TaskEndEvent` ends its task: the trigger outcome kinds other than ``event``
+#: (``engine.states.TriggerOutcomeKind``).
+TaskEndState = Literal["success", "failed", "skipped"]
+
+
 class TaskEndEvent(TriggerEvent, frozen=True):
     """An event that ends the waiting task itself, without running it on a worker again."""
 
-    state: ClassVar[str] = ""
+    #: Each subclass names its kind. A bare TaskEndEvent's is none of them (empty): the
+    #: triggerer refuses it, so its type stays the set an accepted event can carry.
+    state: ClassVar[TaskEndState] = cast("TaskEndState", "")
 
 
 class TaskSuccessEvent(TaskEndEvent, frozen=True):
     """End the task as ``success``; ``payload`` becomes the task's result."""
 
-    state: ClassVar[str] = "success"
+    state: ClassVar[TaskEndState] = "success"
 
 
 class TaskFailedEvent(TaskEndEvent, frozen=True):
     """End the task as failed (retries apply); ``payload`` is the error message."""
 
-    state: ClassVar[str] = "failed"
+    state: ClassVar[TaskEndState] = "failed"
 
 
 class TaskSkippedEvent(TaskEndEvent, frozen=True):
     """End the task as ``skipped``."""
 
-    state: ClassVar[str] = "skipped"
+    state: ClassVar[TaskEndState] = "skipped"
 
 
 class BaseTrigger(abc.ABC):

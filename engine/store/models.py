@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from engine.states import TaskOutcomeKind, TriggerOutcomeKind
+
 __all__ = ["ClaimedTask", "ClaimedTrigger", "Deferral", "TaskOutcome", "TriggerOutcome"]
 
 
@@ -37,14 +39,15 @@ class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
     ti_id: int
     worker_id: int
     try_number: int
-    kind: str
+    kind: TaskOutcomeKind
     result: bytes | None = None
     error: str | None = None
     no_retry: bool = False
 
 
 class Deferral(msgspec.Struct, frozen=True, kw_only=True):
-    """A running try handing its wait to a trigger."""
+    """A running try handing its wait to a trigger. ``try_number``: only that try may defer
+    (a write replayed by a claim that no longer holds the task changes nothing); None: any."""
 
     classpath: str
     kwargs: bytes
@@ -52,6 +55,7 @@ class Deferral(msgspec.Struct, frozen=True, kw_only=True):
     method_name: str
     method_kwargs: bytes
     timeout_s: float | None
+    try_number: int | None = None
 
 
 class ClaimedTrigger(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +74,6 @@ class TriggerOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
     trigger_id: int
     fence: int
-    kind: str
+    kind: TriggerOutcomeKind
     payload: bytes | None = None
     error: str | None = None

@@ -166,20 +166,23 @@ ORDER BY ti.id;
 -- name: finish_tasks
 -- End a batch of running tries in one statement. Per task $1: $2 the worker that ran it and
 -- $7 the try (only that try, still held by that worker, changes: an outcome written again
--- after a lost reply cannot end a later try), $3 the outcome kind, 'success' / 'skipped'
--- (with $4 its result) or 'failed' (with $5 the error; up_for_retry at the policy's delay
--- while retries remain, unless $6 says no retry). Returns the tries that changed. One
+-- after a lost reply cannot end a later try), $3 the outcome kind (deferral_task_outcome),
+-- 'success' / 'skipped' (with $4 its result) or 'failed' (with $5 the error; up_for_retry at
+-- the policy's delay while retries remain, unless $6 says no retry). Returns the tries that changed. One
 -- statement per batch, not per task: a worker resuming a thousand tasks a second would
 -- otherwise queue them on a thousand fsynced commits.
 WITH outcome AS (
-    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::text[],
-                         $6::boolean[], $7::integer[])
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]::deferral_task_outcome[],
+                         $4::bytea[], $5::text[], $6::boolean[], $7::integer[])
         AS o(id, worker_id, kind, result, error, no_retry, try_number)
 )
 UPDATE deferral_task_instances ti
-SET state = CASE WHEN o.kind <> 'failed' THEN o.kind
-                 WHEN o.no_retry THEN 'failed'
-                 ELSE deferral_fail_state(ti.try_number, ti.retries) END,
+SET state = CASE o.kind WHEN 'success' THEN 'success'
+                        WHEN 'skipped' THEN 'skipped'
+                        WHEN 'failed' THEN CASE WHEN o.no_retry THEN 'failed'
+                                                ELSE deferral_fail_state(ti.try_number,
+                                                                         ti.retries) END
+            END,
     result = CASE WHEN o.kind = 'failed' THEN ti.result ELSE o.result END,
     error = o.error,
     run_after = CASE WHEN o.kind = 'failed'
@@ -203,37 +206,58 @@ WHERE id = $1 AND worker_id = $2 AND state = 'running'
 RETURNING id;
 
 -- name: defer_task
--- The running try of task instance $1, held by worker $2, waits on a trigger: store the
+-- The running try of task instance $1, held by worker $2 (try $9; null: whichever try it
+-- holds), waits on a trigger: store the
 -- trigger (or join the identical one already waiting: same classpath and kwargs, keeping the
 -- earliest deadline) and park the task on it, in one statement. Nothing is written unless the
--- worker still holds the task. A new trigger row signals the triggerers; joining a trigger a
--- triggerer already runs with a deadline earlier than its others signals that triggerer (the
--- payload is the trigger id), whose timer was set for the later deadline.
+-- worker still holds the task. The deferral's deadline is the earliest of the trigger's ($6
+-- seconds from now; null: none; a sensor's own timeout when the task is a sensor) and the
+-- task's execution_timeout (counted from the start of the try, which may have run a while
+-- before deferring), and deadline_kind records which one it is (engine/states.py
+-- DeadlineKind; on a tie, execution_timeout). A new trigger row signals the triggerers;
+-- joining a trigger a triggerer already runs with a deadline earlier than its others signals
+-- that triggerer (the payload is the trigger id), whose timer was set for the later deadline.
 WITH held AS (
-    SELECT id FROM deferral_task_instances
+    SELECT id, no_retry_on_timeout,
+           now() + make_interval(secs => $6::double precision) AS wait_until,
+           -- (bounded: an execution_timeout of inf or a century makes no timestamp; LEAST
+           -- skips nulls, so no execution_timeout is tested for first)
+           CASE WHEN execution_timeout_s IS NOT NULL
+                THEN try_started_at + make_interval(secs => LEAST(execution_timeout_s,
+                                                                  3153600000.0)) END
+               AS run_until
+    FROM deferral_task_instances
     WHERE id = $1 AND worker_id = $2 AND state = 'running'
+      AND ($9::integer IS NULL OR try_number = $9)
     FOR UPDATE
+), deadline AS (
+    SELECT LEAST(wait_until, run_until) AS at,
+           CASE WHEN run_until IS NOT NULL AND (wait_until IS NULL OR run_until <= wait_until)
+                THEN 'execution_timeout'
+                WHEN wait_until IS NULL THEN NULL
+                WHEN no_retry_on_timeout THEN 'sensor_timeout'
+                ELSE 'trigger_timeout' END AS kind
+    FROM held
 ), trig AS (
     INSERT INTO deferral_triggers (classpath, kwargs, dedup_key, timeout_at)
-    SELECT $3, $4, $5, now() + make_interval(secs => $6) WHERE EXISTS (SELECT 1 FROM held)
+    SELECT $3, $4, $5, deadline.at FROM deadline
     ON CONFLICT (dedup_key) DO UPDATE
     SET timeout_at = LEAST(deferral_triggers.timeout_at, EXCLUDED.timeout_at)
     RETURNING id, (xmax = 0) AS inserted, triggerer_id, timeout_at
 ), parked AS (
     UPDATE deferral_task_instances ti
-    SET state = 'deferred', trigger_id = trig.id,
-        trigger_timeout_at = now() + make_interval(secs => $6),
-        next_method = $7, next_kwargs = $8, next_event = NULL, worker_id = NULL
-    FROM trig
+    SET state = 'deferred', trigger_id = trig.id, trigger_timeout_at = deadline.at,
+        deadline_kind = deadline.kind, next_method = $7, next_kwargs = $8, next_event = NULL,
+        worker_id = NULL
+    FROM trig, deadline
     WHERE ti.id = $1
     RETURNING ti.id
 )
 SELECT trig.id AS trigger_id,
        CASE WHEN trig.inserted THEN pg_notify('deferral_triggers', '')
-            WHEN trig.triggerer_id IS NOT NULL
-                 AND trig.timeout_at = now() + make_interval(secs => $6)
+            WHEN trig.triggerer_id IS NOT NULL AND trig.timeout_at = deadline.at
             THEN pg_notify('deferral_deadlines', trig.id::text) END AS notified
-FROM trig, parked;
+FROM trig, parked, deadline;
 
 -- name: resolve_pending
 -- Move pending task instances of the given runs on, by their trigger rule and the states of
@@ -500,14 +524,15 @@ SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 -- wait for the lock, then find the trigger gone and insert a new one). Each trigger row is deleted only while triggerer $1 still owns it with the
 -- fencing token it claimed, and only then are its waiting task instances moved, each by a
 -- conditional update on state = 'deferred' AND trigger_id: a duplicate or stale event changes
--- nothing. Outcome kinds: 'event' (resume on a worker),
+-- nothing. Outcome kinds (deferral_trigger_outcome): 'event' (resume on a worker),
 -- 'success' / 'skipped' (end the task), 'failed' (the retry policy applies). Returns one row
 -- per accepted trigger (task columns null) and one per moved task instance. (A UNION ALL, not
 -- a join of the two CTEs: the planner estimates one row for each and joins them in a nested
 -- loop, quadratic in the batch: over a second of CPU for 1,000 outcomes.) When a task became
 -- runnable, the same transaction wakes the workers (woke = 1): no second round trip.
 WITH outcome AS (
-    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bytea[], $6::text[])
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]::deferral_trigger_outcome[],
+                         $5::bytea[], $6::text[])
         AS o(trigger_id, fence, kind, payload, error)
 ), fired AS (
     DELETE FROM deferral_triggers t
@@ -525,7 +550,8 @@ WITH outcome AS (
     SET state = CASE f.kind WHEN 'event' THEN 'scheduled'
                             WHEN 'success' THEN 'success'
                             WHEN 'skipped' THEN 'skipped'
-                            ELSE deferral_fail_state(ti.try_number, ti.retries) END,
+                            WHEN 'failed' THEN deferral_fail_state(ti.try_number, ti.retries)
+                END,
         next_event = CASE WHEN f.kind = 'event' THEN f.payload END,
         next_method = CASE WHEN f.kind = 'event' THEN ti.next_method END,
         next_kwargs = CASE WHEN f.kind = 'event' THEN ti.next_kwargs END,
@@ -537,7 +563,7 @@ WITH outcome AS (
                                                 ti.max_retry_delay_s)
                          ELSE now() END,
         ended_at = CASE WHEN f.kind = 'event' THEN NULL ELSE now() END,
-        trigger_id = NULL, trigger_timeout_at = NULL
+        trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL
     FROM fired f
     WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id
@@ -553,19 +579,35 @@ SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FRO
 -- name: timeout_deferrals
 -- End the deferrals that passed their deadline: of the given triggers ($1), or of every
 -- trigger when $1 is null and the deadline passed more than $2 seconds ago (the scheduler's
--- backstop). soft_fail turns the timeout into skipped; a sensor (no_retry_on_timeout) fails
--- without retries; otherwise the retry policy applies.
+-- backstop). The error names the deadline (deadline_kind, set by defer_task).
+-- execution_timeout applies the retry policy, as it does on a worker; otherwise soft_fail
+-- turns the timeout into skipped, a sensor (no_retry_on_timeout) fails without retries, and
+-- the retry policy applies to the rest.
 UPDATE deferral_task_instances ti
-SET state = CASE WHEN ti.soft_fail THEN 'skipped'
+SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
+                 THEN deferral_fail_state(ti.try_number, ti.retries)
+                 WHEN ti.soft_fail THEN 'skipped'
                  WHEN ti.no_retry_on_timeout THEN 'failed'
                  ELSE deferral_fail_state(ti.try_number, ti.retries) END,
-    error = format('deferral timed out: the trigger did not fire by its deadline %s',
-                   to_char(ti.trigger_timeout_at AT TIME ZONE 'UTC',
-                           'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
+    error = CASE ti.deadline_kind
+        WHEN 'execution_timeout' THEN format(
+            'execution_timeout of %ss passed while deferred (counted from the start of this '
+            'try at %s, across deferrals); the trigger had not fired',
+            ti.execution_timeout_s, to_char(ti.try_started_at AT TIME ZONE 'UTC',
+                                            'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
+        WHEN 'sensor_timeout' THEN format(
+            'sensor timed out after %ss: its timeout (counted from its first try at %s) passed '
+            'while deferred, before the trigger fired',
+            round(EXTRACT(EPOCH FROM now() - ti.first_try_at)::numeric, 1),
+            to_char(ti.first_try_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
+        ELSE format('deferral timed out: the trigger did not fire by its deadline %s '
+                    '(the timeout given to defer())',
+                    to_char(ti.trigger_timeout_at AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')) END,
     run_after = deferral_retry_at(ti.try_number, ti.retry_delay_s,
                                   ti.retry_exponential_backoff, ti.max_retry_delay_s),
-    ended_at = now(), trigger_id = NULL, trigger_timeout_at = NULL, next_method = NULL,
-    next_kwargs = NULL, next_event = NULL
+    ended_at = now(), trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
+    next_method = NULL, next_kwargs = NULL, next_event = NULL
 WHERE ti.state = 'deferred'
   AND (($1::bigint[] IS NULL AND ti.trigger_timeout_at < now() - make_interval(secs => $2))
        OR (ti.trigger_id = ANY ($1::bigint[]) AND ti.trigger_timeout_at <= now()))

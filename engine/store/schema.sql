@@ -1,5 +1,12 @@
 -- deferral schema: the result of applying every migration in migrations/ in order.
 
+-- The outcome kinds (engine/states.py TaskOutcomeKind, TriggerOutcomeKind): finish_tasks and
+-- fire_triggers cast the kinds they receive to these, so an unknown kind is refused.
+CREATE DOMAIN deferral_task_outcome AS text
+    CHECK (VALUE IN ('success', 'skipped', 'failed'));
+CREATE DOMAIN deferral_trigger_outcome AS text
+    CHECK (VALUE IN ('event', 'success', 'skipped', 'failed'));
+
 CREATE TABLE deferral_dags (
     dag_id      text PRIMARY KEY,
     fileloc     text NOT NULL,
@@ -97,6 +104,10 @@ CREATE TABLE deferral_task_instances (
     error                     text,
     -- a deferral timeout fails the task without retries (sensors); added by migration 0002
     no_retry_on_timeout       boolean NOT NULL DEFAULT false,
+    -- which deadline trigger_timeout_at is (engine/states.py DeadlineKind); added by 0005
+    deadline_kind             text
+                              CHECK (deadline_kind IN (
+                                  'trigger_timeout', 'execution_timeout', 'sensor_timeout')),
     UNIQUE (dag_run_id, task_id)
 );
 CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)

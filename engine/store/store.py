@@ -465,6 +465,7 @@ class Store:
             deferral.timeout_s,
             deferral.method_name,
             keyring.encrypt(deferral.method_kwargs),
+            deferral.try_number,
         )
         return row is not None
 
