@@ -19,6 +19,7 @@ from engine.keys import Keyring, generate_key
 from engine.store import Store
 from engine.store.databases import create_database, drop_database
 from engine.store.embedded import embedded_database_url
+from tests.processes import Children, process_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -90,3 +91,16 @@ async def store(db_url: str) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+def children(db_url: str, tmp_path: Path) -> Iterator[Children]:
+    """Engine processes of one test on its database (tests/processes.py); all stopped at the
+    end."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    kids = Children(process_env(db_url, tmp_path), logs)
+    try:
+        yield kids
+    finally:
+        kids.stop_all()

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -25,7 +24,7 @@ from engine.crashpoints import CRASH_POINTS
 from engine.keys import Keyring, generate_key
 from engine.store import Store
 from tests.helpers import wait_until
-from tests.test_processes import Children, _env, explained
+from tests.processes import Children, explained
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
@@ -57,17 +56,6 @@ _DAG = """
 
 #: Which process each crash point is in.
 _KIND = {"worker": "worker", "triggerer": "triggerer", "dagbag": "scheduler"}
-
-
-@pytest.fixture
-def children(db_url: str, tmp_path: Path) -> Iterator[Children]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    kids = Children(_env(db_url, tmp_path), logs)
-    try:
-        yield kids
-    finally:
-        kids.stop_all()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ only watches the database, so these tests run on one backend.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import subprocess
@@ -14,7 +13,6 @@ import sys
 import textwrap
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +24,12 @@ from engine.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
 from operators.base import BaseOperator, Context
-from tests.helpers import TEST_TRIGGER_ALLOW, child_env, wait_until
+from tests.helpers import TEST_TRIGGER_ALLOW, wait_until
+from tests.processes import STOP_GRACE_S, Children, explained
 from tests.triggers_for_tests import FileTrigger, release_file
 from triggers.base import decode_value
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
-
-#: How long a child gets to stop after SIGTERM before it is killed.
-STOP_GRACE_S = 20.0
 
 RESUMES: Counter[str] = Counter()
 
@@ -41,79 +37,6 @@ RESUMES: Counter[str] = Counter()
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, bool]]:
     return ("asyncio", {"use_uvloop": True})
-
-
-class Children:
-    """Child processes of one test, each logging to its own file; all stopped at the end."""
-
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env = env
-        self.logs = logs
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *args: str, name: str) -> subprocess.Popen[bytes]:
-        log = (self.logs / f"{name}.log").open("wb")
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "engine", *args],
-                env=self.env,
-                cwd=self.logs,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-        self.procs.append(proc)
-        return proc
-
-    def output(self) -> str:
-        return "\n".join(
-            f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"
-            for path in sorted(self.logs.glob("*.log"))
-        )
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _env(db_url: str, tmp_path: Path, dags: Path | None = None) -> dict[str, str]:
-    # (The default allow-list: tests that run triggers from tests/ add TEST_TRIGGER_ALLOW.)
-    env = child_env(
-        test_triggers=False, DATABASE_URL=db_url, HOME=str(tmp_path / "home"), LOG_LEVEL="INFO"
-    )
-    if dags is not None:
-        env["DEFERRAL_DAGS_FOLDER"] = str(dags)
-    return env
-
-
-@pytest.fixture
-def children(db_url: str, tmp_path: Path) -> Iterator[Children]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    kids = Children(_env(db_url, tmp_path), logs)
-    try:
-        yield kids
-    finally:
-        kids.stop_all()
-
-
-@contextlib.asynccontextmanager
-async def explained(children: Children) -> AsyncIterator[None]:
-    """On failure, show what the children logged."""
-    try:
-        yield
-    except BaseException:
-        print(children.output())
-        raise
 
 
 async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:

@@ -32,7 +32,7 @@ from operators.base import (
 )
 from tests.helpers import wait_until
 from tests.pg_proxy import PgProxy
-from tests.test_processes import Children, _env, explained
+from tests.processes import Children, explained, process_env
 from triggers.temporal import TimeDeltaTrigger
 
 # -- defer(timeout=...) is checked where it is called ------------------------------------------
@@ -74,17 +74,6 @@ def test_defer_accepts_timeouts_up_to_the_maximum() -> None:
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, bool]]:
     return ("asyncio", {"use_uvloop": True})
-
-
-@pytest.fixture
-def children(db_url: str, tmp_path: Path) -> Iterator[Children]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    kids = Children(_env(db_url, tmp_path), logs)
-    try:
-        yield kids
-    finally:
-        kids.stop_all()
 
 
 def _dags(tmp_path: Path, name: str, source: str, **values: str) -> Path:
@@ -520,7 +509,7 @@ async def test_a_database_outage_longer_than_the_zombie_threshold_reaps_nothing(
     dag = DagBag(dags).get_dag("outage")
     logs = tmp_path / "logs"
     logs.mkdir()
-    kids = Children(_env(url, tmp_path, dags), logs)
+    kids = Children(process_env(url, tmp_path, dags), logs)
     kids.env["DEFERRAL_WORKER_HEARTBEAT_S"] = "0.2"
     store = await Store.connect(url, pool_size=2)
     proxy = PgProxy(url)

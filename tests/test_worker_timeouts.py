@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from engine.triggerer import Triggerer
 from engine.worker import Worker
 from operators.base import BaseOperator
 from tests.helpers import wait_until
-from tests.test_processes import Children, _env, explained
+from tests.processes import Children, explained
 from triggers.base import decode_value
 
 
@@ -211,17 +211,6 @@ async def test_an_isolated_task_past_its_timeout_is_failed_and_its_process_is_go
     pid = int(pid_file.read_text())
     assert pid != os.getpid()
     assert not _alive(pid), f"the task's process {pid} still runs"
-
-
-@pytest.fixture
-def children(db_url: str, tmp_path: Path) -> Iterator[Children]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    kids = Children(_env(db_url, tmp_path), logs)
-    try:
-        yield kids
-    finally:
-        kids.stop_all()
 
 
 @pytest.mark.anyio
