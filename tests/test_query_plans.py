@@ -125,6 +125,7 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
             3600.0,
             "resume",
             b"\x80",
+            1,
         ),
     }
 
