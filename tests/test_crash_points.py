@@ -151,7 +151,7 @@ async def test_sigkill_at_crash_point_loses_nothing(
     assert not twice, f"resumed more than once in one try: {twice}"
     for ti in tis:
         # The try that succeeded resumed exactly once.
-        assert lines[f"{ti['task_id']} {ti['try_number']}"] == 1
+        assert lines[f"{ti.task_id} {ti.try_number}"] == 1
     assert await store.list_triggers() == []
 
 

@@ -14,10 +14,11 @@ import pytest
 
 from engine import DAG
 from engine.store import Deferral, Store
+from engine.testing import run_engine
 from operators.base import BaseOperator, Context, TaskDeferred
 from operators.python import PythonOperator
 from operators.sensors import BaseSensorOperator
-from tests.helpers import running_engine, wait_until
+from tests.helpers import wait_until
 from tests.triggers_for_tests import NeverTrigger, WaitTrigger
 from triggers.base import decode_value, encode_value, validate_trigger
 
@@ -61,7 +62,7 @@ async def test_execution_timeout_ends_a_deferral_counted_from_the_start_of_the_t
 ) -> None:
     with DAG(dag_id="deadline") as dag:
         _WorksThenDefers(task_id="t", execution_timeout=3)
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         await engine.start_run(dag)
         (ti,) = await store.list_task_instances(dag_id="deadline")
 
@@ -209,7 +210,7 @@ def test_defer_encodes_the_resume_kwargs_it_checked() -> None:
 async def test_the_worker_stores_the_kwargs_defer_encoded(store: Store) -> None:
     with DAG(dag_id="mind") as dag:
         _ChangesItsMind(task_id="t")
-    async with running_engine(store) as engine:
+    async with run_engine(store) as engine:
         tis = await engine.run_dag(dag)
     assert tis["t"]["state"] == "success", tis["t"]["error"]
     assert decode_value(tis["t"]["result"]) == "at defer"
