@@ -302,15 +302,15 @@ async def _measure(
         for process in (worker, triggerer, scheduler):
             process.stop()
     tis = await monitor.list_task_instances(dag_id=DAG_ID, limit=4 * n)
-    compute_tis = [ti for ti in tis if ti["task_id"] == "compute"]
+    compute_tis = [ti for ti in tis if ti.task_id == "compute"]
     sensor_states: dict[str, int] = {}
     for ti in tis:
-        if ti["task_id"] == "sense":
-            sensor_states[ti["state"]] = sensor_states.get(ti["state"], 0) + 1
+        if ti.task_id == "sense":
+            sensor_states[ti.state] = sensor_states.get(ti.state, 0) + 1
     queue_ms = [
-        (ti["started_at"] - ti["run_after"]).total_seconds() * 1000
+        (ti.started_at - ti.run_after).total_seconds() * 1000
         for ti in compute_tis
-        if ti["started_at"] is not None and ti["run_after"] is not None
+        if ti.started_at is not None and ti.run_after is not None
     ]
     latency_ms = [
         (RECORDER.compute_started[run_id] - created[run_id]) * 1000

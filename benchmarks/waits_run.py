@@ -411,11 +411,11 @@ async def _measure(
             rows = await store.list_triggerers()
             now_s = time.time()
             for row in rows:
-                if row["pid"] in tpids and row["pid"] not in registered_at:
-                    registered_at[row["pid"]] = now_s
-                    rss_base[row["pid"]] = _rss(row["pid"])
-                held_max = max(held_max, row["held"])
-            held = sum(row["held"] for row in rows)
+                if row.pid in tpids and row.pid not in registered_at:
+                    registered_at[row.pid] = now_s
+                    rss_base[row.pid] = _rss(row.pid)
+                held_max = max(held_max, row.held)
+            held = sum(row.held for row in rows)
             progress.update(bar, completed=held)
             if held >= trigger_rows and len(registered_at) == k:
                 t_all_held = now_s
@@ -491,9 +491,9 @@ async def _measure(
     # When each resume was claimed by a worker (database clock: the same host's clock with
     # the embedded server) splits the resume latency into write + wake + claim, and run.
     tis = await store.list_task_instances(dag_id=DAG_ID, limit=n)
-    claimed_at = {ti["id"]: ti["started_at"].timestamp() for ti in tis if ti["started_at"]}
+    claimed_at = {ti.id: ti.started_at.timestamp() for ti in tis if ti.started_at}
     # run_after is the time of the transaction that wrote the event (database clock).
-    written_at = {ti["id"]: ti["run_after"].timestamp() for ti in tis}
+    written_at = {ti.id: ti.run_after.timestamp() for ti in tis}
     fired: dict[int, int] = {}
     lateness: list[float] = []
     resume: list[float] = []
@@ -549,13 +549,11 @@ async def _measure(
 
 async def _kill_one(store: Store, tpids: dict[int, int]) -> tuple[int, int]:
     """SIGKILL the triggerer holding the most; returns (its triggerer id, triggers it held)."""
-    rows = [r for r in await store.list_triggerers() if r["pid"] in tpids]
-    victim = max(rows, key=lambda r: r["held"])
-    os.kill(victim["pid"], signal.SIGKILL)
-    console.print(
-        f"SIGKILL triggerer {victim['id']} (pid {victim['pid']}) holding {victim['held']:,}"
-    )
-    return int(victim["id"]), int(victim["held"])
+    rows = [r for r in await store.list_triggerers() if r.pid in tpids]
+    victim = max(rows, key=lambda r: r.held)
+    os.kill(victim.pid, signal.SIGKILL)
+    console.print(f"SIGKILL triggerer {victim.id} (pid {victim.pid}) holding {victim.held:,}")
+    return int(victim.id), int(victim.held)
 
 
 async def _wait_failover(store: Store, killed: tuple[int, int], progress: Progress) -> float:
@@ -565,7 +563,7 @@ async def _wait_failover(store: Store, killed: tuple[int, int], progress: Progre
     bar = progress.add_task("failover (waiting)", total=1)
     while True:
         rows = await store.list_triggerers()
-        if all(r["id"] != killed[0] for r in rows) and await store.count_unowned_triggers() == 0:
+        if all(r.id != killed[0] for r in rows) and await store.count_unowned_triggers() == 0:
             progress.update(bar, total=1, completed=1)
             return time.time() - t_kill
         await asyncio.sleep(0.05)

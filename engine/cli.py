@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 import click
@@ -21,6 +22,9 @@ from engine.config import ConfigError, Settings, load_settings
 from engine.runner import run_async
 from engine.store.embedded import EmbeddedServerError
 from triggers.base import import_object
+
+if TYPE_CHECKING:
+    from engine.store.models import DagSummary, TaskInstance, TriggererRow, TriggerRow
 
 T = TypeVar("T")
 console = Console()
@@ -309,8 +313,24 @@ async def _migrate(settings: Settings) -> list[int]:
 # -- inspecting --------------------------------------------------------------------------
 
 
-def _json(rows: list[dict[str, Any]]) -> None:
+def _json(rows: Sequence[object]) -> None:
+    """Rows (structs or dicts) as one JSON array of objects."""
     click.echo(msgspec.json.encode(rows).decode())
+
+
+class _ListedTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance in ``tasks list --json``: these keys, the result decoded."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    state: str
+    try_number: int
+    result: Any
+    error: str | None
+    trigger_id: int | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
 
 
 def _decode_result(raw: bytes | None) -> Any:
@@ -332,7 +352,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
     """List the DAGs known to the database (parsing --dags first, if given)."""
     settings = _settings(ctx).replace(dags_folder=dags_folder)
 
-    async def main() -> tuple[list[dict[str, Any]], dict[str, str]]:
+    async def main() -> tuple[list[DagSummary], dict[str, str]]:
         from engine.dagbag import DagBag
         from engine.scheduler import sync_dags
         from engine.store import open_store
@@ -358,11 +378,11 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
         table = Table("dag_id", "tasks", "last run", "state", "file")
         for row in rows:
             table.add_row(
-                row["dag_id"],
-                str(row["tasks"]),
-                row["last_run_id"] or "",
-                row["last_run_state"] or "",
-                row["fileloc"],
+                row.dag_id,
+                str(row.tasks),
+                row.last_run_id or "",
+                row.last_run_state or "",
+                row.fileloc,
             )
         console.print(table)
     for path, error in errors.items():
@@ -420,9 +440,9 @@ def dags_trigger(
     if outcome.tasks:
         table = Table("task_id", "state", "try", "error")
         for task in outcome.tasks:
-            error = (task["error"] or "").strip().splitlines()
+            error = (task.error or "").strip().splitlines()
             table.add_row(
-                task["task_id"], task["state"], str(task["try_number"]), error[-1] if error else ""
+                task.task_id, task.state, str(task.try_number), error[-1] if error else ""
             )
         console.print(table)
     if wait:
@@ -452,7 +472,7 @@ def tasks_list(
     """List task instances with their state, try number and result."""
     settings = _settings(ctx)
 
-    async def main() -> list[dict[str, Any]]:
+    async def main() -> list[TaskInstance]:
         from engine.store import open_store
 
         store = await open_store(settings)
@@ -464,32 +484,26 @@ def tasks_list(
             await store.close()
 
     rows = _run(main)
-    for row in rows:
-        row["result"] = _decode_result(row["result"])
+    results = [_decode_result(row.result) for row in rows]
     if as_json:
-        keys = (
-            "dag_id",
-            "run_id",
-            "task_id",
-            "state",
-            "try_number",
-            "result",
-            "error",
-            "trigger_id",
-            "started_at",
-            "ended_at",
+        _json(
+            [
+                msgspec.structs.replace(
+                    msgspec.convert(row, _ListedTask, from_attributes=True), result=result
+                )
+                for row, result in zip(rows, results, strict=True)
+            ]
         )
-        _json([{k: row[k] for k in keys} for row in rows])
         return
     table = Table("dag_id", "run_id", "task_id", "state", "try", "result")
-    for row in rows:
-        result = "" if row["result"] is None else repr(row["result"])
+    for row, value in zip(rows, results, strict=True):
+        result = "" if value is None else repr(value)
         table.add_row(
-            row["dag_id"],
-            row["run_id"],
-            row["task_id"],
-            row["state"],
-            str(row["try_number"]),
+            row.dag_id,
+            row.run_id,
+            row.task_id,
+            row.state,
+            str(row.try_number),
             result[:60],
         )
     console.print(table)
@@ -508,7 +522,7 @@ def triggers_list(ctx: click.Context, limit: int, as_json: bool) -> None:
     """List waiting triggers, their owner and how many tasks wait on each."""
     settings = _settings(ctx)
 
-    async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    async def main() -> tuple[list[TriggerRow], list[TriggererRow]]:
         from engine.store import open_store
 
         store = await open_store(settings)
@@ -524,22 +538,22 @@ def triggers_list(ctx: click.Context, limit: int, as_json: bool) -> None:
     table = Table("id", "classpath", "triggerer", "waiting", "timeout_at")
     for row in rows:
         table.add_row(
-            str(row["id"]),
-            row["classpath"],
-            str(row["triggerer_id"] or "-"),
-            str(row["waiting"]),
-            str(row["timeout_at"] or ""),
+            str(row.id),
+            row.classpath,
+            str(row.triggerer_id or "-"),
+            str(row.waiting),
+            str(row.timeout_at or ""),
         )
     console.print(table)
     summary = Table("triggerer", "host", "pid", "capacity", "held", "lease")
     for t in triggerers_:
         summary.add_row(
-            str(t["id"]),
-            t["hostname"],
-            str(t["pid"]),
-            str(t["capacity"]),
-            str(t["held"]),
-            "expired" if t["expired"] else "live",
+            str(t.id),
+            t.hostname,
+            str(t.pid),
+            str(t.capacity),
+            str(t.held),
+            "expired" if t.expired else "live",
         )
     console.print(summary)
 

@@ -10,7 +10,7 @@ import msgspec
 from engine.config import Settings
 from engine.dagbag import DagBag
 from engine.scheduler import sync_dags
-from engine.store import CHANNEL_RUNS, Store, open_store
+from engine.store import CHANNEL_RUNS, Store, TaskInstance, open_store
 from engine.wakeup import Wakeup
 
 __all__ = ["RunOutcome", "trigger_dag", "wait_for_run"]
@@ -19,7 +19,7 @@ __all__ = ["RunOutcome", "trigger_dag", "wait_for_run"]
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str
     state: str
-    tasks: list[dict[str, Any]]
+    tasks: list[TaskInstance]
 
 
 async def wait_for_run(
@@ -37,8 +37,8 @@ async def wait_for_run(
                 run = await store.get_dag_run(dag_id, run_id)
                 if run is None:
                     raise LookupError(f"no run {run_id!r} of DAG {dag_id!r}")
-                if run["state"] != "running":
-                    return str(run["state"])
+                if run.state != "running":
+                    return run.state
                 await wake.wait(poll_s)
         return "running"
     finally:

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import anyio
+import msgspec
 
 from engine.dag import DAG
 from engine.dagbag import DagBag
@@ -120,7 +121,7 @@ class LocalEngine:
             run = await self.store.get_dag_run(dag_id, run_id)
             if run is None:
                 raise LookupError(f"no run {run_id!r} of DAG {dag_id!r}")
-            state = str(run["state"])
+            state = run.state
             return state != "running"
 
         await self._wait(ended, f"run {dag_id}/{run_id} to end", timeout_s)
@@ -131,9 +132,10 @@ class LocalEngine:
     async def task_instances(
         self, dag_id: str, run_id: str | None = None
     ) -> dict[str, dict[str, Any]]:
-        """The task instances of a DAG (of one run), by task_id."""
+        """The task instances of a DAG (of one run), by task_id (each the fields of
+        :class:`engine.store.TaskInstance` as a dict)."""
         tis = await self.store.list_task_instances(dag_id=dag_id, run_id=run_id)
-        return {ti["task_id"]: ti for ti in tis}
+        return {ti.task_id: msgspec.structs.asdict(ti) for ti in tis}
 
     async def wait_for_state(
         self,
@@ -184,7 +186,7 @@ class LocalEngine:
         await self._wait(idle, "the engine to drain", timeout_s, lambda: f"; left: {left}")
 
     async def _work_left(self) -> dict[str, int]:
-        counts = await self.store.work_left()
+        counts = msgspec.structs.asdict(await self.store.work_left())
         if "worker" not in self.running:
             counts.pop("runnable")  # nobody would run them: not this engine's work
         if "triggerer" not in self.running:
@@ -243,6 +245,7 @@ async def run_engine(
     poll_interval_s: float = 0.5,
     default_deferrable: bool = False,
     trigger_allow: Callable[[str], bool] | None = None,
+    triggerer_options: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[LocalEngine]:
     """Start a scheduler, a worker and a triggerer (each can be left out) on ``store`` in the
     current event loop, ready when the block starts; stopped gracefully when it ends.
@@ -250,6 +253,8 @@ async def run_engine(
     ``dags`` (or a ready ``dagbag``) are what the worker runs. Tasks and triggers see the
     store's database as the connection ``deferral``, as in an engine process.
     ``trigger_allow`` is the trigger allow-list (a callable on classpaths; None admits all).
+    ``triggerer_options``: more keyword arguments of :class:`engine.triggerer.Triggerer`
+    (``claim_batch``, ``blocked_loop_s``, ...), over the ones above.
     """
     bag = dagbag if dagbag is not None else DagBag(None)
     w = Worker(
@@ -261,13 +266,13 @@ async def run_engine(
         allow=trigger_allow,
         default_deferrable=default_deferrable,
     )
-    t = Triggerer(
-        store,
-        capacity=capacity,
-        poll_interval_s=poll_interval_s,
-        lease_s=lease_s,
-        allow=trigger_allow,
-    )
+    options: dict[str, Any] = {
+        "capacity": capacity,
+        "poll_interval_s": poll_interval_s,
+        "lease_s": lease_s,
+        "allow": trigger_allow,
+    }
+    t = Triggerer(store, **{**options, **(triggerer_options or {})})
     s = Scheduler(store, None, interval_s=poll_interval_s)
     chosen = [
         (name, component)

@@ -21,6 +21,7 @@ from anyio.abc import TaskStatus
 from engine.dagbag import DagBag
 from engine.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.store import CHANNEL_FINISHED, Listener, Store
+from engine.store.downstream import resolve_all_pending, settle
 from engine.wakeup import Wakeup
 
 __all__ = ["Scheduler", "sync_dags"]
@@ -124,25 +125,25 @@ class Scheduler:
 
     async def finish_runs(self) -> None:
         for run in await self.store.finish_dag_runs():
-            log.info("DAG run %s/%s ended: %s", run["dag_id"], run["run_id"], run["state"])
+            log.info("DAG run %s/%s ended: %s", run.dag_id, run.run_id, run.state)
 
     async def housekeeping(self) -> None:
         zombies = await self.store.reap_zombie_tasks(
             self.zombie_threshold_s, contact_since=self.contact_since
         )
+        await settle(self.store, zombies)
         for row in zombies:
-            log.warning(
-                "reaped task instance %s of a dead worker (now %s)", row["id"], row["state"]
-            )
+            log.warning("reaped task instance %s of a dead worker (now %s)", row.id, row.state)
         await self.store.reap_triggerers()
         late = await self.store.timeout_deferrals(None, grace_s=self.timeout_backstop_grace_s)
+        await settle(self.store, late)
         for row in late:
             log.warning(
                 "deferral of task instance %s timed out (no triggerer ended it; now %s)",
-                row["id"],
-                row["state"],
+                row.id,
+                row.state,
             )
-        resolved = await self.store.resolve_all_pending()
+        resolved = await resolve_all_pending(self.store)
         if resolved:
             log.info("resolved %d pending task instance(s)", resolved)
         # Orphans are dropped once older than zombie_threshold_s; looking every half of that

@@ -42,6 +42,7 @@ from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
 from engine.states import TaskOutcomeKind
 from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
+from engine.store.downstream import settle
 from engine.wakeup import Wakeup
 from operators.base import (
     MAX_WAIT_S,
@@ -708,7 +709,9 @@ class Worker:
         )
 
     async def _write_outcomes(self, batch: list[_Queued]) -> dict[tuple[int, int], str]:
-        return await self.store.finish_tasks([q.outcome for q in batch])
+        finished = await self.store.finish_tasks([q.outcome for q in batch])
+        await settle(self.store, finished)
+        return {(f.id, f.worker_id): f.state for f in finished}
 
     @staticmethod
     def _written(batch: list[_Queued], states: dict[tuple[int, int], str]) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import anyio
 
+from engine.store.models import FiredTriggers
+
 #: The test triggers live in tests/, outside the built-in ``triggers.*`` of the allow-list.
 TEST_TRIGGER_ALLOW = "triggers.*,tests.*"
 
@@ -28,6 +30,11 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
         await anyio.sleep(0.01)
+
+
+def fired_summary(fired: FiredTriggers) -> tuple[set[int], int]:
+    """What ``Store.fire_triggers`` wrote: the accepted trigger ids, how many tasks moved."""
+    return set(fired.accepted), len(fired.moved)
 
 
 def utcnow() -> dt.datetime:

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.store import Store
+from engine.store import Store, TaskInstance
 from tests.helpers import WAIT_S, wait_until
 
 #: Sensor keyword arguments of each way to wait.
@@ -24,9 +24,9 @@ FAST: dict[str, Any] = {"poke_interval": 0.02, "timeout": WAIT_S}
 
 async def task_instance(
     store: Store, dag_id: str, task_id: str, run_id: str = "run1"
-) -> dict[str, Any]:
+) -> TaskInstance:
     for ti in await store.list_task_instances(dag_id=dag_id, run_id=run_id):
-        if ti["task_id"] == task_id:
+        if ti.task_id == task_id:
             return ti
     raise AssertionError(f"no task instance {dag_id}/{run_id}/{task_id}")
 
@@ -37,13 +37,11 @@ async def wait_checked_once(store: Store, dag_id: str, task_id: str, mode: str) 
     async def waiting() -> bool:
         ti = await task_instance(store, dag_id, task_id)
         if mode == "poke":
-            return bool(ti["state"] == "running")
+            return bool(ti.state == "running")
         if mode == "reschedule":
-            again = (
-                ti["started_at"] and ti["first_try_at"] and ti["started_at"] > ti["first_try_at"]
-            )
-            return bool(ti["state"] == "up_for_reschedule" or again)
-        return bool(ti["state"] == "deferred")
+            again = ti.started_at and ti.first_try_at and ti.started_at > ti.first_try_at
+            return bool(ti.state == "up_for_reschedule" or again)
+        return bool(ti.state == "deferred")
 
     await wait_until(waiting, what=f"{dag_id}.{task_id} waiting in {mode} mode")
 

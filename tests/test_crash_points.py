@@ -107,7 +107,7 @@ async def test_sigkill_at_crash_point_loses_nothing(
                 start(other)
 
         async def dag_known() -> bool:
-            return any(d["dag_id"] == "crash" for d in await store.list_dags())
+            return any(d.dag_id == "crash" for d in await store.list_dags())
 
         if kind != "scheduler":
             await wait_until(dag_known, what="the scheduler to record the DAG")
@@ -125,21 +125,21 @@ async def test_sigkill_at_crash_point_loses_nothing(
 
         async def run_ended() -> bool:
             run = await store.get_dag_run("crash", "run1")
-            return run is not None and run["state"] != "running"
+            return run is not None and run.state != "running"
 
         await wait_until(run_ended, timeout_s=90, what="the run to end after the crash")
 
     tis = await store.list_task_instances(dag_id="crash")
-    assert {ti["task_id"]: ti["state"] for ti in tis} == {f"t{i}": "success" for i in range(TASKS)}
+    assert {ti.task_id: ti.state for ti in tis} == {f"t{i}": "success" for i in range(TASKS)}
     run = await store.get_dag_run("crash", "run1")
     assert run is not None
-    assert run["state"] == "success"
+    assert run.state == "success"
     lines = Counter(resumes.read_text().split("\n")[:-1])
     twice = {line: n for line, n in lines.items() if n > 1}
     assert not twice, f"resumed more than once in one try: {twice}"
     for ti in tis:
         # The try that succeeded resumed exactly once.
-        assert lines[f"{ti['task_id']} {ti['try_number']}"] == 1
+        assert lines[f"{ti.task_id} {ti.try_number}"] == 1
     assert await store.list_triggers() == []
 
 
@@ -172,7 +172,7 @@ async def test_sigkill_during_key_rotation_loses_nothing(
         worker = children.start("worker", name="worker-old-key")
 
         async def dag_known() -> bool:
-            return any(d["dag_id"] == "crash" for d in await store.list_dags())
+            return any(d.dag_id == "crash" for d in await store.list_dags())
 
         await wait_until(dag_known, what="the scheduler to record the DAG")
         await store.create_dag_run("crash", "run1", logical_date=dt.datetime.now(dt.UTC))
@@ -208,9 +208,9 @@ async def test_sigkill_during_key_rotation_loses_nothing(
 
         async def run_ended() -> bool:
             run = await store.get_dag_run("crash", "run1")
-            return run is not None and run["state"] != "running"
+            return run is not None and run.state != "running"
 
         await wait_until(run_ended, timeout_s=60, what="the run to end under the new key")
     tis = await store.list_task_instances(dag_id="crash")
-    assert {ti["task_id"]: ti["state"] for ti in tis} == {f"t{i}": "success" for i in range(TASKS)}
+    assert {ti.task_id: ti.state for ti in tis} == {f"t{i}": "success" for i in range(TASKS)}
     assert Counter(resumes.read_text().split("\n")[:-1]) == Counter(f"t{i} 1" for i in range(TASKS))

@@ -19,6 +19,7 @@ import pytest
 
 from engine.dagbag import DagBag
 from engine.store import Store, TaskOutcome
+from engine.store.downstream import settle
 from engine.testing import run_engine
 from tests.helpers import WAIT_S, child_env, wait_until
 
@@ -158,7 +159,7 @@ async def test_a_scheduler_on_a_folder_of_bad_files_keeps_running_and_stops_on_s
 
         async def synced() -> bool:
             assert proc.poll() is None, log.read_text()
-            return f"good_{uid}" in {d["dag_id"] for d in await store.list_dags()}
+            return f"good_{uid}" in {d.dag_id for d in await store.list_dags()}
 
         await wait_until(synced, what="the scheduler to record the good DAG")
         # Its loop goes on: acting as the worker here, the test ends the good DAG's task, and
@@ -167,12 +168,14 @@ async def test_a_scheduler_on_a_folder_of_bad_files_keeps_running_and_stops_on_s
         worker = await store.register_worker("test", 1, 1)
         (ti,), _ = await store.claim_tasks(worker, 1)
         outcome = TaskOutcome(ti_id=ti.id, worker_id=worker, try_number=1, kind="success")
-        assert await store.finish_tasks([outcome])
+        finished = await store.finish_tasks([outcome])
+        assert finished
+        await settle(store, finished)
 
         async def run_ended() -> bool:
             assert proc.poll() is None, log.read_text()
             run = await store.get_dag_run(f"good_{uid}", "r1")
-            return run is not None and run["state"] == "success"
+            return run is not None and run.state == "success"
 
         await wait_until(run_ended, what="the scheduler to end the run")
         proc.send_signal(signal.SIGTERM)

@@ -67,17 +67,17 @@ async def test_execution_timeout_ends_a_deferral_counted_from_the_start_of_the_t
         (ti,) = await store.list_task_instances(dag_id="deadline")
 
         async def deferred() -> bool:
-            return (await _row(db_url, ti["id"]))["state"] == "deferred"
+            return (await _row(db_url, ti.id))["state"] == "deferred"
 
         # (It waits about a second deferred, between its 2 s of work and the 3 s cap.)
         await wait_until(deferred, what="the task to defer")
-        parked = await _row(db_url, ti["id"])
+        parked = await _row(db_url, ti.id)
         # The stored deadline is the try's start plus execution_timeout, exactly (one database
         # clock): not the claim plus it, nor now plus the 60 s trigger timeout.
         assert parked["deadline_kind"] == "execution_timeout"
         assert parked["trigger_timeout_at"] == parked["try_started_at"] + dt.timedelta(seconds=3)
         tis = await engine.finish("deadline", "run1")
-    row = await _row(db_url, ti["id"])
+    row = await _row(db_url, ti.id)
     assert row["state"] == "failed"
     assert row["error"].startswith("execution_timeout of 3s passed while deferred"), row["error"]
     assert row["try_number"] == 1

@@ -364,7 +364,7 @@ def test_engine_processes_finish_their_tasks_after_the_postmaster_is_killed(base
         try:
 
             async def dag_synced() -> bool:
-                return "outage" in {d["dag_id"] for d in await store.list_dags()}
+                return "outage" in {d.dag_id for d in await store.list_dags()}
 
             await wait_until(dag_synced, what="the scheduler's DAG sync")
             now = await store.now()
@@ -373,7 +373,7 @@ def test_engine_processes_finish_their_tasks_after_the_postmaster_is_killed(base
             async def all_deferred() -> bool:
                 # Every process is past its start-up: the kill hits a running engine.
                 tis = await store.list_task_instances(dag_id="outage", state="deferred")
-                owners = [t["triggerer_id"] for t in await store.list_triggers()]
+                owners = [t.triggerer_id for t in await store.list_triggers()]
                 return len(tis) == 3 and len(owners) == 3 and None not in owners
 
             await wait_until(all_deferred, what="three deferred tasks held by the triggerer")
@@ -392,7 +392,7 @@ def test_engine_processes_finish_their_tasks_after_the_postmaster_is_killed(base
                 return False
             try:
                 run = await store.get_dag_run("outage", "run1")
-                return run is not None and run["state"] == "success"
+                return run is not None and run.state == "success"
             finally:
                 await store.close()
 

@@ -111,11 +111,11 @@ async def test_kwargs_events_and_results_are_ciphertext_in_the_database(
     (claimed,) = await store.claim_triggers(me, 10)
     assert claimed.kwargs == plain.kwargs
     event = encode_value({"token": SECRET})
-    fired, moved = await store.fire_triggers(
+    fired = await store.fire_triggers(
         me,
         [TriggerOutcome(trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=event)],
     )
-    assert (fired, moved) == ({claimed.id}, 1)
+    assert (fired.accepted, len(fired.moved)) == ({claimed.id}, 1)
     (ti,) = await _raw(db_url, "SELECT next_event, next_kwargs FROM deferral_task_instances")
     assert ti["next_event"].startswith(MARKER)
     assert secret not in ti["next_event"]
@@ -131,7 +131,7 @@ async def test_kwargs_events_and_results_are_ciphertext_in_the_database(
     assert ti["result"].startswith(MARKER)
     assert secret not in ti["result"]
     (listed,) = await store.list_task_instances()
-    assert listed["result"] == result
+    assert listed.result == result
 
 
 # -- a key that opens nothing ---------------------------------------------------------------
@@ -202,9 +202,9 @@ async def test_a_resume_no_key_opens_fails_the_try_with_the_setting_named(
     async with keyed_store(db_url, generate_key()) as other:
         assert await other.claim_tasks(worker, 1) == ([], 0.0)
     (ti,) = await store.list_task_instances()
-    assert ti["state"] == "failed"
-    assert "fernet_key" in ti["error"]
-    assert SECRET not in ti["error"]
+    assert ti.state == "failed"
+    assert "fernet_key" in ti.error
+    assert SECRET not in ti.error
 
 
 # -- rotation, online -------------------------------------------------------------------------
@@ -244,7 +244,7 @@ async def test_rotation_runs_online_and_a_triggerer_with_only_the_new_key_fires(
     async with keyed_store(db_url, key_b, key_a) as store_ba:
 
         async def owners() -> set[int | None]:
-            return {t["triggerer_id"] for t in await store_ba.list_triggers()}
+            return {t.triggerer_id for t in await store_ba.list_triggers()}
 
         first = _triggerer(db_url, f"{key_b},{key_a}", tmp_path / "t1.log")
         procs.append(first)
@@ -274,7 +274,7 @@ async def test_rotation_runs_online_and_a_triggerer_with_only_the_new_key_fires(
 
         async def held_by_second() -> bool:
             rows = await store_b.list_triggers()
-            return len(rows) == 3 and all(r["triggerer_id"] is not None for r in rows)
+            return len(rows) == 3 and all(r.triggerer_id is not None for r in rows)
 
         await wait_until(held_by_second, what="the B-only triggerer to hold the triggers")
         for path in paths:

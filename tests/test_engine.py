@@ -13,12 +13,13 @@ import anyio
 import pytest
 
 from engine import DAG
-from engine.store import Store, TriggerOutcome
+from engine.store import Store, TaskInstance, TriggerOutcome
+from engine.store.downstream import settle
 from engine.testing import run_engine
 from engine.worker import Worker
 from operators.base import BaseOperator, Context, SkipTask
 from operators.python import PythonOperator
-from tests.helpers import wait_until
+from tests.helpers import fired_summary, wait_until
 from tests.triggers_for_tests import (
     CLEANUPS,
     RUNS,
@@ -43,8 +44,10 @@ def _tag() -> str:
     return uuid.uuid4().hex
 
 
-def _result(ti: dict[str, Any]) -> Any:
-    return None if ti["result"] is None else decode_value(ti["result"])
+def _result(ti: dict[str, Any] | TaskInstance) -> Any:
+    """The decoded result of a task instance (the harness's dict or the store's row)."""
+    raw = ti.result if isinstance(ti, TaskInstance) else ti["result"]
+    return None if raw is None else decode_value(raw)
 
 
 class Deferrer(BaseOperator):
@@ -342,9 +345,9 @@ async def _async_true(value: bool) -> bool:
 # -- exactly once ------------------------------------------------------------------------------
 
 
-async def _deferred(store: Store, dag_id: str, task_id: str) -> dict[str, Any] | None:
+async def _deferred(store: Store, dag_id: str, task_id: str) -> TaskInstance | None:
     for ti in await store.list_task_instances(dag_id=dag_id):
-        if ti["task_id"] == task_id and ti["state"] == "deferred":
+        if ti.task_id == task_id and ti.state == "deferred":
             return ti
     return None
 
@@ -366,18 +369,18 @@ async def test_a_duplicate_event_resumes_the_task_once(store: Store) -> None:
         outcome = TriggerOutcome(
             trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value("once")
         )
-        accepted, moved = await store.fire_triggers(me, [outcome])
+        accepted, moved = fired_summary(await store.fire_triggers(me, [outcome]))
         assert (accepted, moved) == ({claimed.id}, 1)
-        again = await store.fire_triggers(me, [outcome])
+        again = fired_summary(await store.fire_triggers(me, [outcome]))
         assert again == (set(), 0)
 
         async def finished() -> bool:
             (ti,) = await store.list_task_instances(dag_id="dupe_event")
-            return bool(ti["state"] == "success")
+            return bool(ti.state == "success")
 
         await wait_until(finished, what="the resumed task to finish")
         # After the resume ran, the same event once more changes nothing either.
-        assert await store.fire_triggers(me, [outcome]) == (set(), 0)
+        assert fired_summary(await store.fire_triggers(me, [outcome])) == (set(), 0)
     (ti,) = await store.list_task_instances(dag_id="dupe_event")
     assert _result(ti)["event"] == "once"
     assert CALLS[f"{tag}:resume"] == 1
@@ -400,13 +403,13 @@ async def test_the_same_outcome_twice_in_one_batch_moves_the_task_once(store: St
         outcome = TriggerOutcome(
             trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value(1)
         )
-        accepted, moved = await store.fire_triggers(me, [outcome, outcome])
+        accepted, moved = fired_summary(await store.fire_triggers(me, [outcome, outcome]))
         assert accepted == {claimed.id}
         assert moved == 1
 
         async def finished() -> bool:
             (ti,) = await store.list_task_instances(dag_id="dupe_batch")
-            return bool(ti["state"] == "success")
+            return bool(ti.state == "success")
 
         await wait_until(finished, what="the resumed task to finish")
     assert CALLS[f"{tag}:resume"] == 1
@@ -436,20 +439,20 @@ async def test_an_event_with_a_stale_fence_changes_nothing(store: Store) -> None
             trigger_id=first.id, fence=first.fence, kind="event", payload=encode_value("old")
         )
         # Neither the old owner (no longer owner) nor the new owner with the old token may write.
-        assert await store.fire_triggers(old, [stale]) == (set(), 0)
-        assert await store.fire_triggers(new, [stale]) == (set(), 0)
+        assert fired_summary(await store.fire_triggers(old, [stale])) == (set(), 0)
+        assert fired_summary(await store.fire_triggers(new, [stale])) == (set(), 0)
         ti = await _deferred(store, "stale_fence", "t")
         assert ti is not None
-        assert ti["trigger_id"] == first.id
+        assert ti.trigger_id == first.id
 
         fresh = TriggerOutcome(
             trigger_id=second.id, fence=second.fence, kind="event", payload=encode_value("new")
         )
-        assert await store.fire_triggers(new, [fresh]) == ({second.id}, 1)
+        assert fired_summary(await store.fire_triggers(new, [fresh])) == ({second.id}, 1)
 
         async def finished() -> bool:
             (ti,) = await store.list_task_instances(dag_id="stale_fence")
-            return bool(ti["state"] == "success")
+            return bool(ti.state == "success")
 
         await wait_until(finished, what="the resumed task to finish")
     (ti,) = await store.list_task_instances(dag_id="stale_fence")
@@ -473,20 +476,20 @@ async def test_the_worker_slot_is_free_while_its_task_is_deferred(
         await engine.start_run(dag)
 
         async def other_done() -> bool:
-            tis = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id="free_slot")}
-            return bool(tis["other"]["state"] == "success")
+            tis = {ti.task_id: ti for ti in await store.list_task_instances(dag_id="free_slot")}
+            return bool(tis["other"].state == "success")
 
         await wait_until(other_done, what="the second task to run in the freed slot")
-        tis = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id="free_slot")}
+        tis = {ti.task_id: ti for ti in await store.list_task_instances(dag_id="free_slot")}
         # The waiter still waits (its file does not exist yet), and it held the slot first.
-        assert tis["waiter"]["state"] == "deferred"
-        assert tis["waiter"]["first_try_at"] < tis["other"]["started_at"]
+        assert tis["waiter"].state == "deferred"
+        assert tis["waiter"].first_try_at < tis["other"].started_at
         assert engine.worker.peak_running == 1
 
         release_file(release, "go")
         state = await _run_state(store, "free_slot")
     assert state == "success"
-    tis = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id="free_slot")}
+    tis = {ti.task_id: ti for ti in await store.list_task_instances(dag_id="free_slot")}
     assert _result(tis["waiter"])["event"] == {"path": str(release), "text": "go"}
     assert CALLS[f"{tag}:resume"] == 1
 
@@ -644,18 +647,18 @@ async def test_identical_triggers_share_one_row_and_the_event_fans_out(
         await wait_until(all_deferred, what="three tasks to defer")
         triggers = await store.list_triggers()
         assert len(triggers) == 1
-        assert triggers[0]["waiting"] == 3
+        assert triggers[0].waiting == 3
         tis = await store.list_task_instances(dag_id="fan_out", state="deferred")
-        assert {ti["trigger_id"] for ti in tis} == {triggers[0]["id"]}
+        assert {ti.trigger_id for ti in tis} == {triggers[0].id}
 
         release_file(release, "all of you")
         state = await _run_state(store, "fan_out")
     assert state == "success"
-    ended = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id="fan_out")}
+    ended = {ti.task_id: ti for ti in await store.list_task_instances(dag_id="fan_out")}
     for i in range(3):
         assert _result(ended[f"w{i}"])["event"] == {"path": str(release), "text": "all of you"}
         assert _result(ended[f"w{i}"])["kwargs"] == {"i": i}
-    assert ended["join"]["state"] == "success"
+    assert ended["join"].state == "success"
     assert RUNS[str(release)] == 1
     assert CALLS[f"{tag}:resume"] == 3
     assert await store.list_triggers() == []
@@ -674,18 +677,18 @@ async def test_one_waiter_timing_out_leaves_the_others_waiting(
         await engine.start_run(dag)
 
         async def hasty_failed() -> bool:
-            tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id=dag.dag_id)}
-            return bool(tis["hasty"]["state"] == "failed")
+            tis = {t.task_id: t for t in await store.list_task_instances(dag_id=dag.dag_id)}
+            return bool(tis["hasty"].state == "failed")
 
         await wait_until(hasty_failed, what="the hasty waiter to time out")
-        tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id=dag.dag_id)}
-        assert tis["patient"]["state"] == "deferred"
-        assert tis["hasty"]["error"].startswith("deferral timed out")
+        tis = {t.task_id: t for t in await store.list_task_instances(dag_id=dag.dag_id)}
+        assert tis["patient"].state == "deferred"
+        assert tis["hasty"].error.startswith("deferral timed out")
         release_file(release, "late")
         state = await _run_state(store, dag.dag_id)
     assert state == "failed"  # "hasty" is a leaf and failed
-    tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id=dag.dag_id)}
-    assert tis["patient"]["state"] == "success"
+    tis = {t.task_id: t for t in await store.list_task_instances(dag_id=dag.dag_id)}
+    assert tis["patient"].state == "success"
     assert _result(tis["patient"])["event"] == {"path": str(release), "text": "late"}
     assert CALLS[f"{tag}:resume"] == 1
 
@@ -710,25 +713,25 @@ async def test_joining_a_running_trigger_with_an_earlier_deadline_is_enforced_by
             ti = await _deferred(store, "late_join", "patient")
             if ti is None:
                 return False
-            rows = [t for t in await store.list_triggers() if t["id"] == ti["trigger_id"]]
-            return bool(rows and rows[0]["triggerer_id"] is not None)
+            rows = [t for t in await store.list_triggers() if t.id == ti.trigger_id]
+            return bool(rows and rows[0].triggerer_id is not None)
 
         await wait_until(patient_trigger_running, what="the shared trigger to be claimed")
         release_file(gate_file, "open")
 
         async def hasty_failed() -> bool:
-            tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id="late_join")}
-            return bool(tis["hasty"]["state"] == "failed")
+            tis = {t.task_id: t for t in await store.list_task_instances(dag_id="late_join")}
+            return bool(tis["hasty"].state == "failed")
 
         await wait_until(hasty_failed, timeout_s=10.0, what="the joined deadline to be enforced")
-        tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id="late_join")}
-        assert tis["hasty"]["error"].startswith("deferral timed out")
-        assert tis["patient"]["state"] == "deferred"
+        tis = {t.task_id: t for t in await store.list_task_instances(dag_id="late_join")}
+        assert tis["hasty"].error.startswith("deferral timed out")
+        assert tis["patient"].state == "deferred"
         release_file(release, "done")
         state = await _run_state(store, "late_join")
     assert state == "failed"
-    tis = {t["task_id"]: t for t in await store.list_task_instances(dag_id="late_join")}
-    assert tis["patient"]["state"] == "success"
+    tis = {t.task_id: t for t in await store.list_task_instances(dag_id="late_join")}
+    assert tis["patient"].state == "success"
 
 
 class TwoStepDeferrer(BaseOperator):
@@ -815,10 +818,14 @@ async def test_an_event_racing_the_deadline_moves_the_task_once(store: Store) ->
         moved: list[int] = []
 
         async def fire() -> None:
-            moved.append((await store.fire_triggers(me, [event]))[1])
+            fired = await store.fire_triggers(me, [event])
+            await settle(store, fired.moved, woke=fired.woke)
+            moved.append(len(fired.moved))
 
         async def time_out() -> None:
-            moved.append(len(await store.timeout_deferrals([claimed.id])))
+            timed_out = await store.timeout_deferrals([claimed.id])
+            await settle(store, timed_out)
+            moved.append(len(timed_out))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(fire)
@@ -830,8 +837,8 @@ async def test_an_event_racing_the_deadline_moves_the_task_once(store: Store) ->
         assert _result(ti)["event"] == "won"
         assert CALLS[f"{tag}:resume"] == 1
     else:
-        assert ti["state"] == "failed"
-        assert ti["error"].startswith("deferral timed out")
+        assert ti.state == "failed"
+        assert ti.error.startswith("deferral timed out")
         assert CALLS[f"{tag}:resume"] == 0
 
 

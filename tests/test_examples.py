@@ -69,7 +69,7 @@ async def test_submit_and_wait_end_to_end(
             await engine.start_run(dag)
 
             async def deferred() -> bool:
-                return (await task_instance(store, "jobs", "train"))["state"] == "deferred"
+                return (await task_instance(store, "jobs", "train")).state == "deferred"
 
             await wait_until(deferred, what="the task to defer")
 

@@ -15,7 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import DAG
-from engine.store import ClaimedTask, ClaimedTrigger, Deferral, Store, TriggerOutcome
+from engine.store import (
+    ClaimedTask,
+    ClaimedTrigger,
+    Deferral,
+    FiredTriggers,
+    Store,
+    TaskInstance,
+    TriggerOutcome,
+)
 from engine.store.queries import load_queries
 from operators.python import PythonOperator
 from tests.helpers import wait_until
@@ -77,14 +85,12 @@ async def _waits_for_a_lock(watch: asyncpg.Connection, n: int) -> bool:
     return bool(waiting >= n)
 
 
-async def _check_nothing_stranded(store: Store, dag_id: str) -> dict[str, dict[str, object]]:
+async def _check_nothing_stranded(store: Store, dag_id: str) -> dict[str, TaskInstance]:
     """No task of the DAG waits on a trigger that is gone; returns the tasks by task_id."""
-    tis = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id=dag_id)}
-    existing = {t["id"] for t in await store.list_triggers()}
+    tis = {ti.task_id: ti for ti in await store.list_task_instances(dag_id=dag_id)}
+    existing = {t.id for t in await store.list_triggers()}
     stranded = [
-        name
-        for name, ti in tis.items()
-        if ti["state"] == "deferred" and ti["trigger_id"] not in existing
+        name for name, ti in tis.items() if ti.state == "deferred" and ti.trigger_id not in existing
     ]
     assert stranded == [], f"deferred on a trigger that no longer exists: {stranded}"
     return tis
@@ -106,7 +112,7 @@ async def test_a_task_that_joins_a_trigger_while_it_fires_is_resumed(
 
     join = await asyncpg.connect(db_url)
     watch = await asyncpg.connect(db_url)
-    fired: list[tuple[set[int], int]] = []
+    fired: list[FiredTriggers] = []
     try:
         tx = join.transaction()
         await tx.start()
@@ -129,10 +135,10 @@ async def test_a_task_that_joins_a_trigger_while_it_fires_is_resumed(
         await join.close()
         await watch.close()
 
-    assert fired == [({claimed.id}, 2)]
+    assert [(f.accepted, len(f.moved)) for f in fired] == [({claimed.id}, 2)]
     tis = await _check_nothing_stranded(store, dag_id)
     for name in ("t0", "t1"):
-        assert tis[name]["state"] == "scheduled", name
+        assert tis[name].state == "scheduled", name
     rows = await store.claim_tasks(worker, 2)
     assert {decode_value(ti.next_event) for ti in rows[0] if ti.next_event} == {"go"}
 
@@ -182,7 +188,7 @@ async def _forty_join_while_it_fires(store: Store, joining: Store, me: int) -> N
     # Whatever joined after the last fire waits on an unowned trigger: fire it too.
     await fire(await store.claim_triggers(me, 100))
     tis = await _check_nothing_stranded(store, dag_id)
-    assert sorted(name for name, ti in tis.items() if ti["state"] != "scheduled") == []
+    assert sorted(name for name, ti in tis.items() if ti.state != "scheduled") == []
 
 
 @settings(
@@ -213,7 +219,7 @@ async def test_every_task_waiting_when_the_fire_takes_the_trigger_gets_its_outco
         assert await store.defer_task(ti.id, worker, deferral)
     for i, ti in enumerate(unrelated):
         assert await store.defer_task(ti.id, worker, _deferral(f"{dag_id}-other-{i}"))
-    mine = {ti["trigger_id"] for ti in await store.list_task_instances(dag_id=dag_id)}
+    mine = {ti.trigger_id for ti in await store.list_task_instances(dag_id=dag_id)}
     me = await store.register_triggerer("test", 1, 100, 60.0)
     # (Earlier examples may have left triggers behind: this one fires its own only.)
     claimed = [c for c in await store.claim_triggers(me, 10_000) if c.id in mine]
@@ -227,7 +233,7 @@ async def test_every_task_waiting_when_the_fire_takes_the_trigger_gets_its_outco
 
     holder = await asyncpg.connect(db_url)
     watch = await asyncpg.connect(db_url)
-    fired: list[tuple[set[int], int]] = []
+    fired: list[FiredTriggers] = []
     try:
         tx = holder.transaction()
         await tx.start()
@@ -252,16 +258,17 @@ async def test_every_task_waiting_when_the_fire_takes_the_trigger_gets_its_outco
         await holder.close()
         await watch.close()
 
-    ((accepted, moved),) = fired
+    (only,) = fired
+    accepted, moved = only.accepted, len(only.moved)
     assert accepted == {c.id for c in claimed}
     tis = await _check_nothing_stranded(store, dag_id)
-    by_id = {ti["id"]: ti for ti in tis.values()}
+    by_id = {ti.id: ti for ti in tis.values()}
     fired_state = {"event": "scheduled", "success": "success", "skipped": "skipped",
                    "failed": "failed"}[kind]  # fmt: skip
     must_fire: Sequence[ClaimedTask] = [first, *before, join_now[0], *unrelated]
     for ti in must_fire:
-        assert by_id[ti.id]["state"] == fired_state, ti.task_id
-    late = [ti for ti in join_now[1:] if by_id[ti.id]["state"] == "deferred"]
+        assert by_id[ti.id].state == fired_state, ti.task_id
+    late = [ti for ti in join_now[1:] if by_id[ti.id].state == "deferred"]
     for ti in late:
-        assert by_id[ti.id]["trigger_id"] != shared
+        assert by_id[ti.id].trigger_id != shared
     assert moved == len(tasks) - len(late)

@@ -36,7 +36,7 @@ async def test_a_worker_stopped_before_run_returns_and_claims_nothing(store: Sto
     with anyio.fail_after(WAIT_S):
         await worker.run()
     (ti,) = await store.list_task_instances(dag_id="early")
-    assert ti["state"] == "scheduled"
+    assert ti.state == "scheduled"
     assert worker.finished == 0
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from engine import DAG
 from engine.outbox import Outbox
-from engine.store import ClaimedTask, Store, TaskOutcome
+from engine.store import ClaimedTask, Store, TaskInstance, TaskOutcome
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 
@@ -72,7 +72,7 @@ class _Recorder:
 
         async def write(batch: list[TaskOutcome]) -> dict[Key, str]:
             self.writes += 1
-            return await store.finish_tasks(batch)
+            return {(f.id, f.worker_id): f.state for f in await store.finish_tasks(batch)}
 
         options: dict[str, Any] = {"substitute": _substitute, **kwargs}
         self.outbox: Outbox[TaskOutcome, Key, str] = Outbox(
@@ -87,8 +87,8 @@ class _Recorder:
         return {key[0]: state for _batch, results in self.written for key, state in results.items()}
 
 
-async def _rows(store: Store, dag_id: str) -> dict[str, Any]:
-    return {r["task_id"]: r for r in await store.list_task_instances(dag_id=dag_id)}
+async def _rows(store: Store, dag_id: str) -> dict[str, TaskInstance]:
+    return {r.task_id: r for r in await store.list_task_instances(dag_id=dag_id)}
 
 
 async def test_a_refused_item_is_split_out_and_replaced_by_its_substitute(store: Store) -> None:
@@ -113,9 +113,9 @@ async def test_a_refused_item_is_split_out_and_replaced_by_its_substitute(store:
     assert rec.states() == {tis["a"].id: "success", tis["bad"].id: "failed", tis["c"].id: "skipped"}
     assert rec.writes == 1 + 3 + 1  # the batch, each alone, the substitute
     rows = await _rows(store, "split")
-    assert rows["bad"]["state"] == "failed"  # no retry, although retries=3
-    assert rows["bad"]["error"] == "substituted: CheckViolationError"
-    assert (rows["a"]["state"], rows["c"]["state"]) == ("success", "skipped")
+    assert rows["bad"].state == "failed"  # no retry, although retries=3
+    assert rows["bad"].error == "substituted: CheckViolationError"
+    assert (rows["a"].state, rows["c"].state) == ("success", "skipped")
     assert rec.lost == []
 
 
@@ -133,8 +133,8 @@ async def test_text_the_database_cannot_store_is_refused_data_not_a_crash(store:
         (tis["odd"].id, tis.worker_id): "failed",
     }
     rows = await _rows(store, "text")
-    assert "\x00" not in rows["nul"]["error"]
-    assert rows["odd"]["error"] == "substituted: CheckViolationError"
+    assert "\x00" not in rows["nul"].error
+    assert rows["odd"].error == "substituted: CheckViolationError"
 
 
 async def test_a_substitute_refused_too_is_given_up_alone(store: Store) -> None:
@@ -157,7 +157,7 @@ async def test_a_substitute_refused_too_is_given_up_alone(store: Store) -> None:
         (tis["bad"].id, asyncpg.CheckViolationError)
     ]
     rows = await _rows(store, "lost")
-    assert rows["bad"]["state"] == "running"  # left to the reaper
+    assert rows["bad"].state == "running"  # left to the reaper
 
 
 async def test_a_cancelled_write_is_tried_again_until_it_goes_through(
@@ -210,4 +210,4 @@ async def test_a_cancelled_write_is_tried_again_until_it_goes_through(
         await locker.close()
     assert rec.states() == {ti.id: "success"}
     assert len(rec.written) == 1
-    assert (await _rows(store, "transient"))["t"]["state"] == "success"
+    assert (await _rows(store, "transient"))["t"].state == "success"

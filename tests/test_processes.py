@@ -21,7 +21,7 @@ import pytest
 
 from engine import DAG
 from engine.dagbag import DagBag
-from engine.store import Store
+from engine.store import Store, TaskInstance
 from engine.testing import run_engine
 from operators.base import BaseOperator, Context
 from tests.helpers import TEST_TRIGGER_ALLOW, wait_until
@@ -68,10 +68,10 @@ async def test_sigterm_releases_a_triggerers_triggers_to_another(
             WaitForFile(task_id=f"w{i}", path=path)
 
     async def triggerer_ids() -> list[int]:
-        return [t["id"] for t in await store.list_triggerers()]
+        return [t.id for t in await store.list_triggerers()]
 
     async def owners() -> list[int | None]:
-        return [t["triggerer_id"] for t in await store.list_triggers()]
+        return [t.triggerer_id for t in await store.list_triggers()]
 
     children.env["DEFERRAL_TRIGGER_ALLOW"] = TEST_TRIGGER_ALLOW
     async with explained(children):
@@ -111,16 +111,18 @@ async def test_sigterm_releases_a_triggerers_triggers_to_another(
 
             async def run_ended() -> bool:
                 run = await store.get_dag_run("handover", "run1")
-                return run is not None and run["state"] != "running"
+                return run is not None and run.state != "running"
 
             await wait_until(run_ended, what="the run to end")
 
-    tis = {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id="handover")}
-    assert (await store.get_dag_run("handover", "run1") or {})["state"] == "success"
+    tis = {ti.task_id: ti for ti in await store.list_task_instances(dag_id="handover")}
+    run = await store.get_dag_run("handover", "run1")
+    assert run is not None
+    assert run.state == "success"
     for i, path in enumerate(files):
-        assert tis[f"w{i}"]["state"] == "success"
-        assert tis[f"w{i}"]["try_number"] == 1
-        assert decode_value(tis[f"w{i}"]["result"]) == f"done {Path(path).name}"
+        assert tis[f"w{i}"].state == "success"
+        assert tis[f"w{i}"].try_number == 1
+        assert decode_value(tis[f"w{i}"].result) == f"done {Path(path).name}"
         assert RESUMES[path] == 1
     assert await store.list_triggers() == []
 
@@ -219,7 +221,7 @@ async def test_the_cli_triggers_runs_waits_for_them_and_lists_as_json(
         children.start("triggerer", name="triggerer")
 
         async def ready() -> bool:
-            dag_ids = {d["dag_id"] for d in await store.list_dags()}
+            dag_ids = {d.dag_id for d in await store.list_dags()}
             return bool(await store.list_triggerers()) and {"cli_ok", "cli_fail"} <= dag_ids
 
         await wait_until(ready, what="the triggerer and the scheduler's DAG sync")
@@ -293,7 +295,7 @@ async def test_a_killed_workers_task_is_reaped_and_retried(
     monkeypatch.setattr(sys, "path", list(sys.path))  # the DagBag puts the folder on it
     dag = DagBag(dags).get_dag("stuck")
 
-    async def work() -> dict[str, Any]:
+    async def work() -> TaskInstance:
         (ti,) = await store.list_task_instances(dag_id="stuck")
         return ti
 
@@ -303,26 +305,26 @@ async def test_a_killed_workers_task_is_reaped_and_retried(
         await engine.start_run(dag)
 
         async def running() -> bool:
-            return bool((await work())["state"] == "running")
+            return bool((await work()).state == "running")
 
         await wait_until(running, what="the first worker to run the task")
         first.send_signal(signal.SIGKILL)
         assert await _wait_exit(first) == -signal.SIGKILL
 
         async def reaped() -> bool:
-            return (await work())["state"] in ("up_for_retry", "scheduled")
+            return (await work()).state in ("up_for_retry", "scheduled")
 
         await wait_until(reaped, what="the scheduler to reap the dead worker's task")
-        assert "stopped heartbeating" in (await work())["error"]
+        assert "stopped heartbeating" in (await work()).error
 
         children.start("worker", name="worker-2")
 
         async def run_ended() -> bool:
             run = await store.get_dag_run("stuck", "run1")
-            return run is not None and run["state"] != "running"
+            return run is not None and run.state != "running"
 
         await wait_until(run_ended, what="the retry to finish the run")
     ti = await work()
-    assert ti["state"] == "success"
-    assert ti["try_number"] == 2
-    assert decode_value(ti["result"]) == "done on try 2"
+    assert ti.state == "success"
+    assert ti.try_number == 2
+    assert decode_value(ti.result) == "done on try 2"

@@ -25,7 +25,7 @@ from engine.app import make_triggerer, make_worker, trigger_allow_list
 from engine.config import Settings, load_settings
 from engine.dagbag import DagBag
 from engine.security.allow import TriggerAllowList, dags_folder_modules
-from engine.store import Store
+from engine.store import Store, TaskInstance
 from engine.worker import Worker
 from operators.base import BaseOperator, Context
 from tests.helpers import wait_until
@@ -58,7 +58,7 @@ def _waiting_dag(tmp_path: Path) -> DAG:
     return dag
 
 
-async def _task(store: Store) -> dict[str, Any]:
+async def _task(store: Store) -> TaskInstance:
     (ti,) = await store.list_task_instances(dag_id=DAG_ID)
     return ti
 
@@ -83,7 +83,7 @@ async def _deferred_then_rewritten(
             await _start_run(store, dagbag, _waiting_dag(tmp_path))
 
             async def deferred() -> bool:
-                return (await _task(store))["state"] == "deferred"
+                return (await _task(store)).state == "deferred"
 
             await wait_until(deferred, what="the task deferred")
             conn = await asyncpg.connect(db_url)
@@ -101,14 +101,14 @@ async def _deferred_then_rewritten(
             worker.stop()
 
 
-async def _run_triggerer_until_task_ends(store: Store, settings: Settings) -> dict[str, Any]:
+async def _run_triggerer_until_task_ends(store: Store, settings: Settings) -> TaskInstance:
     triggerer = make_triggerer(store, settings)
     async with anyio.create_task_group() as tg:
         await tg.start(triggerer.run)
         try:
 
             async def ended() -> bool:
-                return (await _task(store))["state"] in ENDED
+                return (await _task(store)).state in ENDED
 
             await wait_until(ended, what="the task ended")
         finally:
@@ -131,11 +131,11 @@ async def test_a_stored_row_naming_a_shell_callable_never_runs_it_and_fails_its_
     ):
         ti = await _run_triggerer_until_task_ends(store, _settings(tmp_path))
     assert not marker.exists(), "the shell command ran"
-    assert ti["state"] == "failed"
-    assert "trigger_allow" in ti["error"]
-    assert "kwarg 'check'" in ti["error"]
+    assert ti.state == "failed"
+    assert "trigger_allow" in ti.error
+    assert "kwarg 'check'" in ti.error
     # The refused value is a kwarg: it stays out of the message.
-    assert "create_subprocess_shell" not in ti["error"]
+    assert "create_subprocess_shell" not in ti.error
 
 
 async def test_a_classpath_outside_the_list_is_refused_before_its_module_is_imported(
@@ -158,8 +158,8 @@ async def test_a_classpath_outside_the_list_is_refused_before_its_module_is_impo
         ti = await _run_triggerer_until_task_ends(store, _settings(tmp_path))
     assert not marker.exists(), "the module was imported"
     assert module not in sys.modules
-    assert ti["state"] == "failed"
-    assert "trigger_allow" in ti["error"]
+    assert ti.state == "failed"
+    assert "trigger_allow" in ti.error
 
 
 async def test_a_pattern_naming_a_prefix_does_not_allow_a_longer_classpath(
@@ -176,8 +176,8 @@ async def test_a_pattern_naming_a_prefix_does_not_allow_a_longer_classpath(
     ):
         (tmp_path / "go").touch()  # the trigger would fire at once if it were started
         ti = await _run_triggerer_until_task_ends(store, settings)
-    assert ti["state"] == "failed"
-    assert "trigger_allow" in ti["error"]
+    assert ti.state == "failed"
+    assert "trigger_allow" in ti.error
 
 
 async def test_an_allowed_classpath_runs_and_resumes_its_task(
@@ -194,7 +194,7 @@ async def test_an_allowed_classpath_runs_and_resumes_its_task(
     ):
         (tmp_path / "go").touch()
         ti = await _run_triggerer_until_task_ends(store, settings)
-    assert ti["state"] == "success", ti["error"]
+    assert ti.state == "success", ti.error
 
 
 class DeferOnPython(BaseOperator):
@@ -240,15 +240,15 @@ async def test_the_worker_refuses_at_defer_time_and_writes_no_trigger(
             await _start_run(store, worker.dagbag, dag)
 
             async def ended() -> bool:
-                return (await _task(store))["state"] in ENDED
+                return (await _task(store)).state in ENDED
 
             await wait_until(ended, what="the task ended")
         finally:
             worker.stop()
     ti = await _task(store)
-    assert ti["state"] == "failed"
-    assert "trigger_allow" in ti["error"]
-    assert ti["trigger_id"] is None
+    assert ti.state == "failed"
+    assert "trigger_allow" in ti.error
+    assert ti.trigger_id is None
     assert await store.count_unowned_triggers() == 0
 
 

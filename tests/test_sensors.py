@@ -139,7 +139,7 @@ async def test_http_sensor_waits_for_status_and_check(store: Store, mode: str) -
                 return service.hits > hits + 1
 
             await wait_until(more_hits)
-            assert (await task_instance(store, "http", "wait"))["state"] != "success"
+            assert (await task_instance(store, "http", "wait")).state != "success"
             service.ready = True
             tis = await engine.finish("http")
     assert tis["wait"]["state"] == "success"

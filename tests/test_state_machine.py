@@ -43,7 +43,8 @@ from engine.states import (
     TRIGGER_OUTCOME_KINDS,
     TRY_OUTCOME_STATES,
 )
-from engine.store import Deferral, Store, TaskOutcome, TriggerOutcome
+from engine.store import Deferral, FiredTriggers, Store, TaskOutcome, TriggerOutcome
+from engine.store.downstream import resolve_all_pending, settle
 from engine.store.queries import load_queries
 from operators.base import BaseOperator, Context
 from operators.python import PythonOperator
@@ -161,7 +162,7 @@ async def test_an_unknown_outcome_kind_is_refused_not_taken_for_a_failure(
             triggerer,
             [TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="fired")],  # type: ignore[arg-type]
         )
-    states = {ti["id"]: ti["state"] for ti in await store.list_task_instances(dag_id="sm")}
+    states = {ti.id: ti.state for ti in await store.list_task_instances(dag_id="sm")}
     assert (states[first.id], states[second.id]) == ("running", "deferred")
 
 
@@ -254,6 +255,19 @@ class StoreMachine(RuleBasedStateMachine):
 
         return self.portal.call(call)
 
+    def _write(self, fn: Any, *args: Any) -> Any:
+        """A store write, then settling what it moved, as the processes do."""
+
+        async def call() -> Any:
+            written = await fn(*args)
+            if isinstance(written, FiredTriggers):
+                await settle(self.store, written.moved, woke=written.woke)
+            else:
+                await settle(self.store, written)
+            return written
+
+        return self.portal.call(call)
+
     def _sql(self, method: str, sql: str, *args: Any) -> Any:
         return self.portal.call(getattr(self.conn, method), sql, *args)
 
@@ -316,7 +330,7 @@ class StoreMachine(RuleBasedStateMachine):
         error = "x" if kind == "failed" else None
         outcome = TaskOutcome(ti_id=ti_id, worker_id=worker, try_number=try_number, kind=kind,
                               error=error, no_retry=no_retry)  # fmt: skip
-        self._as_claim(claim, lambda: self._call(self.store.finish_tasks, [outcome]))
+        self._as_claim(claim, lambda: self._write(self.store.finish_tasks, [outcome]))
 
     @precondition(lambda self: self.claims)
     @rule(
@@ -348,7 +362,7 @@ class StoreMachine(RuleBasedStateMachine):
         """Every running try whose heartbeat is older than now is reaped (retries apply); its
         worker's row goes, so work continues with a new registration."""
         self.last_step = "reap_zombies"
-        self._call(self.store.reap_zombie_tasks, 0.0)
+        self._write(self.store.reap_zombie_tasks, 0.0)
         if not self._call(self.store.heartbeat_worker, self.worker, []):
             self.worker = self._call(self.store.register_worker, "sm", 1, 10)
 
@@ -380,13 +394,13 @@ class StoreMachine(RuleBasedStateMachine):
         )
         current = row is not None and (row["triggerer_id"], row["fence"]) == (triggerer, fence)
         since = self._last_audit()
-        accepted, _ = self._call(self.store.fire_triggers, triggerer, [outcome])
+        accepted = self._write(self.store.fire_triggers, triggerer, [outcome]).accepted
         assert accepted == ({trigger_id} if current else set()), self.last_step
         if not current:
             assert not self._moved(since), f"{self.last_step}: a stale fire moved tasks"
         if twice:
             since = self._last_audit()
-            accepted, _ = self._call(self.store.fire_triggers, triggerer, [outcome])
+            accepted = self._write(self.store.fire_triggers, triggerer, [outcome]).accepted
             assert accepted == set(), f"{self.last_step}: the duplicate was accepted"
             assert not self._moved(since), f"{self.last_step}: the duplicate moved tasks"
 
@@ -396,7 +410,7 @@ class StoreMachine(RuleBasedStateMachine):
         scheduler's backstop (all)."""
         self.last_step = f"timeout(backstop={backstop})"
         mine = None if backstop else sorted({t for _, t, _ in self.trigger_claims})
-        self._call(self.store.timeout_deferrals, mine)
+        self._write(self.store.timeout_deferrals, mine)
 
     @rule()
     def lose_lease(self) -> None:
@@ -410,7 +424,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def backstop(self) -> None:
         self.last_step = "backstop"
-        self._call(self.store.resolve_all_pending)
+        self._call(resolve_all_pending, self.store)
         self._call(self.store.finish_dag_runs)
 
     # -- what must hold -----------------------------------------------------------------------

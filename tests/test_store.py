@@ -282,12 +282,15 @@ async def test_one_finish_statement_ends_each_try_by_its_own_outcome(store: Stor
             outcome("earlier", "success", try_number=0),
         ]
     )
-    assert states == {(ids["ok"], worker): "success", (ids["flaky"], worker): "up_for_retry"}
-    rows = {r["task_id"]: r for r in await store.list_task_instances(dag_id="batch")}
-    assert (rows["ok"]["result"], rows["ok"]["error"]) == (b"\x01", None)
-    assert (rows["flaky"]["state"], rows["flaky"]["error"]) == ("up_for_retry", "boom")
-    assert rows["taken"]["state"] == "running"
-    assert rows["earlier"]["state"] == "running"
+    assert {(f.id, f.worker_id): f.state for f in states} == {
+        (ids["ok"], worker): "success",
+        (ids["flaky"], worker): "up_for_retry",
+    }
+    rows = {r.task_id: r for r in await store.list_task_instances(dag_id="batch")}
+    assert (rows["ok"].result, rows["ok"].error) == (b"\x01", None)
+    assert (rows["flaky"].state, rows["flaky"].error) == ("up_for_retry", "boom")
+    assert rows["taken"].state == "running"
+    assert rows["earlier"].state == "running"
 
     again, next_in = await store.claim_tasks(worker, 3)
     assert again == []
@@ -310,11 +313,11 @@ async def test_an_outcome_the_database_refuses_fails_only_its_own_try(store: Sto
     ]
     await worker._write(queued)
     assert [q.state for q in queued] == ["success", "failed"]
-    rows = {r["task_id"]: r for r in await store.list_task_instances(dag_id="refused")}
-    assert rows["ok"]["state"] == "success"
-    assert rows["odd"]["state"] == "failed"
-    assert rows["odd"]["error"].startswith("the outcome of this try could not be stored:")
-    assert "CheckViolationError" in rows["odd"]["error"]
+    rows = {r.task_id: r for r in await store.list_task_instances(dag_id="refused")}
+    assert rows["ok"].state == "success"
+    assert rows["odd"].state == "failed"
+    assert rows["odd"].error.startswith("the outcome of this try could not be stored:")
+    assert "CheckViolationError" in rows["odd"].error
 
 
 async def test_an_empty_claim_with_nothing_waiting_has_no_next_time(store: Store) -> None:
@@ -390,5 +393,5 @@ async def test_a_trigger_joined_while_it_is_dropped_survives(
         await watch.close()
 
     (ti_b,) = await store.list_task_instances(dag_id="race", state="deferred")
-    assert ti_b["task_id"] == "b"
-    assert ti_b["trigger_id"] in {t["id"] for t in await store.list_triggers()}
+    assert ti_b.task_id == "b"
+    assert ti_b.trigger_id in {t.id for t in await store.list_triggers()}

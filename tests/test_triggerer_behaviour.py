@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from engine import DAG
 from engine.dagbag import DagBag
-from engine.store import Store
+from engine.store import Store, TaskInstance
+from engine.testing import run_engine
 from engine.triggerer import Triggerer
 from engine.worker import Worker
 from tests.helpers import wait_until
@@ -36,29 +36,20 @@ class Parts:
         now = await self.store.now()
         await self.store.create_dag_run(dag.dag_id, run_id, logical_date=now)
 
-    async def tis(self, dag_id: str) -> dict[str, dict[str, Any]]:
-        return {ti["task_id"]: ti for ti in await self.store.list_task_instances(dag_id=dag_id)}
+    async def tis(self, dag_id: str) -> dict[str, TaskInstance]:
+        return {ti.task_id: ti for ti in await self.store.list_task_instances(dag_id=dag_id)}
 
     async def states(self, dag_id: str) -> dict[str, str]:
-        return {k: v["state"] for k, v in (await self.tis(dag_id)).items()}
+        return {k: v.state for k, v in (await self.tis(dag_id)).items()}
 
 
 @contextlib.asynccontextmanager
 async def engine_parts(store: Store, **triggerer_options: Any) -> AsyncIterator[Parts]:
     """A worker and a triggerer (no scheduler: nothing here may rely on its backstops)."""
-    dagbag = DagBag(None)
-    worker = Worker(store, dagbag, slots=8, poll_interval_s=0.5, heartbeat_s=1.0)
-    options: dict[str, Any] = {"capacity": 1000, "poll_interval_s": 0.5, "lease_s": 10.0}
-    options.update(triggerer_options)
-    triggerer = Triggerer(store, **options)
-    async with anyio.create_task_group() as tg:
-        await tg.start(triggerer.run)
-        await tg.start(worker.run)
-        try:
-            yield Parts(store, dagbag, worker, triggerer)
-        finally:
-            worker.stop()
-            triggerer.stop()
+    async with run_engine(
+        store, scheduler=False, slots=8, triggerer_options=triggerer_options
+    ) as engine:
+        yield Parts(store, engine.dagbag, engine.worker, engine.triggerer)
 
 
 def _flag(tmp_path: Path, key: str, journal: Path | None = None) -> dict[str, Any]:
@@ -83,7 +74,7 @@ async def test_capacity_is_never_exceeded_and_the_rest_waits_as_backlog(
         await parts.start(dag)
 
         async def held_full_and_backlog() -> bool:
-            held = sum(r["held"] for r in await store.list_triggerers())
+            held = sum(r.held for r in await store.list_triggerers())
             seen.append(held)
             return held == 3 and await store.count_unowned_triggers() == 7
 
@@ -91,7 +82,7 @@ async def test_capacity_is_never_exceeded_and_the_rest_waits_as_backlog(
         (tmp_path / "go").touch()
 
         async def all_done() -> bool:
-            seen.append(sum(r["held"] for r in await store.list_triggerers()))
+            seen.append(sum(r.held for r in await store.list_triggerers()))
             return set((await parts.states("cap")).values()) == {"success"}
 
         await wait_until(all_done, what="every task resumed through the backlog")
@@ -119,7 +110,7 @@ async def test_identical_triggers_share_one_coroutine_and_its_event_resumes_ever
 
         await wait_until(all_deferred_and_running, what="5 tasks waiting on one running trigger")
         triggers = await store.list_triggers()
-        assert [t["waiting"] for t in triggers] == [5]
+        assert [t.waiting for t in triggers] == [5]
         (tmp_path / "go").touch()
 
         async def all_done() -> bool:
@@ -164,8 +155,8 @@ async def test_a_deferral_deadline_ends_the_task_on_the_triggerer_without_a_work
         await wait_until(ended, what="the deadline ended the deferral")
         ti = (await parts.tis("deadline"))["w"]
         assert parts.worker.finished == finished
-    assert ti["state"] == ("skipped" if soft_fail else "failed")
-    assert "deferral timed out" in ti["error"]
+    assert ti.state == ("skipped" if soft_fail else "failed")
+    assert "deferral timed out" in ti.error
 
 
 async def test_a_trigger_that_blocks_the_loop_is_named_in_the_log(
@@ -183,7 +174,7 @@ async def test_a_trigger_that_blocks_the_loop_is_named_in_the_log(
             return bool(await store.list_triggers()) and bool(parts.triggerer.held)
 
         await wait_until(trigger_running)
-        trigger_id = (await store.list_triggers())[0]["id"]
+        trigger_id = (await store.list_triggers())[0].id
         # While the loop is blocked, the watchdog's thread names the trigger by its task's
         # name and its code's place (it reads nothing the loop owns); once the loop runs
         # again, the loop names its class too.
@@ -222,7 +213,7 @@ async def test_a_trigger_that_keeps_blocking_the_loop_is_cancelled_and_its_task_
 
         await wait_until(failed, what="the offender cancelled and its task failed")
         ti = (await parts.tis("offender"))["w"]
-        assert "blocked the triggerer's event loop 2 time(s)" in ti["error"]
+        assert "blocked the triggerer's event loop 2 time(s)" in ti.error
 
         # The task's state is committed just before the writer lets go of the trigger.
         async def let_go() -> bool:
@@ -259,5 +250,5 @@ async def test_a_trigger_that_raises_returns_or_hangs_in_cleanup_affects_only_it
 
         await wait_until(good_done, what="the good trigger still fired")
         tis = await parts.tis("isolation")
-    assert "the remote service said no" in tis["raises"]["error"]
-    assert "returned without yielding an event" in tis["silent"]["error"]
+    assert "the remote service said no" in tis["raises"].error
+    assert "returned without yielding an event" in tis["silent"].error

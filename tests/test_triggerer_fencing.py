@@ -11,7 +11,7 @@ from engine import DAG
 from engine.dagbag import DagBag
 from engine.store import Store, TriggerOutcome
 from engine.worker import Worker
-from tests.helpers import wait_until
+from tests.helpers import fired_summary, wait_until
 from tests.triggerer_support import WaitOn
 from triggers.base import encode_value
 
@@ -34,11 +34,11 @@ async def _one_deferred_task(store: Store, tmp_path: Path) -> int:
         await store.create_dag_run(dag.dag_id, "r1", logical_date=await store.now())
 
         async def deferred() -> bool:
-            return [ti["state"] for ti in await store.list_task_instances()] == ["deferred"]
+            return [ti.state for ti in await store.list_task_instances()] == ["deferred"]
 
         await wait_until(deferred)
         worker.stop()
-    ti_id: int = (await store.list_task_instances())[0]["id"]
+    ti_id: int = (await store.list_task_instances())[0].id
     return ti_id
 
 
@@ -61,17 +61,17 @@ async def test_a_stale_triggerer_cannot_write_an_event_for_a_trigger_it_lost(
     stale = TriggerOutcome(
         trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value("stale")
     )
-    assert await store.fire_triggers(stale_owner, [stale]) == (set(), 0)
+    assert fired_summary(await store.fire_triggers(stale_owner, [stale])) == (set(), 0)
     # The old token is refused even under the new owner's id.
-    assert await store.fire_triggers(new_owner, [stale]) == (set(), 0)
+    assert fired_summary(await store.fire_triggers(new_owner, [stale])) == (set(), 0)
     [ti] = await store.list_task_instances()
-    assert (ti["state"], ti["trigger_id"]) == ("deferred", claimed.id)
+    assert (ti.state, ti.trigger_id) == ("deferred", claimed.id)
 
     fresh = TriggerOutcome(
         trigger_id=adopted.id, fence=adopted.fence, kind="event", payload=encode_value("fresh")
     )
-    assert await store.fire_triggers(new_owner, [fresh]) == ({adopted.id}, 1)
+    assert fired_summary(await store.fire_triggers(new_owner, [fresh])) == ({adopted.id}, 1)
     # A duplicate of the accepted event changes nothing: the task resumes once.
-    assert await store.fire_triggers(new_owner, [fresh]) == (set(), 0)
+    assert fired_summary(await store.fire_triggers(new_owner, [fresh])) == (set(), 0)
     [ti] = await store.list_task_instances()
-    assert (ti["id"], ti["state"]) == (ti_id, "scheduled")
+    assert (ti.id, ti.state) == (ti_id, "scheduled")

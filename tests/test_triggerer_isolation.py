@@ -67,26 +67,26 @@ async def test_trigger_code_raising_anything_fails_only_its_own_tasks(
 
         async def bad_ones_ended() -> bool:
             tis = await tis_of(store, "isolation")
-            ended = [t for t in (*BAD, "not_a_generator") if tis[t]["state"] == "failed"]
-            return len(ended) == len(BAD) + 1 and tis["cleanup_exit"]["state"] == "success"
+            ended = [t for t in (*BAD, "not_a_generator") if tis[t].state == "failed"]
+            return len(ended) == len(BAD) + 1 and tis["cleanup_exit"].state == "success"
 
         await wait_until(bad_ones_ended, what="every misbehaving trigger's task to end")
         assert proc.poll() is None, "the triggerer process ended"
         tis = await tis_of(store, "isolation")
         for task_id, (how, error) in BAD.items():
-            assert error in tis[task_id]["error"], (task_id, how, tis[task_id]["error"])
-        assert "must be an async generator" in tis["not_a_generator"]["error"]
-        assert tis["normal"]["state"] == "deferred"
+            assert error in tis[task_id].error, (task_id, how, tis[task_id].error)
+        assert "must be an async generator" in tis["not_a_generator"].error
+        assert tis["normal"].state == "deferred"
 
         # The triggerer is still running triggers: the normal one fires when told to.
         (tmp_path / "go").touch()
 
         async def normal_resumed() -> bool:
-            return (await tis_of(store, "isolation"))["normal"]["state"] == "success"
+            return (await tis_of(store, "isolation"))["normal"].state == "success"
 
         await wait_until(normal_resumed, what="the normal trigger to fire and its task resume")
     assert proc.poll() is None, "the triggerer process ended"
     resumed = sorted(int(line[1]) for line in read_journal(tmp_path / "resumed.log"))
-    assert resumed == sorted([tis["cleanup_exit"]["id"], tis["normal"]["id"]])
+    assert resumed == sorted([tis["cleanup_exit"].id, tis["normal"].id])
     proc.terminate()
     assert await anyio.to_thread.run_sync(proc.wait, 30) == 0

@@ -63,7 +63,7 @@ async def test_the_triggerer_survives_every_connection_killed_again_and_again(
 
         async def all_held() -> bool:
             rows = await store.list_triggerers()
-            return len(rows) == 1 and rows[0]["held"] == COUNT
+            return len(rows) == 1 and rows[0].held == COUNT
 
         await wait_until(all_held, what=f"the triggerer holding {COUNT} triggers")
     # (The worker stopped: the storm is the triggerer's alone.)
@@ -83,14 +83,14 @@ async def test_the_triggerer_survives_every_connection_killed_again_and_again(
     assert proc.poll() is None
 
     tis = await with_db_retry("read tasks", lambda: tis_of(store, "storm"))
-    assert {ti["state"] for ti in tis.values()} == {"scheduled"}
+    assert {ti.state for ti in tis.values()} == {"scheduled"}
     async with worker_running(store, dag, slots=32):
 
         async def all_succeeded() -> bool:
             tis = await tis_of(store, "storm")
-            return all(ti["state"] == "success" for ti in tis.values())
+            return all(ti.state == "success" for ti in tis.values())
 
         await wait_until(all_succeeded, what="every task resumed")
     journal = sorted(int(line[1]) for line in read_journal(resumed))
-    assert journal == sorted(ti["id"] for ti in tis.values())  # each exactly once
+    assert journal == sorted(ti.id for ti in tis.values())  # each exactly once
     assert proc.poll() is None

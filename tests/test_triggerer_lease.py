@@ -65,13 +65,13 @@ async def test_a_trigger_blocking_the_loop_past_the_lease_is_failed_and_the_time
             tis = await tis_of(store, "blocker")
             return (
                 len(tis) == 2
-                and tis["timer"]["state"] == "success"
-                and (tis["sleeper"]["state"] == "failed")
+                and tis["timer"].state == "success"
+                and (tis["sleeper"].state == "failed")
             )
 
         await wait_until(both_ended, what="the timer resumed and the blocker failed")
     tis = await tis_of(store, "blocker")
-    error = tis["sleeper"]["error"]
+    error = tis["sleeper"].error
     assert "blocked the triggerer's event loop for over 0.5s" in error
     assert "triggerer_max_block_s" in error
     assert "Sleeper.run" in error  # where it blocked
@@ -80,7 +80,7 @@ async def test_a_trigger_blocking_the_loop_past_the_lease_is_failed_and_the_time
     assert await store.list_triggers() == []
     assert [line[1] for line in read_journal(starts)] == ["sleeper"]
     # The lease outlived the block: the same registration, never reaped and registered again.
-    assert [r["id"] for r in await store.list_triggerers()] == [registration["id"]]
+    assert [r.id for r in await store.list_triggerers()] == [registration.id]
     assert proc.poll() is None
 
 
@@ -107,7 +107,7 @@ async def test_a_killed_triggerers_triggers_are_adopted_when_its_session_ends(
     first = spawn(lease_s=600)
 
     async def first_holds_all() -> bool:
-        held = {r["pid"]: r["held"] for r in await store.list_triggerers()}
+        held = {r.pid: r.held for r in await store.list_triggerers()}
         return held.get(first.pid) == count and len(read_journal(starts)) == count
 
     async with worker_running(store, dag):
@@ -116,14 +116,14 @@ async def test_a_killed_triggerers_triggers_are_adopted_when_its_session_ends(
         second = spawn(lease_s=600)
 
         async def second_registered() -> bool:
-            return second.pid in {r["pid"] for r in await store.list_triggerers()}
+            return second.pid in {r.pid for r in await store.list_triggerers()}
 
         await wait_until(second_registered, what="the second triggerer to register")
         first.send_signal(signal.SIGKILL)
         await anyio.to_thread.run_sync(first.wait)
 
         async def adopted() -> bool:
-            held = {r["pid"]: r["held"] for r in await store.list_triggerers()}
+            held = {r.pid: r.held for r in await store.list_triggerers()}
             return held == {second.pid: count} and len(read_journal(starts)) == 2 * count
 
         await wait_until(adopted, what="the survivor adopting every trigger")
@@ -131,11 +131,11 @@ async def test_a_killed_triggerers_triggers_are_adopted_when_its_session_ends(
 
         async def all_resumed() -> bool:
             tis = await tis_of(store, "failover")
-            return all(ti["state"] == "success" for ti in tis.values())
+            return all(ti.state == "success" for ti in tis.values())
 
         await wait_until(all_resumed, what="every task resumed")
     tis = await tis_of(store, "failover")
     journal = sorted(int(line[1]) for line in read_journal(resumed))
-    assert journal == sorted(ti["id"] for ti in tis.values())  # none lost, none twice
-    assert {decode_value(ti["result"])["pid"] for ti in tis.values()} == {second.pid}
+    assert journal == sorted(ti.id for ti in tis.values())  # none lost, none twice
+    assert {decode_value(ti.result)["pid"] for ti in tis.values()} == {second.pid}
     assert second.poll() is None

@@ -100,13 +100,13 @@ def _dag(dag_id: str, count: int, tmp_path: Path) -> DAG:
 
 async def _held(store: Store) -> dict[int, int]:
     """Triggers held, by triggerer process id."""
-    return {r["pid"]: r["held"] for r in await store.list_triggerers()}
+    return {r.pid: r.held for r in await store.list_triggerers()}
 
 
 async def _all_succeeded(store: Store, dag_id: str, count: int) -> list[dict[str, Any]]:
     async def done() -> bool:
         tis = await store.list_task_instances(dag_id=dag_id)
-        return len(tis) == count and all(ti["state"] == "success" for ti in tis)
+        return len(tis) == count and all(ti.state == "success" for ti in tis)
 
     await wait_until(done, what="every task resumed and succeeded")
     return await store.list_task_instances(dag_id=dag_id)
@@ -114,7 +114,7 @@ async def _all_succeeded(store: Store, dag_id: str, count: int) -> list[dict[str
 
 def _resumed_once_each(tmp_path: Path, tis: list[dict[str, Any]]) -> None:
     resumed = [int(line[1]) for line in read_journal(tmp_path / "resumed.log")]
-    assert sorted(resumed) == sorted(ti["id"] for ti in tis)
+    assert sorted(resumed) == sorted(ti.id for ti in tis)
 
 
 @pytest.mark.parametrize("count", [2, 3])
@@ -188,7 +188,7 @@ async def test_a_killed_triggerers_triggers_are_adopted_with_no_loss_and_no_doub
         tis = await _all_succeeded(store, "failover", triggers)
     _resumed_once_each(tmp_path, tis)
     # Every event came from the survivor: the dead one could not have written any.
-    assert {decode_value(ti["result"])["pid"] for ti in tis} == {second.pid}
+    assert {decode_value(ti.result)["pid"] for ti in tis} == {second.pid}
 
 
 async def test_sigterm_releases_the_triggers_at_once(

@@ -95,7 +95,7 @@ async def test_a_claim_in_flight_when_its_triggerer_is_reaped_leaves_no_trigger_
     assert reaped == [3]
     triggers = await store.list_triggers()
     assert len(triggers) == 3
-    assert [t["triggerer_id"] for t in triggers] == [None, None, None]
+    assert [t.triggerer_id for t in triggers] == [None, None, None]
     # A claim by the reaped triggerer now takes nothing.
     assert await store.claim_triggers(victim, 10) == []
 
@@ -109,5 +109,5 @@ async def test_the_scheduler_backstop_frees_triggers_of_a_triggerer_row_that_is_
     async with store._pool.acquire() as conn:  # a reaper that died between its statements
         await conn.execute("DELETE FROM deferral_triggerers WHERE id = $1", gone)
     assert await store.release_ownerless_triggers() == 2
-    assert [t["triggerer_id"] for t in await store.list_triggers()] == [None, None]
+    assert [t.triggerer_id for t in await store.list_triggers()] == [None, None]
     assert await store.release_ownerless_triggers() == 0

@@ -21,7 +21,7 @@ import pytest
 
 from engine.dagbag import DagBag
 from engine.retry import with_db_retry
-from engine.store import Store
+from engine.store import Store, TaskInstance
 from engine.testing import run_engine
 from operators.base import (
     MAX_WAIT_S,
@@ -89,12 +89,12 @@ def _alive(*procs: subprocess.Popen[bytes]) -> bool:
 
 async def _run_ended(store: Store, dag_id: str) -> bool:
     run = await with_db_retry("read the run", lambda: store.get_dag_run(dag_id, "run1"))
-    return run is not None and run["state"] != "running"
+    return run is not None and run.state != "running"
 
 
-async def _tis(store: Store, dag_id: str) -> dict[str, dict[str, Any]]:
+async def _tis(store: Store, dag_id: str) -> dict[str, TaskInstance]:
     rows = await with_db_retry("read tasks", lambda: store.list_task_instances(dag_id=dag_id))
-    return {ti["task_id"]: ti for ti in rows}
+    return {ti.task_id: ti for ti in rows}
 
 
 def _runs(log: Path) -> list[str]:
@@ -179,25 +179,25 @@ async def test_a_deferral_the_database_refuses_fails_its_task_not_the_worker(
 
         async def bad_ones_failed() -> bool:
             tis = await _tis(store, "refused")
-            return all(tis[t]["state"] == "failed" for t in bad)
+            return all(tis[t].state == "failed" for t in bad)
 
         await wait_until(bad_ones_failed, what="the bad deferrals to fail their tasks")
         assert _alive(worker), children.output()
-        assert (await _tis(store, "refused"))["beside"]["state"] == "running"
+        assert (await _tis(store, "refused"))["beside"].state == "running"
         release.write_text("go")
         await wait_until(lambda: _run_ended(store, "refused"), what="the run to end")
         assert _alive(worker), children.output()
 
     tis = await _tis(store, "refused")
-    assert tis["beside"]["state"] == "success"
+    assert tis["beside"].state == "success"
     for task_id in bad:
-        assert tis[task_id]["state"] == "failed", task_id
-        assert tis[task_id]["try_number"] == 1, task_id  # no retry: it would fail the same way
-    assert "deferral timeout must be a finite number" in tis["huge_timeout"]["error"]
-    assert "deferral timeout must be a finite number" in tis["nan_timeout"]["error"]
-    assert "could not be stored" in tis["unstorable_method"]["error"]
-    assert "ten years" in tis["far_reschedule"]["error"]
-    assert "timezone-aware" in tis["naive_reschedule"]["error"]
+        assert tis[task_id].state == "failed", task_id
+        assert tis[task_id].try_number == 1, task_id  # no retry: it would fail the same way
+    assert "deferral timeout must be a finite number" in tis["huge_timeout"].error
+    assert "deferral timeout must be a finite number" in tis["nan_timeout"].error
+    assert "could not be stored" in tis["unstorable_method"].error
+    assert "ten years" in tis["far_reschedule"].error
+    assert "timezone-aware" in tis["naive_reschedule"].error
     assert await store.list_triggers() == []
 
 
@@ -247,13 +247,13 @@ async def test_task_code_raising_systemexit_keyboardinterrupt_or_cancellederror_
         await wait_until(lambda: _run_ended(store, "child_exit"), what="the run to end")
         assert _alive(worker), children.output()
     tis = await _tis(store, "child_exit")
-    assert tis["exits"]["state"] == "failed"
-    assert "raised SystemExit: 6" in tis["exits"]["error"]
-    assert tis["own_cancel"]["state"] == "failed"
-    assert "CancelledError" in tis["own_cancel"]["error"]
-    assert tis["interrupt"]["state"] == "failed"
-    assert "KeyboardInterrupt" in tis["interrupt"]["error"]
-    assert tis["after"]["state"] == "success"
+    assert tis["exits"].state == "failed"
+    assert "raised SystemExit: 6" in tis["exits"].error
+    assert tis["own_cancel"].state == "failed"
+    assert "CancelledError" in tis["own_cancel"].error
+    assert tis["interrupt"].state == "failed"
+    assert "KeyboardInterrupt" in tis["interrupt"].error
+    assert tis["after"].state == "success"
 
 
 # -- a claim whose reply is lost ---------------------------------------------------------------
@@ -302,8 +302,8 @@ async def test_a_claim_whose_reply_is_lost_still_runs_once_in_its_try(
         assert _alive(worker), children.output()
 
     (ti,) = (await _tis(store, "lost_reply")).values()
-    assert ti["state"] == "success", ti["error"]
-    assert ti["try_number"] == 1
+    assert ti.state == "success", ti.error
+    assert ti.try_number == 1
     assert _runs(ran) == ["try-1"]
 
 
@@ -401,10 +401,10 @@ async def test_worker_and_scheduler_survive_connections_killed_under_them(
             assert _alive(worker, scheduler), children.output()
             tis = await _tis(store, "churn")
             assert len(tis) == CHAINS * STEPS
-            assert {t["state"] for t in tis.values()} == {"success"}, {
-                k: (t["state"], t["error"]) for k, t in tis.items() if t["state"] != "success"
+            assert {t.state for t in tis.values()} == {"success"}, {
+                k: (t.state, t.error) for k, t in tis.items() if t.state != "success"
             }
-            assert {t["try_number"] for t in tis.values()} == {1}
+            assert {t.try_number for t in tis.values()} == {1}
             runs = _runs(ran)
             assert sorted(runs) == sorted(f"{k}:1" for k in tis)  # each ran once
             assert kills > 0
@@ -528,7 +528,7 @@ async def test_a_database_outage_longer_than_the_zombie_threshold_reaps_nothing(
             await engine.start_run(dag)
 
             async def running() -> bool:
-                return (await _tis(store, "outage"))["long"]["state"] == "running"
+                return (await _tis(store, "outage"))["long"].state == "running"
 
             await wait_until(running, what="the worker to run the long task")
             await wait_until(lambda: _ran_once(ran), what="the task to start")
@@ -544,15 +544,15 @@ async def test_a_database_outage_longer_than_the_zombie_threshold_reaps_nothing(
 
             await wait_until(looked, what="a scheduler pass after the restart")
             ti = (await _tis(store, "outage"))["long"]
-            assert ti["state"] == "running", ti["error"]
+            assert ti.state == "running", ti.error
             proxy.release()
             assert _alive(worker), kids.output()
             release.write_text("go")
             await wait_until(lambda: _run_ended(store, "outage"), what="the run to end")
             assert _alive(worker), kids.output()
         ti = (await _tis(store, "outage"))["long"]
-        assert ti["state"] == "success", ti["error"]
-        assert ti["try_number"] == 1
+        assert ti.state == "success", ti.error
+        assert ti.try_number == 1
         assert _runs(ran) == ["try-1"]
     finally:
         kids.stop_all()

@@ -48,11 +48,11 @@ async def test_a_running_task_the_worker_does_not_run_is_reaped(store: Store) ->
 
         async def reaped() -> bool:
             tis = await store.list_task_instances(dag_id="lost")
-            return tis[0]["state"] != "running"
+            return tis[0].state != "running"
 
         await wait_until(reaped, what="the scheduler to reap the task")
         worker.stop()
         scheduler.stop()
     (ti,) = await store.list_task_instances(dag_id="lost")
-    assert ti["state"] == "failed"
-    assert "stopped heartbeating" in ti["error"]
+    assert ti.state == "failed"
+    assert "stopped heartbeating" in ti.error

@@ -19,7 +19,7 @@ import pytest
 
 from engine.dagbag import DagBag
 from engine.scheduler import Scheduler
-from engine.store import Store
+from engine.store import Store, TaskInstance
 from engine.testing import run_engine
 from engine.triggerer import Triggerer
 from engine.worker import Worker
@@ -64,13 +64,13 @@ def _write_dag(tmp_path: Path, source: str, **values: Any) -> Path:
     return dags
 
 
-async def _tis(store: Store, dag_id: str) -> dict[str, dict[str, Any]]:
-    return {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id=dag_id)}
+async def _tis(store: Store, dag_id: str) -> dict[str, TaskInstance]:
+    return {ti.task_id: ti for ti in await store.list_task_instances(dag_id=dag_id)}
 
 
 async def _ended(store: Store, dag_id: str) -> bool:
     run = await store.get_dag_run(dag_id, "run1")
-    return run is not None and run["state"] != "running"
+    return run is not None and run.state != "running"
 
 
 # -- a thread past its timeout keeps its slot ------------------------------------------------
@@ -135,12 +135,12 @@ async def test_a_thread_past_its_timeout_keeps_its_slot_until_it_ends(
     # The second task started only once the first one's thread had ended.
     assert journal.read_text().split() == ["stuck-start", "stuck-end", "next-start"]
     stuck, nxt = tis["stuck"], tis["next"]
-    assert stuck["state"] == "failed"
-    assert "execution_timeout of 0.3s passed" in stuck["error"]
-    assert "thread could not be stopped" in stuck["error"]
-    assert nxt["state"] == "success"
+    assert stuck.state == "failed"
+    assert "execution_timeout of 0.3s passed" in stuck.error
+    assert "thread could not be stopped" in stuck.error
+    assert nxt.state == "success"
     # Failed at the timeout, not when the thread ended: before the next task's start.
-    assert stuck["ended_at"] < nxt["started_at"]
+    assert stuck.ended_at < nxt.started_at
     warnings = [r.getMessage() for r in caplog.records if r.name == "engine.worker"]
     assert any(
         "lingering.stuck" in m and "its thread cannot be stopped and still runs" in m
@@ -205,9 +205,9 @@ async def test_an_isolated_task_past_its_timeout_is_failed_and_its_process_is_go
     async with _engine(store, dags, slots=1, isolation_kill_grace_s=0.5):
         await wait_until(lambda: _ended(store, "stopped"), what="the run to end")
         ti = (await _tis(store, "stopped"))["sleeps"]
-    assert ti["state"] == "failed"
-    assert "execution_timeout of 1.0s passed" in ti["error"]
-    assert "its child process was stopped" in ti["error"]
+    assert ti.state == "failed"
+    assert "execution_timeout of 1.0s passed" in ti.error
+    assert "its child process was stopped" in ti.error
     pid = int(pid_file.read_text())
     assert pid != os.getpid()
     assert not _alive(pid), f"the task's process {pid} still runs"
@@ -321,9 +321,9 @@ _BEHAVES_DAG = """
 """
 
 
-def _result(ti: dict[str, Any]) -> Any:
-    assert ti["state"] == "success", ti
-    return decode_value(ti["result"])
+def _result(ti: TaskInstance) -> Any:
+    assert ti.state == "success", ti
+    return decode_value(ti.result)
 
 
 @pytest.mark.anyio
@@ -345,23 +345,23 @@ async def test_an_isolated_task_returns_raises_defers_and_resumes_like_a_thread(
     assert _result(tis["async_returns"])["pid"] not in (me, returned["pid"])
 
     raised = tis["raises"]
-    assert raised["state"] == "failed"
-    assert raised["error"].startswith("Traceback (most recent call last):")
-    assert "in explode" in raised["error"]
-    assert raised["error"].endswith("ValueError: boom in the child")
+    assert raised.state == "failed"
+    assert raised.error.startswith("Traceback (most recent call last):")
+    assert "in explode" in raised.error
+    assert raised.error.endswith("ValueError: boom in the child")
 
     resumed = _result(tis["defers"])
     assert me not in (resumed["first_pid"], resumed["second_pid"])
     assert resumed["first_pid"] != resumed["second_pid"]  # a new child for the resume
 
-    assert tis["skips"]["state"] == "skipped"
-    assert tis["fails"]["state"] == "failed"
-    assert tis["fails"]["try_number"] == 1  # FailTask: no retry
-    assert tis["fails"]["error"] == "FailTask: no point retrying"
+    assert tis["skips"].state == "skipped"
+    assert tis["fails"].state == "failed"
+    assert tis["fails"].try_number == 1  # FailTask: no retry
+    assert tis["fails"].error == "FailTask: no point retrying"
     assert _result(tis["environment"]) == []
-    assert tis["unstorable"]["state"] == "failed"
-    assert tis["unstorable"]["try_number"] == 1
-    assert "cannot be stored as its result" in tis["unstorable"]["error"]
+    assert tis["unstorable"].state == "failed"
+    assert tis["unstorable"].try_number == 1
+    assert "cannot be stored as its result" in tis["unstorable"].error
 
 
 def test_isolation_must_be_a_known_mode() -> None:

@@ -14,12 +14,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from engine import DAG
-from engine.dagbag import DagBag
-from engine.store import Store
+from engine.store import Store, TaskInstance
+from engine.testing import run_engine
 from engine.worker import Worker
 from operators.base import BaseOperator, Context
 from tests.conftest import REPO
@@ -183,22 +182,15 @@ class WaitFor(BaseOperator):
 @contextlib.asynccontextmanager
 async def worker_running(store: Store, *dags: DAG, slots: int = 16) -> AsyncIterator[Worker]:
     """A worker in the test's loop, with the DAGs recorded (no runs started)."""
-    dagbag = DagBag(None)
-    for dag in dags:
-        dagbag.add_dag(dag)
-        await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), None)
-    worker = Worker(store, dagbag, slots=slots, poll_interval_s=0.5, heartbeat_s=1.0)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        try:
-            yield worker
-        finally:
-            worker.stop()
+    async with run_engine(
+        store, dags=dags, slots=slots, triggerer=False, scheduler=False
+    ) as engine:
+        yield engine.worker
 
 
 async def start_run(store: Store, dag: DAG, run_id: str = "r1") -> None:
     await store.create_dag_run(dag.dag_id, run_id, logical_date=await store.now())
 
 
-async def tis_of(store: Store, dag_id: str) -> dict[str, dict[str, Any]]:
-    return {ti["task_id"]: ti for ti in await store.list_task_instances(dag_id=dag_id)}
+async def tis_of(store: Store, dag_id: str) -> dict[str, TaskInstance]:
+    return {ti.task_id: ti for ti in await store.list_task_instances(dag_id=dag_id)}

@@ -11,7 +11,6 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 from rich.console import Console
@@ -27,7 +26,7 @@ from engine.demo.jobs import JobApi
 from engine.keys import child_key_env, keyring_from_settings
 from engine.runner import run_async
 from engine.scheduler import sync_dags
-from engine.store import Store, database_url
+from engine.store import Store, TaskInstance, database_url
 from engine.store.databases import create_database
 from triggers.base import decode_value
 
@@ -69,20 +68,20 @@ class _Sampler:
 
     async def sample(self, store: Store, run_pk: int) -> None:
         self.states = await store.count_task_states(run_pk)
-        self.held = sum(t["held"] for t in await store.list_triggerers())
+        self.held = sum(t.held for t in await store.list_triggerers())
         self.peak_held = max(self.peak_held, self.held)
         waiters = [
             t
             for t in await store.list_task_instances(dag_id="deferral_demo")
-            if t["task_id"].startswith(("wait_", "job_"))
+            if t.task_id.startswith(("wait_", "job_"))
         ]
         if self.checks_done_s is None:
             # Every sensor and job runs once on a worker (check, or submit), then defers.
-            if all(t["first_try_at"] is not None and t["state"] != "running" for t in waiters):
+            if all(t.first_try_at is not None and t.state != "running" for t in waiters):
                 self.checks_done_s = time.monotonic() - self.started
             return
         # From then on, a waiting task in a slot would be one running without being resumed.
-        in_slots = sum(1 for t in waiters if t["state"] == "running" and not t["next_method"])
+        in_slots = sum(1 for t in waiters if t.state == "running" and not t.next_method)
         self.peak_waiting_slots = max(self.peak_waiting_slots, in_slots)
 
     def table(self, elapsed: float, total: int) -> Table:
@@ -192,7 +191,7 @@ async def _demo(
 def _summary(
     console: Console,
     state: str,
-    tis: list[dict[str, Any]],
+    tis: list[TaskInstance],
     sampler: _Sampler,
     slots: int,
     elapsed: float,
@@ -200,17 +199,15 @@ def _summary(
     timer_latency: list[float] = []
     job_latency: list[float] = []
     for ti in tis:
-        if ti["state"] != "success" or ti["result"] is None:
+        if ti.state != "success" or ti.result is None:
             continue
-        result = decode_value(ti["result"])
+        result = decode_value(ti.result)
         if isinstance(result, dict) and "due" in result:
             lateness_ms = (result["resumed"] - result["due"]) * 1000
-            (timer_latency if ti["task_id"].startswith("wait_") else job_latency).append(
-                lateness_ms
-            )
+            (timer_latency if ti.task_id.startswith("wait_") else job_latency).append(lateness_ms)
     by_state: dict[str, int] = {}
     for ti in tis:
-        by_state[ti["state"]] = by_state.get(ti["state"], 0) + 1
+        by_state[ti.state] = by_state.get(ti.state, 0) + 1
     table = Table(title=f"run {state} in {elapsed:.1f}s", title_justify="left")
     table.add_column("figure")
     table.add_column("value", justify="right")

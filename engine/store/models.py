@@ -9,7 +9,30 @@ import msgspec
 
 from engine.states import TaskOutcomeKind, TriggerOutcomeKind
 
-__all__ = ["ClaimedTask", "ClaimedTrigger", "Deferral", "TaskOutcome", "TriggerOutcome"]
+__all__ = [
+    "ClaimedTask",
+    "ClaimedTrigger",
+    "Dag",
+    "DagRun",
+    "DagSummary",
+    "Deferral",
+    "EndedRun",
+    "FinishedTask",
+    "FiredTriggers",
+    "MovedTask",
+    "TaskInstance",
+    "TaskOutcome",
+    "TimedOutTask",
+    "TriggerOutcome",
+    "TriggerRow",
+    "TriggerWaiters",
+    "TriggererRow",
+    "WorkLeft",
+]
+
+# Every read of the store returns these (converted from the database's records by msgspec,
+# whole rows at a time); no asyncpg.Record leaves engine/store/. Field names and order are
+# the named query's columns: the CLI's --json output encodes them as they are.
 
 
 class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,3 +100,150 @@ class TriggerOutcome(msgspec.Struct, frozen=True, kw_only=True):
     kind: TriggerOutcomeKind
     payload: bytes | None = None
     error: str | None = None
+
+
+# -- rows moved by a write (the caller resolves their downstreams: engine/store/downstream.py)
+
+
+class MovedTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance a committed write moved to ``state`` (resolve_pending, reap_zombie_tasks,
+    fire_triggers)."""
+
+    id: int
+    dag_run_id: int
+    task_id: str
+    state: str
+    is_leaf: bool
+
+
+class FinishedTask(MovedTask, frozen=True, kw_only=True):
+    """A try finish_tasks ended, with the worker that ran it."""
+
+    worker_id: int
+
+
+class TimedOutTask(MovedTask, frozen=True, kw_only=True):
+    """A deferral timeout_deferrals ended, with the trigger it waited on."""
+
+    trigger_id: int | None
+
+
+class FiredTriggers(msgspec.Struct, frozen=True, kw_only=True):
+    """What fire_triggers wrote: the triggers whose outcome was accepted (the others were
+    refused by the fencing check), the task instances that moved, and whether the statement
+    already woke the workers."""
+
+    accepted: frozenset[int]
+    moved: list[MovedTask]
+    woke: bool
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+
+class DagSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """A DAG in ``list_dags``: its task count and latest run."""
+
+    dag_id: str
+    fileloc: str
+    tasks: int
+    description: str | None
+    updated_at: dt.datetime
+    last_run_id: str | None
+    last_run_state: str | None
+
+
+class Dag(msgspec.Struct, frozen=True, kw_only=True):
+    """A DAG's stored structure (``get_dag``)."""
+
+    dag_id: str
+    fileloc: str
+    tasks: list[dict[str, Any]]
+    description: str | None
+
+
+class DagRun(msgspec.Struct, frozen=True, kw_only=True):
+    """One run (``get_dag_run``)."""
+
+    id: int
+    dag_id: str
+    run_id: str
+    logical_date: dt.datetime
+    conf: dict[str, Any]
+    state: str
+    created_at: dt.datetime
+    ended_at: dt.datetime | None
+
+
+class EndedRun(msgspec.Struct, frozen=True, kw_only=True):
+    """A run ``finish_dag_runs`` ended."""
+
+    id: int
+    dag_id: str
+    run_id: str
+    state: str
+
+
+class TaskInstance(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance in ``list_task_instances`` (``result``: decrypted, still encoded; None
+    when no configured key opens it)."""
+
+    id: int
+    dag_id: str
+    run_id: str
+    task_id: str
+    state: str
+    try_number: int
+    result: bytes | None
+    error: str | None
+    trigger_id: int | None
+    next_method: str | None
+    first_try_at: dt.datetime | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    trigger_timeout_at: dt.datetime | None
+    run_after: dt.datetime
+
+
+class WorkLeft(msgspec.Struct, frozen=True, kw_only=True):
+    """What an engine has left to do now (``work_left``)."""
+
+    runnable: int
+    deferred_due: int
+    runs_to_end: int
+
+
+class TriggerWaiters(msgspec.Struct, frozen=True, kw_only=True):
+    """How many task instances still wait on a trigger, their earliest deadline, and the
+    database's clock when read (``trigger_waiters``)."""
+
+    id: int
+    waiting: int
+    timeout_at: dt.datetime | None
+    db_now: dt.datetime
+
+
+class TriggerRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A trigger in ``list_triggers``, with its owner and how many task instances wait on it."""
+
+    id: int
+    classpath: str
+    triggerer_id: int | None
+    fence: int
+    timeout_at: dt.datetime | None
+    created_at: dt.datetime
+    waiting: int
+
+
+class TriggererRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A triggerer in ``list_triggerers``, with the number of triggers it holds."""
+
+    id: int
+    hostname: str
+    pid: int
+    capacity: int
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+    lease_expires_at: dt.datetime
+    expired: bool
+    held: int

@@ -13,6 +13,8 @@ import functools
 import logging
 
 from engine.retry import Backoff, with_db_retry
+from engine.store import TriggerWaiters
+from engine.store.downstream import settle
 from engine.triggerer.held import Held
 from engine.triggerer.shared import Shared
 from engine.wakeup import Wakeup
@@ -71,12 +73,13 @@ class Deadlines:
         rows = await with_db_retry(
             "time out deferrals", functools.partial(store.timeout_deferrals, due)
         )
+        await settle(store, rows)
         for row in rows:
             log.warning(
                 "task instance %s timed out waiting on trigger %s (now %s)",
-                row["id"],
-                row["trigger_id"],
-                row["state"],
+                row.id,
+                row.trigger_id,
+                row.state,
             )
         unused = self._rearm(
             await with_db_retry(
@@ -98,21 +101,21 @@ class Deadlines:
             again = await with_db_retry(
                 "read trigger waiters", functools.partial(store.trigger_waiters, refused)
             )
-            joined = {tid for tid, waiting, _d, _n in again if waiting > 0 and tid in held_set}
-            self._rearm([w for w in again if w[0] in joined])
+            joined = {w.id for w in again if w.waiting > 0 and w.id in held_set}
+            self._rearm([w for w in again if w.id in joined])
         for trigger_id in unused:
             if trigger_id not in joined:
                 held_set.drop(trigger_id)
 
-    def _rearm(self, waiters: list[tuple[int, int, dt.datetime | None, dt.datetime]]) -> list[int]:
+    def _rearm(self, waiters: list[TriggerWaiters]) -> list[int]:
         """Re-arm the timers of triggers still waited on; returns the ids nobody waits on."""
         unused = []
-        for trigger_id, waiting, deadline, db_now in waiters:
-            held = self._shared.held.get(trigger_id)
+        for w in waiters:
+            held = self._shared.held.get(w.id)
             if held is None:
                 continue
-            if waiting == 0:
-                unused.append(trigger_id)
-            elif deadline is not None:
-                self.arm(trigger_id, held, deadline, db_now)
+            if w.waiting == 0:
+                unused.append(w.id)
+            elif w.timeout_at is not None:
+                self.arm(w.id, held, w.timeout_at, w.db_now)
         return unused

@@ -12,6 +12,7 @@ import logging
 
 from engine.outbox import Outbox
 from engine.store import Store, TriggerOutcome
+from engine.store.downstream import settle
 from engine.triggerer.held import HeldSet
 from engine.wakeup import Wakeup
 
@@ -64,8 +65,9 @@ class Shared:
     async def _write(self, batch: list[TriggerOutcome]) -> dict[int, bool]:
         triggerer_id = self.id
         assert triggerer_id is not None
-        accepted, _moved = await self.store.fire_triggers(triggerer_id, batch)
-        return dict.fromkeys(accepted, True)
+        fired = await self.store.fire_triggers(triggerer_id, batch)
+        await settle(self.store, fired.moved, woke=fired.woke)
+        return dict.fromkeys(fired.accepted, True)
 
     def _written(self, batch: list[TriggerOutcome], accepted: dict[int, bool]) -> None:
         for outcome in batch:

@@ -1,0 +1,204 @@
+"""No database record leaves engine/store/: every public store call returns builtins or frozen
+structs (engine/store/models.py), checked by type (the annotations) and by value (a scenario
+that calls every public method of the store)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import msgspec
+import pytest
+
+from engine import DAG
+from engine.store import (
+    CHANNEL_TASKS,
+    Deferral,
+    Listener,
+    Store,
+    TaskOutcome,
+    TriggerOutcome,
+    downstream,
+)
+from engine.store.session import TriggererSession
+from operators.python import PythonOperator
+from tests.triggers_for_tests import NeverTrigger
+from triggers.base import encode_value, validate_trigger
+
+pytestmark = pytest.mark.anyio
+
+#: Values a store call may hand out besides structs and containers of them.
+_LEAVES = (int, float, str, bytes, bool, type(None), dt.datetime, Store, Listener, TriggererSession)
+#: Not called in the scenario: they make or end the store itself.
+_LIFECYCLE = {"connect", "close"}
+
+
+def _public_coroutines(cls: type) -> dict[str, Callable[..., Any]]:
+    return {
+        name: fn
+        for name, fn in inspect.getmembers(cls)
+        if not name.startswith("_") and inspect.iscoroutinefunction(fn)
+    }
+
+
+def _type_problems(tp: Any, where: str, *, json_value: bool = False) -> list[str]:
+    """What in a declared type could carry a database record: asyncpg.Record itself, or Any
+    (except as a JSON value inside a struct's dict or list)."""
+    if tp is Any:
+        return [] if json_value else [f"{where}: Any"]
+    if isinstance(tp, type) and issubclass(tp, asyncpg.Record):
+        return [f"{where}: asyncpg.Record"]
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        hints = typing.get_type_hints(tp)
+        return [
+            p
+            for name in tp.__struct_fields__
+            for p in _type_problems(hints[name], f"{where}.{name}", json_value=True)
+        ]
+    if isinstance(tp, type) and issubclass(tp, _LEAVES):
+        return []
+    origin = typing.get_origin(tp)
+    if origin in (list, set, frozenset, tuple, dict, typing.Union, types.UnionType):
+        return [
+            p
+            for i, arg in enumerate(typing.get_args(tp))
+            if arg is not Ellipsis
+            for p in _type_problems(arg, f"{where}[{i}]", json_value=json_value)
+        ]
+    return [f"{where}: {tp!r} is neither a struct nor a builtin"]
+
+
+def test_no_public_store_call_is_declared_to_return_a_record() -> None:
+    problems = []
+    for cls in (Store, TriggererSession):
+        for name, fn in _public_coroutines(cls).items():
+            hints = typing.get_type_hints(fn)
+            problems += _type_problems(hints["return"], f"{cls.__name__}.{name}")
+    for fn in (downstream.settle, downstream.resolve_all_pending):
+        names = {**vars(downstream), "Store": Store}  # (imported there for type checking only)
+        problems += _type_problems(typing.get_type_hints(fn, names)["return"], fn.__name__)
+    assert problems == []
+
+
+def _records_in(value: object) -> list[object]:
+    if isinstance(value, asyncpg.Record):
+        return [value]
+    if isinstance(value, dict):
+        return [r for item in value.items() for r in _records_in(item)]
+    if isinstance(value, list | tuple | set | frozenset):
+        return [r for item in value for r in _records_in(item)]
+    if isinstance(value, msgspec.Struct):
+        return [r for f in value.__struct_fields__ for r in _records_in(getattr(value, f))]
+    assert isinstance(value, _LEAVES), f"unexpected {type(value).__name__} from the store"
+    return []
+
+
+class _Checked:
+    """The store, with every public call's return value checked for records."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.called: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name.startswith("_") or not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            value = await attr(*args, **kwargs)
+            self.called.add(name)
+            assert _records_in(value) == [], f"Store.{name} returned a database record"
+            return value
+
+        return call
+
+
+def _deferral(timeout_s: float | None) -> Deferral:
+    trigger = validate_trigger(NeverTrigger("rows"))
+    return Deferral(
+        classpath=trigger.classpath,
+        kwargs=trigger.kwargs,
+        dedup_key=trigger.dedup_key,
+        method_name="resume",
+        method_kwargs=encode_value({}),
+        timeout_s=timeout_s,
+    )
+
+
+def _noop() -> None:
+    pass
+
+
+async def test_every_public_store_call_returns_structs_not_records(store: Store) -> None:
+    s: Any = _Checked(store)
+    await s.migrate()
+    now = await s.now()
+    await s.notify(CHANNEL_TASKS, "")
+    with DAG(dag_id="rows") as dag:
+        a = PythonOperator(task_id="a", python_callable=_noop)
+        a >> PythonOperator(task_id="b", python_callable=_noop)
+        PythonOperator(task_id="c", python_callable=_noop)
+        PythonOperator(task_id="d", python_callable=_noop)
+    await s.upsert_dag(dag.dag_id, "rows.py", dag.serialize_tasks(), None)
+    assert [d.dag_id for d in await s.list_dags()] == ["rows"]
+    assert (await s.get_dag("rows")).tasks
+    run_pk = await s.create_dag_run("rows", "r1", logical_date=now)
+    assert (await s.get_dag_run("rows", "r1")).id == run_pk
+
+    worker = await s.register_worker("test", 1, 10)
+    assert await s.heartbeat_worker(worker, [])
+    claimed, _ = await s.claim_tasks(worker, 10)
+    by_name = {ti.task_id: ti for ti in claimed}
+    assert set(by_name) == {"a", "c", "d"}
+    assert len(await s.unacknowledged_claims(worker, [by_name["a"].id])) == 2
+    assert await s.reschedule_task(by_name["d"].id, worker, now + dt.timedelta(hours=1))
+    assert await s.defer_task(by_name["c"].id, worker, _deferral(None))
+    done = TaskOutcome(ti_id=by_name["a"].id, worker_id=worker, try_number=1, kind="success")
+    finished = await s.finish_tasks([done])
+    assert [f.state for f in finished] == ["success"]
+    await downstream.settle(s, finished)  # resolve_pending, wake_workers
+    await s.notify_finished_runs([run_pk])
+    assert await s.runs_with_pending() == []
+    assert (await s.count_task_states(run_pk))["scheduled"] == 1
+    assert (await s.work_left()).runnable == 1
+    assert len(await s.list_task_instances(dag_id="rows")) == 4
+
+    triggerer = await s.register_triggerer("test", 1, 10, 60.0)
+    assert await s.renew_triggerer_lease(triggerer, 60.0) == 0
+    (trigger,) = await s.claim_triggers(triggerer, 10)
+    assert await s.owned_triggers(triggerer) == {trigger.id: trigger.fence}
+    assert await s.count_owned_triggers(triggerer) == 1
+    assert await s.count_unowned_triggers() == 0
+    assert [w.waiting for w in await s.trigger_waiters([trigger.id])] == [1]
+    assert [t.waiting for t in await s.list_triggers()] == [1]
+    assert [t.held for t in await s.list_triggerers()] == [1]
+    event = TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="event")
+    fired = await s.fire_triggers(triggerer, [event])
+    assert (fired.accepted, [m.state for m in fired.moved]) == ({trigger.id}, ["scheduled"])
+
+    (b,) = [ti for ti in (await s.claim_tasks(worker, 10))[0] if ti.task_id == "b"]
+    assert await s.defer_task(b.id, worker, _deferral(0.0))
+    (late,) = await s.claim_triggers(triggerer, 10)
+    (timed_out,) = await s.timeout_deferrals([late.id])
+    assert timed_out.id == b.id
+    assert await s.delete_owned_triggers(triggerer, [late.id]) == {late.id}
+    assert await s.release_triggers(triggerer, []) == set()
+    assert await s.release_triggerer(triggerer) == 0
+    assert await s.reap_triggerers() == 0
+    assert await s.release_ownerless_triggers() == 0
+    assert await s.delete_orphan_triggers(0.0) == 0
+
+    zombies = await s.reap_zombie_tasks(0.0)
+    assert zombies
+    assert {z.state for z in zombies} <= {"up_for_retry", "failed"}
+    assert await s.finish_dag_runs([run_pk]) == []
+    assert (await s.rotate_keys())["unreadable"] == 0
+    await s.unregister_worker(worker)
+
+    assert set(_public_coroutines(Store)) - _LIFECYCLE - s.called == set()
