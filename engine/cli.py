@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import asyncpg
 import click
@@ -25,6 +27,7 @@ from triggers.base import import_object
 T = TypeVar("T")
 console = Console()
 err_console = Console(stderr=True)
+log = logging.getLogger(__name__)
 
 
 class _Text(click.ParamType):  # type: ignore[type-arg]
@@ -198,13 +201,52 @@ def cli(
 
 
 def _dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--dags`` of the process commands."""
     return click.option(
         "--dags",
         "dags_folder",
         envvar="DEFERRAL_DAGS_FOLDER",
         type=_Folder(),
-        help="Folder of DAG files (also on sys.path for trigger classes).",
+        help="Folder of DAG files (also on sys.path for trigger classes). The scheduler, "
+        "worker and standalone refuse to start without one (exit 2); the triggerer warns.",
     )(fn)
+
+
+def _parse_dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--dags`` of the commands that parse the folder themselves (``dags ...``)."""
+    return click.option(
+        "--dags",
+        "dags_folder",
+        envvar="DEFERRAL_DAGS_FOLDER",
+        type=_Folder(),
+        help="Folder of DAG files to parse (and record) first.",
+    )(fn)
+
+
+def _usage_exit(problem: str) -> NoReturn:
+    err_console.print(f"[red]error[/]: {escape(problem)}", highlight=False)
+    sys.exit(2)
+
+
+def check_dags_folder(settings: Settings) -> None:
+    """Exit 2 when the DAGs folder the settings name (perhaps in deferral.toml, which click
+    does not check) is not an existing folder."""
+    folder = settings.dags_folder
+    if folder and not Path(folder).expanduser().is_dir():
+        _usage_exit(f"the DAGs folder {folder} (setting dags_folder) is not an existing folder")
+
+
+def require_dags_folder(settings: Settings, command: str) -> None:
+    """Exit 2 unless the settings name an existing DAGs folder (``--dags``,
+    ``DEFERRAL_DAGS_FOLDER`` or ``dags_folder`` in deferral.toml); log the folder used. A
+    scheduler, worker or standalone without one would start and then fail every run."""
+    if not settings.dags_folder:
+        _usage_exit(
+            f"deferral {command} needs a DAGs folder: pass --dags FOLDER or set "
+            "DEFERRAL_DAGS_FOLDER (or dags_folder in deferral.toml)"
+        )
+    check_dags_folder(settings)
+    log.info("%s: DAGs folder %s", command, Path(settings.dags_folder).expanduser().resolve())
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -214,10 +256,13 @@ def _dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_dags_option
 @click.pass_context
 def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
-    """Run the scheduler: ends runs, resolves dependencies, reaps dead workers."""
+    """Run the scheduler: ends runs, resolves dependencies, reaps dead workers, and records
+    the DAGs of the DAGs folder (scanned every dag_rescan_interval_s)."""
     from engine.app import run_component
 
-    _run(run_component, "scheduler", _settings(ctx).replace(dags_folder=dags_folder))
+    settings = _settings(ctx).replace(dags_folder=dags_folder)
+    require_dags_folder(settings, "scheduler")
+    _run(run_component, "scheduler", settings)
 
 
 @cli.command()
@@ -228,9 +273,9 @@ def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> No
     """Run a worker: claims and runs task instances in SLOTS slots."""
     from engine.app import run_component
 
-    _run(
-        run_component, "worker", _settings(ctx).replace(dags_folder=dags_folder, worker_slots=slots)
-    )
+    settings = _settings(ctx).replace(dags_folder=dags_folder, worker_slots=slots)
+    require_dags_folder(settings, "worker")
+    _run(run_component, "worker", settings)
 
 
 @cli.command()
@@ -240,10 +285,21 @@ def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> No
 )
 @click.pass_context
 def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None) -> None:
-    """Run a triggerer: one event loop running up to CAPACITY trigger coroutines."""
+    """Run a triggerer: one event loop running up to CAPACITY trigger coroutines.
+
+    Without a DAGs folder it starts with a warning: only triggers importable without one (the
+    built-in triggers.*) can run there."""
     from engine.app import run_component
 
     settings = _settings(ctx).replace(dags_folder=dags_folder, triggerer_capacity=capacity)
+    if not settings.dags_folder:
+        log.warning(
+            "triggerer: no DAGs folder (--dags or DEFERRAL_DAGS_FOLDER): only triggers "
+            "importable without one, such as the built-in triggers.*, can run here; a trigger "
+            "defined next to the DAG files fails with 'No module named ...'"
+        )
+    else:
+        require_dags_folder(settings, "triggerer")
     _run(run_component, "triggerer", settings)
 
 
@@ -261,6 +317,7 @@ def standalone(
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, worker_slots=slots, triggerer_capacity=capacity
     )
+    require_dags_folder(settings, "standalone")
     extra = {
         "scheduler": [],
         "worker": ["--slots", str(settings.worker_slots)],
@@ -325,12 +382,13 @@ def dags() -> None:
 
 
 @dags.command("list")
-@_dags_option
+@_parse_dags_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
 @click.pass_context
 def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> None:
     """List the DAGs known to the database (parsing --dags first, if given)."""
     settings = _settings(ctx).replace(dags_folder=dags_folder)
+    check_dags_folder(settings)
 
     async def main() -> tuple[list[dict[str, Any]], dict[str, str]]:
         from engine.dagbag import DagBag
@@ -373,7 +431,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
 
 @dags.command("trigger")
 @click.argument("dag_id", type=TEXT)
-@_dags_option
+@_parse_dags_option
 @click.option("--run-id", type=TEXT, help="Default: manual__<time>.")
 @click.option("--conf", type=TEXT, help="JSON object handed to tasks as context['conf'].")
 @click.option(
@@ -396,10 +454,15 @@ def dags_trigger(
 ) -> None:
     """Create a run of DAG_ID.
 
+    With --dags (or DEFERRAL_DAGS_FOLDER) the folder is parsed here first, and a DAG missing
+    from it is reported with the files that failed to import. Without one, a DAG the database
+    does not know yet makes the running scheduler rescan its folder at once.
+
     Exit codes: 0 the run was created (with --wait: it succeeded), 1 it failed, 2 it could
     not be created (unknown DAG, duplicate run id, bad --conf), 3 --timeout passed first.
     """
     settings = _settings(ctx).replace(dags_folder=dags_folder)
+    check_dags_folder(settings)
     try:
         conf_obj = msgspec.json.decode(conf) if conf else {}
     except msgspec.DecodeError as exc:
