@@ -20,6 +20,7 @@ from rich.table import Table
 
 from engine import logs
 from engine.config import ConfigError, Settings, load_settings
+from engine.dagbag import DagBag, error_summary
 from engine.runner import run_async
 from engine.store.embedded import EmbeddedServerError
 from triggers.base import import_object
@@ -224,7 +225,7 @@ def _parse_dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _usage_exit(problem: str) -> NoReturn:
-    err_console.print(f"[red]error[/]: {escape(problem)}", highlight=False)
+    err_console.print(f"[red]error[/]: {escape(problem)}", highlight=False, soft_wrap=True)
     sys.exit(2)
 
 
@@ -256,8 +257,10 @@ def require_dags_folder(settings: Settings, command: str) -> None:
 @_dags_option
 @click.pass_context
 def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
-    """Run the scheduler: ends runs, resolves dependencies, reaps dead workers, and records
-    the DAGs of the DAGs folder (scanned every dag_rescan_interval_s)."""
+    """Run the scheduler: ends runs, resolves dependencies, reaps dead workers.
+
+    It also records the DAGs of the DAGs folder, scanned every dag_rescan_interval_s (and at
+    once when `dags trigger` asks for a DAG it does not know)."""
     from engine.app import run_component
 
     settings = _settings(ctx).replace(dags_folder=dags_folder)
@@ -391,7 +394,6 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
     check_dags_folder(settings)
 
     async def main() -> tuple[list[dict[str, Any]], dict[str, str]]:
-        from engine.dagbag import DagBag
         from engine.scheduler import sync_dags
         from engine.store import open_store
 
@@ -424,7 +426,11 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
             )
         console.print(table)
     for path, error in errors.items():
-        err_console.print(f"[red]DAG file {path} failed to import[/]: {error.splitlines()[-1]}")
+        err_console.print(
+            f"[red]DAG file {escape(path)} failed to import[/]: {escape(error_summary(error))}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if errors:
         sys.exit(1)
 
@@ -477,7 +483,9 @@ def dags_trigger(
     try:
         outcome = _run(trigger_dag, settings, dag_id, run_id, conf_obj, wait, timeout)
     except (LookupError, ValueError) as exc:
-        err_console.print(f"[red]error[/]: {exc.args[0] if exc.args else exc}")
+        # Not wrapped: the message names files, which must stay whole to be copied.
+        message = str(exc.args[0] if exc.args else exc)
+        err_console.print(f"[red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     console.print(f"run [bold]{dag_id}/{outcome.run_id}[/]: {outcome.state}")
     if outcome.tasks:
