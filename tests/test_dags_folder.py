@@ -40,6 +40,12 @@ _GOOD_DAG = """
 _mtime_step = 0
 
 
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, bool]]:
+    # The loops under test run in the child processes; the test's own loop only watches.
+    return ("asyncio", {"use_uvloop": True})
+
+
 def write(path: Path, source: str) -> Path:
     """Write a file with a modification time no earlier write had (a rewrite within the same
     second still counts as a change)."""
