@@ -136,15 +136,16 @@ class Scheduler:
             channels.append(CHANNEL_DAG_RESCAN)
         listener = self.store.listener(*channels)
         listener.on_notify(self._on_notify)
-        # Listening before the first scan: a rescan asked for once that scan is logged is seen.
-        await self._listen(listener)
-        if self.dagbag is not None:
-            dagbag = self.dagbag
-            await with_db_retry("record DAGs", lambda: self._sync_dags(dagbag))
-        task_status.started()
-        last_sync = last_housekeeping = time.monotonic()
-        backoff = Backoff()
         try:
+            # Listening before the first scan: a rescan asked for once that scan is logged
+            # is seen.
+            await self._listen(listener)
+            if self.dagbag is not None:
+                dagbag = self.dagbag
+                await with_db_retry("record DAGs", lambda: self._sync_dags(dagbag))
+            task_status.started()
+            last_sync = last_housekeeping = time.monotonic()
+            backoff = Backoff()
             while not self._stopping:
                 try:
                     if self._contact_lost:
