@@ -83,6 +83,7 @@ def make_scheduler(store: Store, settings: Settings) -> Scheduler:
         interval_s=settings.scheduler_interval_s,
         zombie_threshold_s=settings.zombie_threshold_s,
         timeout_backstop_grace_s=settings.timeout_backstop_grace_s,
+        dag_rescan_interval_s=settings.dag_rescan_interval_s,
     )
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import asyncpg
 import click
@@ -19,6 +21,7 @@ from rich.table import Table
 
 from engine import logs
 from engine.config import ConfigError, Settings, load_settings
+from engine.dagbag import DagBag, error_summary
 from engine.runner import run_async
 from engine.store.embedded import EmbeddedServerError
 from triggers.base import import_object
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 console = Console()
 err_console = Console(stderr=True)
+log = logging.getLogger(__name__)
 
 
 class _Text(click.ParamType):  # type: ignore[type-arg]
@@ -202,13 +206,52 @@ def cli(
 
 
 def _dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--dags`` of the process commands."""
     return click.option(
         "--dags",
         "dags_folder",
         envvar="DEFERRAL_DAGS_FOLDER",
         type=_Folder(),
-        help="Folder of DAG files (also on sys.path for trigger classes).",
+        help="Folder of DAG files (also on sys.path for trigger classes). The scheduler, "
+        "worker and standalone refuse to start without one (exit 2); the triggerer warns.",
     )(fn)
+
+
+def _parse_dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--dags`` of the commands that parse the folder themselves (``dags ...``)."""
+    return click.option(
+        "--dags",
+        "dags_folder",
+        envvar="DEFERRAL_DAGS_FOLDER",
+        type=_Folder(),
+        help="Folder of DAG files to parse (and record) first.",
+    )(fn)
+
+
+def _usage_exit(problem: str) -> NoReturn:
+    err_console.print(f"[red]error[/]: {escape(problem)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
+def check_dags_folder(settings: Settings) -> None:
+    """Exit 2 when the DAGs folder the settings name (perhaps in deferral.toml, which click
+    does not check) is not an existing folder."""
+    folder = settings.dags_folder
+    if folder and not Path(folder).expanduser().is_dir():
+        _usage_exit(f"the DAGs folder {folder} (setting dags_folder) is not an existing folder")
+
+
+def require_dags_folder(settings: Settings, command: str) -> None:
+    """Exit 2 unless the settings name an existing DAGs folder (``--dags``,
+    ``DEFERRAL_DAGS_FOLDER`` or ``dags_folder`` in deferral.toml); log the folder used. A
+    scheduler, worker or standalone without one would start and then fail every run."""
+    if not settings.dags_folder:
+        _usage_exit(
+            f"deferral {command} needs a DAGs folder: pass --dags FOLDER or set "
+            "DEFERRAL_DAGS_FOLDER (or dags_folder in deferral.toml)"
+        )
+    check_dags_folder(settings)
+    log.info("%s: DAGs folder %s", command, Path(settings.dags_folder).expanduser().resolve())
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -218,10 +261,15 @@ def _dags_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_dags_option
 @click.pass_context
 def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
-    """Run the scheduler: ends runs, resolves dependencies, reaps dead workers."""
+    """Run the scheduler: ends runs, resolves dependencies, reaps dead workers.
+
+    It also records the DAGs of the DAGs folder, scanned every dag_rescan_interval_s (and at
+    once when `dags trigger` asks for a DAG it does not know)."""
     from engine.app import run_component
 
-    _run(run_component, "scheduler", _settings(ctx).replace(dags_folder=dags_folder))
+    settings = _settings(ctx).replace(dags_folder=dags_folder)
+    require_dags_folder(settings, "scheduler")
+    _run(run_component, "scheduler", settings)
 
 
 @cli.command()
@@ -232,9 +280,9 @@ def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> No
     """Run a worker: claims and runs task instances in SLOTS slots."""
     from engine.app import run_component
 
-    _run(
-        run_component, "worker", _settings(ctx).replace(dags_folder=dags_folder, worker_slots=slots)
-    )
+    settings = _settings(ctx).replace(dags_folder=dags_folder, worker_slots=slots)
+    require_dags_folder(settings, "worker")
+    _run(run_component, "worker", settings)
 
 
 @cli.command()
@@ -244,10 +292,21 @@ def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> No
 )
 @click.pass_context
 def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None) -> None:
-    """Run a triggerer: one event loop running up to CAPACITY trigger coroutines."""
+    """Run a triggerer: one event loop running up to CAPACITY trigger coroutines.
+
+    Without a DAGs folder it starts with a warning: only triggers importable without one (the
+    built-in triggers.*) can run there."""
     from engine.app import run_component
 
     settings = _settings(ctx).replace(dags_folder=dags_folder, triggerer_capacity=capacity)
+    if not settings.dags_folder:
+        log.warning(
+            "triggerer: no DAGs folder (--dags or DEFERRAL_DAGS_FOLDER): only triggers "
+            "importable without one, such as the built-in triggers.*, can run here; a trigger "
+            "defined next to the DAG files fails with 'No module named ...'"
+        )
+    else:
+        require_dags_folder(settings, "triggerer")
     _run(run_component, "triggerer", settings)
 
 
@@ -265,6 +324,7 @@ def standalone(
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, worker_slots=slots, triggerer_capacity=capacity
     )
+    require_dags_folder(settings, "standalone")
     extra = {
         "scheduler": [],
         "worker": ["--slots", str(settings.worker_slots)],
@@ -345,15 +405,15 @@ def dags() -> None:
 
 
 @dags.command("list")
-@_dags_option
+@_parse_dags_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
 @click.pass_context
 def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> None:
     """List the DAGs known to the database (parsing --dags first, if given)."""
     settings = _settings(ctx).replace(dags_folder=dags_folder)
+    check_dags_folder(settings)
 
     async def main() -> tuple[list[DagSummary], dict[str, str]]:
-        from engine.dagbag import DagBag
         from engine.scheduler import sync_dags
         from engine.store import open_store
 
@@ -386,14 +446,18 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
             )
         console.print(table)
     for path, error in errors.items():
-        err_console.print(f"[red]DAG file {path} failed to import[/]: {error.splitlines()[-1]}")
+        err_console.print(
+            f"[red]DAG file {escape(path)} failed to import[/]: {escape(error_summary(error))}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if errors:
         sys.exit(1)
 
 
 @dags.command("trigger")
 @click.argument("dag_id", type=TEXT)
-@_dags_option
+@_parse_dags_option
 @click.option("--run-id", type=TEXT, help="Default: manual__<time>.")
 @click.option("--conf", type=TEXT, help="JSON object handed to tasks as context['conf'].")
 @click.option(
@@ -416,10 +480,15 @@ def dags_trigger(
 ) -> None:
     """Create a run of DAG_ID.
 
+    With --dags (or DEFERRAL_DAGS_FOLDER) the folder is parsed here first, and a DAG missing
+    from it is reported with the files that failed to import. Without one, a DAG the database
+    does not know yet makes the running scheduler rescan its folder at once.
+
     Exit codes: 0 the run was created (with --wait: it succeeded), 1 it failed, 2 it could
     not be created (unknown DAG, duplicate run id, bad --conf), 3 --timeout passed first.
     """
     settings = _settings(ctx).replace(dags_folder=dags_folder)
+    check_dags_folder(settings)
     try:
         conf_obj = msgspec.json.decode(conf) if conf else {}
     except msgspec.DecodeError as exc:
@@ -434,7 +503,9 @@ def dags_trigger(
     try:
         outcome = _run(trigger_dag, settings, dag_id, run_id, conf_obj, wait, timeout)
     except (LookupError, ValueError) as exc:
-        err_console.print(f"[red]error[/]: {exc.args[0] if exc.args else exc}")
+        # Not wrapped: the message names files, which must stay whole to be copied.
+        message = str(exc.args[0] if exc.args else exc)
+        err_console.print(f"[red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     console.print(f"run [bold]{dag_id}/{outcome.run_id}[/]: {outcome.state}")
     if outcome.tasks:

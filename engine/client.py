@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import anyio
 import msgspec
 
 from engine.config import Settings
-from engine.dagbag import DagBag
-from engine.scheduler import sync_dags
-from engine.store import CHANNEL_RUNS, Store, TaskInstance, open_store
+from engine.dagbag import NO_FOLDER_HINT, DagBag
+from engine.scheduler import request_rescan, sync_dags
+from engine.store import CHANNEL_RUNS, Store, TaskInstance, UnknownDag, open_store
 from engine.wakeup import Wakeup
 
 __all__ = ["RunOutcome", "trigger_dag", "wait_for_run"]
@@ -45,6 +46,36 @@ async def wait_for_run(
         await listener.close()
 
 
+async def _create_run(
+    store: Store,
+    bag: DagBag | None,
+    dag_id: str,
+    run_id: str,
+    now: dt.datetime,
+    conf: dict[str, Any] | None,
+) -> None:
+    try:
+        await store.create_dag_run(dag_id, run_id, logical_date=now, conf=conf)
+        return
+    except UnknownDag:
+        if bag is not None:
+            raise UnknownDag(bag.missing_dag_message(dag_id)) from None
+    if not await request_rescan(store):
+        raise UnknownDag(
+            f"unknown DAG {dag_id!r}: no DAG of that id has been recorded, and no scheduler "
+            f"answered a request to rescan its DAGs folder; {NO_FOLDER_HINT} to parse the "
+            "folder here"
+        ) from None
+    try:
+        await store.create_dag_run(dag_id, run_id, logical_date=now, conf=conf)
+    except UnknownDag:
+        raise UnknownDag(
+            f"unknown DAG {dag_id!r}: the running scheduler rescanned its DAGs folder and found "
+            "no DAG of that id (its log names the files that failed to import); "
+            f"{NO_FOLDER_HINT} to parse a folder here"
+        ) from None
+
+
 async def trigger_dag(
     settings: Settings,
     dag_id: str,
@@ -53,8 +84,13 @@ async def trigger_dag(
     wait: bool = False,
     timeout_s: float | None = None,
 ) -> RunOutcome:
+    """Create a run of ``dag_id``. With a DAGs folder in the settings, the folder is parsed
+    here first; without one, a DAG the database does not know yet makes the running schedulers
+    rescan theirs (a new file need not wait for the next scan). Raises LookupError
+    (:class:`UnknownDag`) saying why the DAG is unknown."""
     store = await open_store(settings)
     try:
+        bag = None
         if settings.dags_folder:
             bag = DagBag(
                 settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s
@@ -62,7 +98,7 @@ async def trigger_dag(
             await sync_dags(store, bag)
         now = await store.now()
         run_id = run_id or f"manual__{now.isoformat()}"
-        await store.create_dag_run(dag_id, run_id, logical_date=now, conf=conf)
+        await _create_run(store, bag, dag_id, run_id, now, conf)
         if not wait:
             return RunOutcome(run_id=run_id, state="running", tasks=[])
         state = await wait_for_run(store, dag_id, run_id, timeout_s)

@@ -25,6 +25,7 @@ DEFAULT_CLAIM_BATCH = 5000
 DEFAULT_BLOCKED_LOOP_S = 0.2
 DEFAULT_TRIGGERER_MAX_BLOCK_S = 5.0
 DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S = 30.0
+DEFAULT_DAG_RESCAN_INTERVAL_S = 10.0
 
 
 def masked_url(url: str) -> str:
@@ -52,6 +53,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     dags_folder: str | None = None
     #: How long importing one DAG file may take (in a child process) before it is an error.
     dag_file_processor_timeout_s: float = DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S
+    #: How often the scheduler scans the DAGs folder for new, changed and removed files.
+    dag_rescan_interval_s: float = DEFAULT_DAG_RESCAN_INTERVAL_S
     log_level: str = "INFO"
     #: "text" or "json".
     log_format: str = "text"
@@ -106,6 +109,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         positive = {
             "pool_size": self.pool_size,
             "dag_file_processor_timeout_s": self.dag_file_processor_timeout_s,
+            "dag_rescan_interval_s": self.dag_rescan_interval_s,
             "worker_slots": self.worker_slots,
             "worker_poll_interval_s": self.worker_poll_interval_s,
             "worker_heartbeat_s": self.worker_heartbeat_s,

@@ -13,6 +13,16 @@ and the scheduler need its DAG objects. So a file that calls ``sys.exit()``, rai
 process. (A file that behaves differently on its second import can still fail here: any
 ``BaseException`` is caught around this import too.) A file that overran its time is not tried
 again until it changes.
+
+A module or package at the top of the folder named like one of the engine's packages
+(:data:`engine.dagparse.RESERVED_NAMES`: ``engine.py``, ``triggers/``, ...) or a standard library
+module (``json.py``) is not imported: the import would find the engine's or the standard
+library's module instead (or replace it for the whole process). It is an import error saying
+what to rename.
+
+Each import error is logged once per change of its file: a short first line (the exception and
+where it was raised) with the traceback under it. A rescan that finds the same error in the
+unchanged file logs it again only at DEBUG level.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Mapping
@@ -31,10 +42,28 @@ from engine.crashpoints import crash_point
 from engine.dag import DAG, dags_of_module, forget_module
 from operators.base import BaseOperator
 
-__all__ = ["DagBag", "add_to_sys_path"]
+__all__ = ["NO_FOLDER_HINT", "DagBag", "add_to_sys_path", "error_summary"]
 
 
 log = logging.getLogger(__name__)
+
+#: What to do when a process needs DAGs and has no folder (in errors that come of it).
+NO_FOLDER_HINT = "pass --dags FOLDER or set DEFERRAL_DAGS_FOLDER"
+
+_TRACEBACK_FILE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+)', re.MULTILINE)
+
+
+def error_summary(error: str) -> str:
+    """One line for an import error: a traceback's exception line with the place it was raised
+    (``SyntaxError: invalid syntax (at dags/x.py:3)``), or the first line of any other text."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no error text)"
+    if not any(line.startswith("Traceback") for line in lines):
+        return lines[0]
+    places = list(_TRACEBACK_FILE.finditer(error))
+    where = f" (at {places[-1]['file']}:{places[-1]['line']})" if places else ""
+    return lines[-1].strip() + where
 
 
 def add_to_sys_path(folder: str | os.PathLike[str] | None) -> Path | None:
@@ -53,16 +82,22 @@ class _Snapshot:
     assignment, so a reader (the worker's loop, while a reload runs in a thread) sees the old
     bag or the new one, never a half-built one."""
 
-    __slots__ = ("dags", "import_errors", "mtimes")
+    __slots__ = ("dags", "import_errors", "mtimes", "reported")
 
     def __init__(
-        self, dags: dict[str, DAG], mtimes: dict[str, float], import_errors: dict[str, str]
+        self,
+        dags: dict[str, DAG],
+        mtimes: dict[str, float],
+        import_errors: dict[str, str],
+        reported: tuple[str, ...] = (),
     ) -> None:
         self.dags = dags
         #: Modification time of each loaded file, by path string: the check before every
         #: task run is one stat(), with no Path to build.
         self.mtimes = mtimes
         self.import_errors = import_errors
+        #: The paths whose import error this (re)load logged: new or changed since last time.
+        self.reported = reported
 
 
 class DagBag:
@@ -92,6 +127,10 @@ class DagBag:
         self._extra: dict[str, DAG] = {}
         #: Files whose import overran its time, with the modification time they had then.
         self._overran: dict[Path, float] = {}
+        #: The import error last logged for each path: its modification time and summary.
+        self._reported: dict[str, tuple[float, str]] = {}
+        #: Paths whose error the reload in progress logged.
+        self._new_reports: list[str] = []
         if self.folder is not None and not self.folder.is_dir():
             raise FileNotFoundError(f"DAGs folder {self.folder} does not exist")
 
@@ -104,6 +143,11 @@ class DagBag:
     def import_errors(self) -> Mapping[str, str]:
         """The error of each file that failed to import, by path (read-only)."""
         return self._snapshot.import_errors
+
+    @property
+    def newly_reported(self) -> tuple[str, ...]:
+        """The paths whose import error the last (re)load logged (new or changed errors)."""
+        return self._snapshot.reported
 
     def files(self) -> list[Path]:
         if self.folder is None:
@@ -121,9 +165,36 @@ class DagBag:
         with self._reload_lock:
             return self._collect()
 
+    def reserved_entries(self) -> dict[Path, str]:
+        """The modules and packages at the top of the folder named like one of the engine's
+        packages or a standard library module, with the error that says what to rename."""
+        if self.folder is None:
+            return {}
+        found: dict[Path, str] = {}
+        try:
+            entries = sorted(self.folder.iterdir())
+        except OSError:
+            return {}
+        for entry in entries:
+            if entry.name.startswith(("_", ".")):
+                continue
+            if entry.suffix == ".py" and entry.is_file():
+                pass
+            elif not (entry.is_dir() and any(entry.rglob("*.py"))):
+                continue
+            error = dagparse.reserved_name_error(self.folder, entry)
+            if error is not None:
+                found[entry] = error
+        return found
+
     def _collect(self) -> Mapping[str, DAG]:
-        files = self.files()
+        reserved = self.reserved_entries()
+        files = [f for f in self.files() if not any(f == r or r in f.parents for r in reserved)]
         self._errors = dict(self._snapshot.import_errors)
+        self._new_reports = []
+        for entry, error in reserved.items():
+            self._errors[str(entry)] = error
+            self._report(str(entry), _mtime(entry), error)
         changed = [c for c in map(self._needs_import, files) if c is not None]
         if changed:
             crash_point("dagbag.parse")
@@ -137,20 +208,40 @@ class DagBag:
             del self._modules[gone]
         for gone in set(self._overran) - seen:
             del self._overran[gone]
-        for stale in set(self._errors) - {str(f) for f in seen}:
+        present = {str(f) for f in seen} | {str(r) for r in reserved}
+        for stale in set(self._errors) - present:
             del self._errors[stale]
+        for stale in set(self._reported) - present:
+            del self._reported[stale]
         mtimes = {str(file): known[1] for file, known in self._modules.items()}
         built = dict(self._extra)
         for file, (_, _, dags) in self._modules.items():
             for dag in dags:
                 if dag.dag_id in built and built[dag.dag_id] is not dag:
                     other = built[dag.dag_id].fileloc
-                    self._errors[str(file)] = f"DAG {dag.dag_id!r} is also defined in {other}"
+                    error = f"DAG {dag.dag_id!r} is also defined in {other}"
+                    self._errors[str(file)] = error
+                    self._report(str(file), mtimes[str(file)], error)
                     continue
                 dag.fileloc = str(file)
                 built[dag.dag_id] = dag
-        self._snapshot = _Snapshot(built, mtimes, self._errors)
+        self._snapshot = _Snapshot(built, mtimes, self._errors, tuple(self._new_reports))
         return built
+
+    def _report(self, path: str, mtime: float, error: str) -> None:
+        """Log an import error once per change of its file (or of the error): a short line
+        and the traceback under it; the same error again is logged at DEBUG level only."""
+        summary = error_summary(error)
+        if self._reported.get(path) == (mtime, summary):
+            log.debug("DAG file %s still fails to import (reported before): %s", path, summary)
+            return
+        self._reported[path] = (mtime, summary)
+        self._new_reports.append(path)
+        detail = error.strip()
+        if detail == summary:
+            log.error("DAG file %s failed to import: %s", path, summary)
+        else:
+            log.error("DAG file %s failed to import: %s\n%s", path, summary, detail)
 
     def _needs_import(self, file: Path) -> tuple[Path, float] | None:
         """``(file, mtime)`` if the file is new or changed since it was imported (or overran)."""
@@ -171,7 +262,7 @@ class DagBag:
         if failed is not None:
             if failed.timed_out:
                 self._overran[file] = mtime
-            self._fail(file, known, failed.error)
+            self._fail(file, mtime, known, failed.error)
             return
         name = dagparse.module_name(self.folder, file) if self.folder else None
         try:
@@ -192,16 +283,21 @@ class DagBag:
             for dag in dags:
                 dag.validate()
         except BaseException as exc:  # user code: even SystemExit is this file's import error
-            self._fail(file, known, dagparse.describe(file, exc))
+            self._fail(file, mtime, known, dagparse.describe(file, exc))
             return
         self._errors.pop(str(file), None)
+        self._reported.pop(str(file), None)
         self._modules[file] = (module, mtime, dags)
 
     def _fail(
-        self, file: Path, known: tuple[ModuleType, float, list[DAG]] | None, error: str
+        self,
+        file: Path,
+        mtime: float,
+        known: tuple[ModuleType, float, list[DAG]] | None,
+        error: str,
     ) -> None:
         self._errors[str(file)] = error
-        log.error("DAG file %s failed to import:\n%s", file, error)
+        self._report(str(file), mtime, error)
         if known is not None:
             # A failed reload leaves the half-run module in sys.modules; once the file is
             # fixed, import_module would return it without running the fixed code.
@@ -223,12 +319,24 @@ class DagBag:
         snapshot = self._snapshot
         dag = snapshot.dags.get(dag_id)
         if dag is None:
-            where = f" in {self.folder}" if self.folder else " (no DAGs folder is configured)"
-            error = next(
-                (f"; {f} failed to import" for f in snapshot.import_errors if dag_id in f), ""
-            )
-            raise LookupError(f"no DAG {dag_id!r}{where}{error}")
+            raise LookupError(self.missing_dag_message(dag_id))
         return dag
+
+    def missing_dag_message(self, dag_id: str) -> str:
+        """Why ``dag_id`` is not in the bag: no folder, or the files that failed to import."""
+        if self.folder is None:
+            return f"no DAG {dag_id!r}: no DAGs folder is configured ({NO_FOLDER_HINT})"
+        errors = self._snapshot.import_errors
+        if not errors:
+            return f"no DAG {dag_id!r} in {self.folder}"
+        # A file named like the DAG first: it is the likely one.
+        paths = sorted(errors, key=lambda path: (dag_id not in Path(path).name, path))
+        shown = "; ".join(f"{path}: {error_summary(errors[path])}" for path in paths[:3])
+        more = f" (and {len(paths) - 3} more)" if len(paths) > 3 else ""
+        return (
+            f"no DAG {dag_id!r} in {self.folder}; {len(paths)} file(s) there failed to "
+            f"import: {shown}{more}"
+        )
 
     def get_task(self, dag_id: str, task_id: str) -> BaseOperator:
         return self.get_dag(dag_id).get_task(task_id)
@@ -248,3 +356,10 @@ class DagBag:
             self._extra[dag.dag_id] = dag
             old = self._snapshot
             self._snapshot = _Snapshot({**old.dags, dag.dag_id: dag}, old.mtimes, old.import_errors)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -33,12 +33,26 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_SETTING", "Failure", "check_files", "import_dag_file"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "RESERVED_NAMES",
+    "TIMEOUT_SETTING",
+    "Failure",
+    "check_files",
+    "import_dag_file",
+    "reserved_name_error",
+]
 
 #: How long one DAG file may take to import (``dag_file_processor_timeout_s``).
 DEFAULT_TIMEOUT_S = 30.0
 #: The setting that bounds a file's import, named in the error of a file that overran it.
 TIMEOUT_SETTING = "dag_file_processor_timeout_s"
+
+#: The engine's own top-level packages. A module or package of one of these names (or of a
+#: standard library module's) at the top of a DAGs folder cannot be imported: the engine's
+#: package of that name is already loaded (and a classpath under it names the engine's code),
+#: so such a file is an import error that says what to rename.
+RESERVED_NAMES = frozenset({"engine", "triggers", "operators", "benchmarks"})
 
 _FD_ENV = "DEFERRAL_DAGPARSE_FD"
 #: At most this much of a dead child's stderr goes into an import error.
@@ -61,6 +75,25 @@ def module_name(folder: Path, file: Path) -> str | None:
     if all(p.isidentifier() for p in parts):
         return ".".join(parts)
     return None
+
+
+def reserved_name_error(folder: Path, entry: Path) -> str | None:
+    """Why ``entry`` (a module or package at the top of the DAGs folder) cannot be imported:
+    its name is one of the engine's packages or a module of the standard library, which the
+    import finds instead (or which it would replace for the whole process); None when it is
+    free."""
+    name = entry.name.removesuffix(".py") if entry.suffix == ".py" else entry.name
+    if name in RESERVED_NAMES:
+        owner = "the engine's own package"
+    elif name in sys.stdlib_module_names:
+        owner = "the standard library's module"
+    else:
+        return None
+    kind = "DAG file" if entry.suffix == ".py" else "package"
+    return (
+        f"{kind} {entry} has the name of {owner} {name!r}, which is imported instead of it; "
+        f"rename it, for instance to my_{entry.name}"
+    )
 
 
 def path_module_name(file: Path) -> str:
@@ -108,10 +141,14 @@ def check_files(
     return results
 
 
-def _child_env(write_fd: int) -> dict[str, str]:
+def _child_env(write_fd: int, folder: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("DEFERRAL_CRASH_AT", None)  # the kill matrix aims at the engine, not at this child
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    # Not the DAGs folder: the child puts it first on its path once the engine is imported, so
+    # a DAG file named like an engine package (``triggers.py``) cannot replace that package
+    # and fail every file of the folder.
+    skip = {str(folder)} if folder is not None else set()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and p not in skip)
     env[_FD_ENV] = str(write_fd)
     return env
 
@@ -131,7 +168,7 @@ def _run_child(
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 pass_fds=(write_fd,),
-                env=_child_env(write_fd),
+                env=_child_env(write_fd, folder),
                 start_new_session=True,  # its process group is killed with it
             )
         finally:

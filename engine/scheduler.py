@@ -5,7 +5,13 @@
 * reaps task instances whose worker stopped heartbeating (retries apply);
 * ends deferrals whose deadline passed while no triggerer was alive to do it;
 * frees the triggers of triggerers whose lease expired, drops triggers nobody waits on;
-* records the DAGs of its DAGs folder in the store, so ``dags trigger`` finds them.
+* records the DAGs of its DAGs folder in the store, so ``dags trigger`` finds them: every
+  ``dag_rescan_interval_s``, and at once when asked (:func:`request_rescan`, which
+  ``dags trigger`` uses for a DAG it does not know yet).
+
+Rescan requests go over two channels: a requester LISTENs on ``deferral_dag_rescanned``, then
+NOTIFYs ``deferral_dag_rescan`` with a token of its own; a scheduler answers
+``scanning <token>`` when it starts the rescan and ``done <token>`` when the DAGs are recorded.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import datetime as dt
 import logging
 import math
 import time
+import uuid
 
 import anyio
 from anyio.abc import TaskStatus
@@ -24,9 +31,25 @@ from engine.store import CHANNEL_FINISHED, Listener, Store
 from engine.store.downstream import resolve_all_pending, settle
 from engine.wakeup import Wakeup
 
-__all__ = ["Scheduler", "sync_dags"]
+__all__ = [
+    "CHANNEL_DAG_RESCAN",
+    "CHANNEL_DAG_RESCANNED",
+    "RESCAN_ANSWER_S",
+    "Scheduler",
+    "request_rescan",
+    "sync_dags",
+]
 
 log = logging.getLogger(__name__)
+
+#: Asks running schedulers to rescan their DAGs folder now (payload: the requester's token).
+CHANNEL_DAG_RESCAN = "deferral_dag_rescan"
+#: Their answers: ``scanning <token>``, then ``done <token>``.
+CHANNEL_DAG_RESCANNED = "deferral_dag_rescanned"
+#: How long a requester waits for a scheduler to start the rescan before deciding none runs.
+RESCAN_ANSWER_S = 3.0
+#: How long it then waits for the rescan to end.
+RESCAN_DONE_S = 120.0
 
 
 async def sync_dags(store: Store, dagbag: DagBag) -> int:
@@ -35,6 +58,39 @@ async def sync_dags(store: Store, dagbag: DagBag) -> int:
     for dag in dags.values():
         await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), dag.description)
     return len(dags)
+
+
+async def request_rescan(
+    store: Store, *, answer_s: float = RESCAN_ANSWER_S, done_s: float = RESCAN_DONE_S
+) -> bool:
+    """Ask the running schedulers to rescan their DAGs folders now and wait until one has
+    recorded what it found; False when no scheduler answered within ``answer_s`` (none is
+    running, or it is busy) or the rescan did not end within ``done_s``."""
+    token = uuid.uuid4().hex
+    started, done = anyio.Event(), anyio.Event()
+
+    def on_answer(_channel: str, payload: str) -> None:
+        state, _, of = payload.partition(" ")
+        if of == token:
+            (done if state == "done" else started).set()
+
+    listener = store.listener(CHANNEL_DAG_RESCANNED)
+    listener.on_notify(on_answer)
+    await listener.ensure_connected()
+    try:
+        if not listener.connected:
+            return False
+        await store.notify(CHANNEL_DAG_RESCAN, token)
+        with anyio.move_on_after(answer_s):
+            await started.wait()
+        if not started.is_set():
+            return False
+        with anyio.move_on_after(done_s):
+            await done.wait()
+        return done.is_set()
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            await listener.close()
 
 
 class Scheduler:
@@ -46,14 +102,18 @@ class Scheduler:
         interval_s: float = 1.0,
         zombie_threshold_s: float = 30.0,
         timeout_backstop_grace_s: float = 5.0,
-        dag_sync_interval_s: float = 10.0,
+        dag_rescan_interval_s: float = 10.0,
     ) -> None:
         self.store = store
         self.dagbag = dagbag
         self.interval_s = interval_s
         self.zombie_threshold_s = zombie_threshold_s
         self.timeout_backstop_grace_s = timeout_backstop_grace_s
-        self.dag_sync_interval_s = dag_sync_interval_s
+        #: Seconds between two scans of the DAGs folder (setting ``dag_rescan_interval_s``).
+        self.dag_rescan_interval_s = dag_rescan_interval_s
+        #: Tokens of the rescan requests not yet served.
+        self._rescan_tokens: list[str] = []
+        self._dag_ids: frozenset[str] | None = None
         self._wake = Wakeup()
         self._stopping = False
         self._orphans_swept_at = -math.inf
@@ -72,15 +132,21 @@ class Scheduler:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
+        channels = [CHANNEL_FINISHED]
         if self.dagbag is not None:
-            await self._sync_dags(first=True)
-        listener = self.store.listener(CHANNEL_FINISHED)
-        listener.on_notify(lambda _channel, _payload: self._wake.set())
-        await self._listen(listener)
-        task_status.started()
-        last_sync = last_housekeeping = time.monotonic()
-        backoff = Backoff()
+            channels.append(CHANNEL_DAG_RESCAN)
+        listener = self.store.listener(*channels)
+        listener.on_notify(self._on_notify)
         try:
+            # Listening before the first scan: a rescan asked for once that scan is logged
+            # is seen.
+            await self._listen(listener)
+            if self.dagbag is not None:
+                dagbag = self.dagbag
+                await with_db_retry("record DAGs", lambda: self._sync_dags(dagbag))
+            task_status.started()
+            last_sync = last_housekeeping = time.monotonic()
+            backoff = Backoff()
             while not self._stopping:
                 try:
                     if self._contact_lost:
@@ -92,9 +158,11 @@ class Scheduler:
                         last_housekeeping = now
                         await self.housekeeping()
                         await self._listen(listener)
-                    if self.dagbag is not None and now - last_sync >= self.dag_sync_interval_s:
+                    if self.dagbag is not None and (
+                        self._rescan_tokens or now - last_sync >= self.dag_rescan_interval_s
+                    ):
                         last_sync = now
-                        await sync_dags(self.store, self.dagbag)
+                        await self._sync_dags(self.dagbag)
                 except TRANSIENT_ERRORS as exc:
                     # The workers may have lost the database too: their heartbeats are counted
                     # again only from when contact is back.
@@ -107,14 +175,38 @@ class Scheduler:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
 
-    async def _sync_dags(self, *, first: bool = False) -> None:
-        assert self.dagbag is not None
-        dagbag = self.dagbag
-        count = await with_db_retry("record DAGs", lambda: sync_dags(self.store, dagbag))
-        if first:
-            log.info("recorded %d DAG(s) from %s", count, dagbag.folder)
-            for path, error in dagbag.import_errors.items():
-                log.error("DAG file %s failed to import: %s", path, error.splitlines()[-1])
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == CHANNEL_DAG_RESCAN:
+            self._rescan_tokens.append(payload)
+        self._wake.set()
+
+    async def _sync_dags(self, dagbag: DagBag) -> None:
+        """Scan the folder and record its DAGs, answering the rescan requests it serves. Logs
+        a line when the DAGs or the import errors changed (the errors themselves are logged by
+        the bag, once per change of their file), saying when the next scan is."""
+        tokens, self._rescan_tokens = self._rescan_tokens, []
+        for token in tokens:
+            await self.store.notify(CHANNEL_DAG_RESCANNED, f"scanning {token}")
+        try:
+            await sync_dags(self.store, dagbag)
+        except BaseException:
+            self._rescan_tokens[:0] = tokens  # served by the next try
+            raise
+        for token in tokens:
+            await self.store.notify(CHANNEL_DAG_RESCANNED, f"done {token}")
+        dag_ids = frozenset(dagbag.dags)
+        if dag_ids != self._dag_ids or dagbag.newly_reported:
+            errors = len(dagbag.import_errors)
+            log.info(
+                "recorded %d DAG(s) from %s%s; next scan in %g s (setting dag_rescan_interval_s)",
+                len(dag_ids),
+                dagbag.folder,
+                f", {errors} file(s) failed to import" if errors else "",
+                self.dag_rescan_interval_s,
+            )
+        else:
+            log.debug("rescanned %s: nothing changed", dagbag.folder)
+        self._dag_ids = dag_ids
 
     @staticmethod
     async def _listen(listener: Listener) -> None:

@@ -191,9 +191,16 @@ def import_object(
     try:
         module = importlib.import_module(module_name)
     except BaseException as exc:  # user code: even a SystemExit there must not end the process
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            # Most often a module next to the DAG files, in a process not given their folder.
+            hint = (
+                "; if it is defined in the DAGs folder, this process needs that folder "
+                "(--dags or DEFERRAL_DAGS_FOLDER)"
+            )
         raise ImportPathError(
             f"{what} {path!r} cannot be imported: module {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {exc}{hint}"
         ) from exc
     try:
         obj = getattr(module, attr)
