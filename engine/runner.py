@@ -6,9 +6,11 @@ work); a second one cancels them.
 A process started by a supervisor (``deferral standalone``, ``engine.app.spawn``) is also
 told to stop through a pipe the supervisor holds (its read end's number is in the environment
 variable ``DEFERRAL_SUPERVISOR_FD``): one byte ``STOP`` or ``CANCEL`` names the *stage* to
-reach, so a request that arrives twice, once by signal and once by pipe (systemd signals every
-process of a unit, the supervisor forwards too), is still one stage. The pipe closing (the
-supervisor died) asks for a graceful stop, so no child outlives its supervisor with work held.
+reach. While it has a supervisor, a signal only asks a process to stop gracefully: the
+supervisor counts the requests, so one that arrives twice, by signal and by pipe (systemd
+signals every process of a unit, and the supervisor forwards its own), is one. The pipe
+closing (the supervisor died) asks for a graceful stop, so no child outlives its supervisor
+with work held; signals count again from then on.
 """
 
 from __future__ import annotations
@@ -96,14 +98,24 @@ async def serve(components: Sequence[Component], *, supervisor: int | None = Non
     descriptor) stop them. True when they were cancelled (a second request)."""
     async with anyio.create_task_group() as tg:
         stages = _Stages(components, tg.cancel_scope)
+        supervised = supervisor is not None
 
         async def watch_signals() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
                     name = signal.Signals(signum).name
-                    stages.reach(stages.stage + 1, name if stages.stage == 0 else f"{name} again")
+                    if supervised:
+                        # Its supervisor counts the requests (and forwards a cancel); a signal
+                        # sent to the whole unit reaches this process as well as the supervisor.
+                        if stages.stage:
+                            log.info("%s: already stopping (its supervisor cancels)", name)
+                        stages.reach(_GRACEFUL, name)
+                    else:
+                        again = f"{name} again" if stages.stage else name
+                        stages.reach(stages.stage + 1, again)
 
         async def watch_supervisor(fd: int) -> None:
+            nonlocal supervised
             parent = f"asked by its supervisor (pid {os.getppid()})"
             while True:
                 await anyio.wait_readable(fd)
@@ -115,6 +127,7 @@ async def serve(components: Sequence[Component], *, supervisor: int | None = Non
                     data = b""
                     log.warning("cannot read the supervisor's pipe: %s", exc)
                 if not data:
+                    supervised = False  # signals count from now on
                     stages.reach(_GRACEFUL, "its supervisor is gone")
                     return
                 stages.reach(_CANCELLING if CANCEL in data else _GRACEFUL, parent)
