@@ -8,16 +8,24 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
 import anyio
 
+from engine import logs
 from engine.config import Settings
 from engine.dagbag import DagBag, add_to_sys_path
 from engine.keys import child_key_env
-from engine.runner import Component, serve
+from engine.runner import (
+    STOP,
+    SUPERVISOR_FD_ENV,
+    Component,
+    exit_without_threads,
+    serve,
+    supervisor_fd,
+)
 from engine.scheduler import Scheduler
 from engine.security.allow import TriggerAllowList
 from engine.store import Store, database_url, open_store
@@ -26,12 +34,14 @@ from engine.worker import Worker
 from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, connection_defaults
 
 __all__ = [
+    "Child",
     "engine_connections",
     "make_scheduler",
     "make_triggerer",
     "make_worker",
     "run_component",
     "spawn",
+    "stop_children",
     "trigger_allow_list",
 ]
 
@@ -101,17 +111,50 @@ _MAKERS: dict[str, Callable[[Store, Settings], Component]] = {
 
 
 async def run_component(kind: str, settings: Settings) -> None:
-    """Run one process kind (worker, triggerer, scheduler) until signalled."""
+    """Run one process kind (worker, triggerer, scheduler) until signalled (or, started by
+    ``spawn``, until its supervisor asks)."""
+    logs.set_process_name(kind)
+    supervisor = supervisor_fd()
     store = await open_store(settings)
     try:
         # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
         # also when it is the embedded server, whose URL is known only now. (Operators read
         # default_deferrable from their context: the worker puts it there.)
         with engine_connections(store):
-            await serve([_MAKERS[kind](store, settings)])
+            cancelled = await serve([_MAKERS[kind](store, settings)], supervisor=supervisor)
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()
+    if cancelled:
+        exit_without_threads()
+
+
+class Child(subprocess.Popen[bytes]):
+    """An engine process started by ``spawn``: in a session of its own, so that the
+    terminal's Ctrl-C reaches only its supervisor, which asks it to stop through a pipe."""
+
+    kind: str
+    control: int | None
+
+    def ask(self, what: bytes) -> bool:
+        """Write ``runner.STOP`` or ``runner.CANCEL`` to the child; False when it is gone."""
+        if self.control is None or self.poll() is not None:
+            return False
+        try:
+            os.write(self.control, what)
+        except OSError:  # BrokenPipeError: it exited meanwhile
+            return False
+        return True
+
+    def close_control(self) -> None:
+        if self.control is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.control)
+            self.control = None
+
+    @property
+    def label(self) -> str:
+        return logs.process_label(self.kind, self.pid)
 
 
 def spawn(
@@ -120,8 +163,12 @@ def spawn(
     *extra: str,
     env: dict[str, str] | None = None,
     stderr: IO[bytes] | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start ``deferral <kind>`` as a child process on the same database and DAGs folder."""
+) -> Child:
+    """Start ``deferral <kind>`` as a child process on the same database and DAGs folder.
+
+    The child runs in a new session (a terminal's SIGINT goes to the caller only) and is
+    stopped through a pipe (``Child.ask``, ``stop_children``); it stops gracefully by itself
+    when the caller dies and the pipe closes."""
     child_env = {**os.environ, **(env or {})}
     child_env["DEFERRAL_DATABASE_URL"] = database_url(settings)
     # Handed the URL, the child sees an external database: it needs this process's keys.
@@ -132,15 +179,35 @@ def spawn(
     child_env["DEFERRAL_LOG_FORMAT"] = settings.log_format
     if settings.trigger_allow is not None:
         child_env["DEFERRAL_TRIGGER_ALLOW"] = ",".join(settings.trigger_allow)
-    return subprocess.Popen(
-        [sys.executable, "-m", "engine", kind, *extra], env=child_env, stderr=stderr
-    )
+    read_end, write_end = os.pipe()
+    child_env[SUPERVISOR_FD_ENV] = str(read_end)
+    try:
+        child = Child(
+            [sys.executable, "-m", "engine", kind, *extra],
+            env=child_env,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(read_end,),
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    child.kind = kind
+    child.control = write_end
+    return child
 
 
-def stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
-    """SIGTERM every child, wait up to ``grace_s``, then SIGKILL what is left."""
+def stop_children(children: Sequence[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
+    """Ask every child to stop gracefully (once), wait up to ``grace_s``, then SIGKILL what
+    is left."""
     for child in children:
-        if child.poll() is None:
+        if isinstance(child, Child):
+            if not child.ask(STOP) and child.poll() is None:
+                child.terminate()
+        elif child.poll() is None:
             child.terminate()
     deadline = time.monotonic() + grace_s
     for child in children:
@@ -150,3 +217,5 @@ def stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 30.0
             log.warning("process %s did not stop in %.0fs; killing it", child.pid, grace_s)
             child.kill()
             child.wait()
+        if isinstance(child, Child):
+            child.close_control()

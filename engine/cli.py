@@ -5,9 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -19,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from engine import logs
+from engine import __version__, logs
 from engine.config import ConfigError, Settings, load_settings
 from engine.dagbag import DagBag, error_summary
 from engine.runner import run_async
@@ -162,6 +160,7 @@ class _LazyGroup(click.Group):
     lazy={"bench": "benchmarks.cli.bench"},
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+@click.version_option(__version__, "--version", prog_name="deferral")
 @click.option(
     "--database-url",
     envvar="DEFERRAL_DATABASE_URL",
@@ -318,46 +317,24 @@ def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None)
 def standalone(
     ctx: click.Context, dags_folder: str | None, slots: int | None, capacity: int | None
 ) -> None:
-    """Scheduler, worker and triggerer (one process each) on one machine."""
-    from engine.app import spawn, stop_children
+    """Scheduler, worker and triggerer (one process each) on one machine.
+
+    Ctrl-C (or SIGTERM) once: stop gracefully (running tasks finish within
+    worker_shutdown_grace_s, triggers are released); twice: cancel; three times: kill.
+    """
+    from engine.standalone import run_standalone
 
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, worker_slots=slots, triggerer_capacity=capacity
     )
     require_dags_folder(settings, "standalone")
-    extra = {
-        "scheduler": [],
-        "worker": ["--slots", str(settings.worker_slots)],
-        "triggerer": ["--capacity", str(settings.triggerer_capacity)],
-    }
     _run(_migrate, settings)
-    children = {kind: spawn(kind, settings, *args) for kind, args in extra.items()}
     console.print(
         f"[bold]deferral standalone[/]: scheduler, worker ({settings.worker_slots} slots), "
         f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
-        f"{settings.dags_folder or '(none)'}. Ctrl-C stops."
+        f"{settings.dags_folder or '(none)'}. Ctrl-C: stop gracefully; twice: cancel."
     )
-    stopping = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        if stopping:
-            for child in children.values():
-                child.kill()
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    code = 0
-    while not stopping:
-        for kind, child in children.items():
-            if child.poll() is not None:
-                err_console.print(f"the {kind} process exited with {child.returncode}")
-                stopping = True
-                code = 1
-        time.sleep(0.2)
-    stop_children(list(children.values()))
-    sys.exit(code)
+    sys.exit(run_standalone(settings))
 
 
 async def _migrate(settings: Settings) -> list[int]:

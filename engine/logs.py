@@ -3,6 +3,9 @@
 A worker binds the task instance (``dag``, ``run``, ``task``, ``try``) around each
 execution; a triggerer binds ``trigger`` (and its classpath) inside each trigger's
 asyncio task, so any line a trigger logs names its trigger, whatever logger it uses.
+
+Every line also names the process that wrote it, as ``kind[pid]`` (``worker[1234]``): under
+``deferral standalone`` the scheduler, worker and triggerer write to the same terminal.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -17,9 +21,36 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["bind", "binding", "bound", "configure_logging"]
+__all__ = [
+    "bind",
+    "binding",
+    "bound",
+    "configure_logging",
+    "process_label",
+    "process_name",
+    "set_process_name",
+]
 
 _bound: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("deferral_log_context")
+
+#: The kind of this process (``worker``, ``triggerer``, ``scheduler``, ``standalone``), named in
+#: every log line with the pid; a command that runs none of them is ``deferral``.
+_process = "deferral"
+
+
+def set_process_name(kind: str) -> None:
+    """Name this process's kind in the log lines it writes from now on."""
+    global _process
+    _process = kind
+
+
+def process_name() -> str:
+    return _process
+
+
+def process_label(kind: str | None = None, pid: int | None = None) -> str:
+    """``kind[pid]``: this process by default, or another (a child) when given."""
+    return f"{_process if kind is None else kind}[{os.getpid() if pid is None else pid}]"
 
 
 def bound() -> dict[str, Any]:
@@ -52,7 +83,10 @@ class _TextFormatter(logging.Formatter):
         ids: dict[str, Any] = getattr(record, "deferral", {})
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         bound_ids = " ".join(f"{k}={v}" for k, v in ids.items())
-        line = f"{stamp}.{int(record.msecs):03d} {record.levelname:<7} {record.name}"
+        line = (
+            f"{stamp}.{int(record.msecs):03d} {record.levelname:<7} "
+            f"{process_label(pid=record.process)} {record.name}"
+        )
         if bound_ids:
             line += f" [{bound_ids}]"
         line += f" {record.getMessage()}"
@@ -66,6 +100,8 @@ class _JsonFormatter(logging.Formatter):
         doc: dict[str, Any] = {
             "ts": record.created,
             "level": record.levelname.lower(),
+            "process": _process,
+            "pid": record.process,
             "logger": record.name,
             "msg": record.getMessage(),
             **getattr(record, "deferral", {}),

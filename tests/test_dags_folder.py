@@ -26,7 +26,8 @@ from engine.config import ConfigError, Settings, load_settings
 from engine.dagbag import DagBag
 from engine.store import Store
 from tests.helpers import REPO_ROOT, child_env, wait_until
-from tests.test_processes import Children, _env, explained
+from tests.processes import Children, explained
+from tests.processes import process_env as _env
 from triggers.base import ImportPathError, import_object
 
 _GOOD_DAG = """
@@ -261,7 +262,7 @@ async def test_a_scheduler_logs_a_broken_file_once_per_change_and_the_next_resca
             assert log.count(f"DAG file {broken} failed to import: SyntaxError") == 1, log
             assert log.count("Traceback (most recent call last)") == 1, log
             assert "next scan in 0.2 s (setting dag_rescan_interval_s)" in log, log
-            assert any(d["dag_id"] == "good" for d in await store.list_dags())
+            assert any(d.dag_id == "good" for d in await store.list_dags())
 
             write(broken, "raise RuntimeError('changed error')\n")
             seen = still_failing()
