@@ -9,27 +9,24 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
 from engine import DAG
-from engine.dagbag import DagBag
-from engine.store import Store
+from engine.store import Store, TaskInstance
 from engine.worker import Worker
-from tests.conftest import REPO
-from tests.helpers import child_env, wait_until
+from tests import triggerer_faults as faults
+from tests.helpers import wait_until
+from tests.triggerer_faults import Spawn, spawn
 from tests.triggerer_support import WaitOn, read_journal
 from triggers.base import decode_value
 
-pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+__all__ = ["spawn"]  # the fixture
 
-Spawn = Callable[..., subprocess.Popen[bytes]]
+pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
 
 @pytest.fixture
@@ -39,47 +36,12 @@ def anyio_backend() -> tuple[str, dict[str, bool]]:
     return ("asyncio", {"use_uvloop": True})
 
 
-@pytest.fixture
-def spawn_triggerer(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def spawn(*, capacity: int, lease_s: float = 10.0) -> subprocess.Popen[bytes]:
-        env = child_env(
-            DATABASE_URL=db_url, TRIGGERER_LEASE_S=str(lease_s), TRIGGERER_POLL_INTERVAL_S="0.2"
-        )
-        log = (tmp_path / f"triggerer-{len(procs)}.log").open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engine", "triggerer", "--capacity", str(capacity)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=log,
-        )
-        log.close()
-        procs.append(proc)
-        return proc
-
-    yield spawn
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-
-
 @contextlib.asynccontextmanager
 async def worker_running(store: Store, dag: DAG) -> AsyncIterator[Worker]:
-    dagbag = DagBag(None)
-    dagbag.add_dag(dag)
-    await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), None)
-    worker = Worker(store, dagbag, slots=16, poll_interval_s=0.5, heartbeat_s=1.0)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        now = await store.now()
-        await store.create_dag_run(dag.dag_id, "r1", logical_date=now)
-        try:
-            yield worker
-        finally:
-            worker.stop()
+    """A worker in the test's loop, and a run of ``dag`` started."""
+    async with faults.worker_running(store, dag) as worker:
+        await faults.start_run(store, dag)
+        yield worker
 
 
 def _dag(dag_id: str, count: int, tmp_path: Path) -> DAG:
@@ -103,7 +65,7 @@ async def _held(store: Store) -> dict[int, int]:
     return {r.pid: r.held for r in await store.list_triggerers()}
 
 
-async def _all_succeeded(store: Store, dag_id: str, count: int) -> list[dict[str, Any]]:
+async def _all_succeeded(store: Store, dag_id: str, count: int) -> list[TaskInstance]:
     async def done() -> bool:
         tis = await store.list_task_instances(dag_id=dag_id)
         return len(tis) == count and all(ti.state == "success" for ti in tis)
@@ -112,21 +74,21 @@ async def _all_succeeded(store: Store, dag_id: str, count: int) -> list[dict[str
     return await store.list_task_instances(dag_id=dag_id)
 
 
-def _resumed_once_each(tmp_path: Path, tis: list[dict[str, Any]]) -> None:
+def _resumed_once_each(tmp_path: Path, tis: list[TaskInstance]) -> None:
     resumed = [int(line[1]) for line in read_journal(tmp_path / "resumed.log")]
     assert sorted(resumed) == sorted(ti.id for ti in tis)
 
 
 @pytest.mark.parametrize("count", [2, 3])
 async def test_triggerers_share_the_triggers_without_double_ownership(
-    store: Store, tmp_path: Path, spawn_triggerer: Spawn, count: int
+    store: Store, tmp_path: Path, spawn: Spawn, count: int
 ) -> None:
     capacity = 4
     # One trigger more than any count-1 of them can hold: every triggerer must take a share.
     triggers = capacity * (count - 1) + 2
     dag = _dag("share", triggers, tmp_path)
     async with worker_running(store, dag):
-        pids = {spawn_triggerer(capacity=capacity).pid for _ in range(count)}
+        pids = {spawn(capacity=capacity).pid for _ in range(count)}
         samples: list[dict[int, int]] = []
 
         async def all_held() -> bool:
@@ -151,12 +113,12 @@ async def test_triggerers_share_the_triggers_without_double_ownership(
 
 
 async def test_a_killed_triggerers_triggers_are_adopted_with_no_loss_and_no_double_resume(
-    store: Store, tmp_path: Path, spawn_triggerer: Spawn
+    store: Store, tmp_path: Path, spawn: Spawn
 ) -> None:
     triggers = 6
     dag = _dag("failover", triggers, tmp_path)
     async with worker_running(store, dag):
-        first = spawn_triggerer(capacity=100, lease_s=1.5)
+        first = spawn(capacity=100, lease_s=1.5)
 
         async def first_runs_all() -> bool:
             held = await _held(store)
@@ -164,7 +126,7 @@ async def test_a_killed_triggerers_triggers_are_adopted_with_no_loss_and_no_doub
             return held.get(first.pid) == triggers and started == triggers
 
         await wait_until(first_runs_all, what="the first triggerer running every trigger")
-        second = spawn_triggerer(capacity=100, lease_s=1.5)
+        second = spawn(capacity=100, lease_s=1.5)
 
         async def second_registered() -> bool:
             return second.pid in await _held(store)
@@ -192,13 +154,13 @@ async def test_a_killed_triggerers_triggers_are_adopted_with_no_loss_and_no_doub
 
 
 async def test_sigterm_releases_the_triggers_at_once(
-    store: Store, tmp_path: Path, spawn_triggerer: Spawn
+    store: Store, tmp_path: Path, spawn: Spawn
 ) -> None:
     triggers = 3
     dag = _dag("release", triggers, tmp_path)
     async with worker_running(store, dag):
         # A lease far longer than any test: only the release can free the triggers.
-        proc = spawn_triggerer(capacity=100, lease_s=600)
+        proc = spawn(capacity=100, lease_s=600)
 
         async def holds_all() -> bool:
             return (await _held(store)).get(proc.pid) == triggers
