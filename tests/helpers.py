@@ -4,13 +4,16 @@ test through the public harness, ``engine.testing.run_engine``.)"""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import asyncpg
 
+from engine.store import ClaimedTask, Deferral, Store
 from engine.store.models import FiredTriggers
 
 #: The test triggers live in tests/, outside the built-in ``triggers.*`` of the allow-list.
@@ -58,3 +61,56 @@ def child_env(*, test_triggers: bool = True, **settings: str) -> dict[str, str]:
         env["DEFERRAL_TRIGGER_ALLOW"] = TEST_TRIGGER_ALLOW
     env.update({f"DEFERRAL_{name}": value for name, value in settings.items()})
     return env
+
+
+_dag_numbers = itertools.count()
+
+
+def _noop() -> None:
+    return None
+
+
+def never_deferral(tag: str) -> Deferral:
+    """A deferral on a trigger that never fires (``tag`` tells triggers apart)."""
+    from tests.triggers_for_tests import NeverTrigger
+    from triggers.base import encode_value, validate_trigger
+
+    trigger = validate_trigger(NeverTrigger(tag))
+    return Deferral(
+        classpath=trigger.classpath,
+        kwargs=trigger.kwargs,
+        dedup_key=trigger.dedup_key,
+        method_name="resume",
+        method_kwargs=encode_value({}),
+        timeout_s=None,
+    )
+
+
+async def claimed_tasks(
+    store: Store, n: int, prefix: str = "claimed"
+) -> tuple[str, int, list[ClaimedTask]]:
+    """A new DAG of ``n`` independent tasks, one run, every task claimed by a new worker:
+    ``(dag_id, worker id, the claimed tasks by id)``."""
+    from engine.dag import DAG
+    from operators.python import PythonOperator
+
+    dag_id = f"{prefix}_{next(_dag_numbers)}"
+    with DAG(dag_id=dag_id) as dag:
+        for i in range(n):
+            PythonOperator(task_id=f"t{i}", python_callable=_noop)
+    await store.upsert_dag(dag_id, f"{dag_id}.py", dag.serialize_tasks(), None)
+    await store.create_dag_run(dag_id, "r1", logical_date=await store.now())
+    worker = await store.register_worker("test", 1, n)
+    # (Claims what earlier tests in this database resumed too: keeps this DAG's tasks only.)
+    claimed = [ti for ti in (await store.claim_tasks(worker, 10_000))[0] if ti.dag_id == dag_id]
+    assert len(claimed) == n
+    return dag_id, worker, sorted(claimed, key=lambda ti: ti.id)
+
+
+async def waiting_on_locks(watch: asyncpg.Connection, n: int = 1) -> bool:
+    """Whether at least ``n`` other sessions of the database wait for a lock."""
+    waiting = await watch.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+    )
+    return bool(waiting >= n)

@@ -4,7 +4,6 @@ deferred on a trigger that no longer exists (where nothing would ever fire it)."
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import anyio
@@ -14,7 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import DAG
 from engine.store import (
     ClaimedTask,
     ClaimedTrigger,
@@ -25,45 +23,10 @@ from engine.store import (
     TriggerOutcome,
 )
 from engine.store.queries import load_queries
-from operators.python import PythonOperator
-from tests.helpers import wait_until
-from tests.triggers_for_tests import NeverTrigger
-from triggers.base import decode_value, encode_value, validate_trigger
+from tests.helpers import claimed_tasks, never_deferral, wait_until, waiting_on_locks
+from triggers.base import decode_value, encode_value
 
 pytestmark = pytest.mark.anyio
-
-_dag_numbers = itertools.count()
-
-
-def _noop() -> None:
-    return None
-
-
-def _deferral(tag: str) -> Deferral:
-    trigger = validate_trigger(NeverTrigger(tag))
-    return Deferral(
-        classpath=trigger.classpath,
-        kwargs=trigger.kwargs,
-        dedup_key=trigger.dedup_key,
-        method_name="resume",
-        method_kwargs=encode_value({}),
-        timeout_s=None,
-    )
-
-
-async def _running_tasks(store: Store, n: int) -> tuple[str, int, list[ClaimedTask]]:
-    """A new DAG of ``n`` independent tasks, one run, every task claimed by a new worker."""
-    dag_id = f"join_fire_{next(_dag_numbers)}"
-    with DAG(dag_id=dag_id) as dag:
-        for i in range(n):
-            PythonOperator(task_id=f"t{i}", python_callable=_noop)
-    await store.upsert_dag(dag_id, f"{dag_id}.py", dag.serialize_tasks(), None)
-    await store.create_dag_run(dag_id, "r1", logical_date=await store.now())
-    worker = await store.register_worker("test", 1, n)
-    # (Claims what earlier tests in this database resumed too: keeps this DAG's tasks only.)
-    claimed = [ti for ti in (await store.claim_tasks(worker, 10_000))[0] if ti.dag_id == dag_id]
-    assert len(claimed) == n
-    return dag_id, worker, sorted(claimed, key=lambda ti: ti.id)
 
 
 def _join_args(
@@ -75,14 +38,6 @@ def _join_args(
     return (ti.id, worker, d.classpath, keys.encrypt(d.kwargs),
             keys.dedup_key(d.classpath, d.kwargs, d.dedup_key), d.timeout_s, d.method_name,
             keys.encrypt(d.method_kwargs), d.try_number)  # fmt: skip
-
-
-async def _waits_for_a_lock(watch: asyncpg.Connection, n: int) -> bool:
-    waiting = await watch.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
-    )
-    return bool(waiting >= n)
 
 
 async def _check_nothing_stranded(store: Store, dag_id: str) -> dict[str, TaskInstance]:
@@ -101,8 +56,8 @@ async def test_a_task_that_joins_a_trigger_while_it_fires_is_resumed(
 ) -> None:
     """The joiner's transaction holds the trigger row while the fire waits for it, and commits:
     the fire must see the joiner waiting and resume it with the event."""
-    dag_id, worker, (first, joiner) = await _running_tasks(store, 2)
-    deferral = _deferral(dag_id)
+    dag_id, worker, (first, joiner) = await claimed_tasks(store, 2, "join_fire")
+    deferral = never_deferral(dag_id)
     assert await store.defer_task(first.id, worker, deferral)
     me = await store.register_triggerer("test", 1, 10, 60.0)
     (claimed,) = await store.claim_triggers(me, 10)
@@ -128,7 +83,7 @@ async def test_a_task_that_joins_a_trigger_while_it_fires_is_resumed(
         async with anyio.create_task_group() as tg:
             tg.start_soon(fire)
             await wait_until(
-                lambda: _waits_for_a_lock(watch, 1), what="the fire to wait for the joiner"
+                lambda: waiting_on_locks(watch, 1), what="the fire to wait for the joiner"
             )
             await tx.commit()
     finally:
@@ -158,8 +113,8 @@ async def test_many_tasks_deferring_on_one_trigger_while_it_fires_all_resume(
 
 async def _forty_join_while_it_fires(store: Store, joining: Store, me: int) -> None:
     n = 40
-    dag_id, worker, tasks = await _running_tasks(store, n)
-    deferral = _deferral(dag_id)
+    dag_id, worker, tasks = await claimed_tasks(store, n, "join_fire")
+    deferral = never_deferral(dag_id)
     assert await store.defer_task(tasks[0].id, worker, deferral)
     deferred_all = anyio.Event()
 
@@ -210,15 +165,15 @@ async def test_every_task_waiting_when_the_fire_takes_the_trigger_gets_its_outco
     ``others`` unrelated triggers) queues too. Then the first joiner commits. Whatever order the
     queue is served in: no task is stranded, every task that joined before the fire took the
     trigger gets the fired outcome, and a task that joined after waits on a live trigger."""
-    dag_id, worker, tasks = await _running_tasks(store, 1 + waiting + joiners + others)
-    deferral = _deferral(dag_id)
+    dag_id, worker, tasks = await claimed_tasks(store, 1 + waiting + joiners + others, "join_fire")
+    deferral = never_deferral(dag_id)
     first, rest = tasks[0], tasks[1:]
     before, join_now, unrelated = rest[:waiting], rest[waiting : waiting + joiners], rest[-others:]
     unrelated = unrelated if others else []
     for ti in [first, *before]:
         assert await store.defer_task(ti.id, worker, deferral)
     for i, ti in enumerate(unrelated):
-        assert await store.defer_task(ti.id, worker, _deferral(f"{dag_id}-other-{i}"))
+        assert await store.defer_task(ti.id, worker, never_deferral(f"{dag_id}-other-{i}"))
     mine = {ti.trigger_id for ti in await store.list_task_instances(dag_id=dag_id)}
     me = await store.register_triggerer("test", 1, 100, 60.0)
     # (Earlier examples may have left triggers behind: this one fires its own only.)
@@ -250,9 +205,9 @@ async def test_every_task_waiting_when_the_fire_takes_the_trigger_gets_its_outco
         async with anyio.create_task_group() as tg:
             for i, ti in enumerate(join_now[1:], start=1):
                 tg.start_soon(join, ti)
-                await wait_until(lambda i=i: _waits_for_a_lock(watch, i), what="a joiner to queue")
+                await wait_until(lambda i=i: waiting_on_locks(watch, i), what="a joiner to queue")
             tg.start_soon(fire)
-            await wait_until(lambda: _waits_for_a_lock(watch, joiners), what="the fire to queue")
+            await wait_until(lambda: waiting_on_locks(watch, joiners), what="the fire to queue")
             await tx.commit()
     finally:
         await holder.close()

@@ -6,57 +6,21 @@ claim to commit, and the release that follows (a statement of its own) sees what
 
 from __future__ import annotations
 
-import itertools
-
 import anyio
 import asyncpg
 import pytest
 
-from engine import DAG
-from engine.store import Deferral, Store
+from engine.store import Store
 from engine.store.queries import load_queries
-from operators.python import PythonOperator
-from tests.helpers import wait_until
-from tests.triggers_for_tests import NeverTrigger
-from triggers.base import encode_value, validate_trigger
+from tests.helpers import claimed_tasks, never_deferral, wait_until, waiting_on_locks
 
 pytestmark = pytest.mark.anyio
 
-_numbers = itertools.count()
-
-
-def _noop() -> None:
-    return None
-
 
 async def _deferred_tasks(store: Store, n: int) -> None:
-    dag_id = f"reap_race_{next(_numbers)}"
-    with DAG(dag_id=dag_id) as dag:
-        for i in range(n):
-            PythonOperator(task_id=f"t{i}", python_callable=_noop)
-    await store.upsert_dag(dag_id, f"{dag_id}.py", dag.serialize_tasks(), None)
-    await store.create_dag_run(dag_id, "r1", logical_date=await store.now())
-    worker = await store.register_worker("test", 1, n)
-    claimed, _ = await store.claim_tasks(worker, n)
+    dag_id, worker, claimed = await claimed_tasks(store, n, "reap_race")
     for i, ti in enumerate(claimed):
-        trigger = validate_trigger(NeverTrigger(f"{dag_id}-{i}"))
-        deferral = Deferral(
-            classpath=trigger.classpath,
-            kwargs=trigger.kwargs,
-            dedup_key=trigger.dedup_key,
-            method_name="resume",
-            method_kwargs=encode_value({}),
-            timeout_s=None,
-        )
-        assert await store.defer_task(ti.id, worker, deferral)
-
-
-async def _waiting_on_a_lock(watch: asyncpg.Connection) -> bool:
-    waiting = await watch.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
-    )
-    return bool(waiting)
+        assert await store.defer_task(ti.id, worker, never_deferral(f"{dag_id}-{i}"))
 
 
 async def test_a_claim_in_flight_when_its_triggerer_is_reaped_leaves_no_trigger_ownerless(
@@ -85,7 +49,7 @@ async def test_a_claim_in_flight_when_its_triggerer_is_reaped_leaves_no_trigger_
         async with anyio.create_task_group() as tg:
             tg.start_soon(reap)
             await wait_until(
-                lambda: _waiting_on_a_lock(watch), what="the reaper to wait for the claim"
+                lambda: waiting_on_locks(watch), what="the reaper to wait for the claim"
             )
             await tx.commit()
     finally:
