@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from engine.cli.common import _run
 from engine.config import Settings
 from engine.keys import generate_key, write_key_file
 
@@ -62,8 +63,6 @@ def keys_rotate(ctx: click.Context, batch_size: int) -> None:
     values could not be rewritten (no configured key opens them, or they changed meanwhile:
     run it again).
     """
-    from engine.cli import _run
-
     settings: Settings = ctx.obj["settings"]
 
     async def main() -> dict[str, int]:
