@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -29,6 +30,7 @@ from engine.lease import LeaseKeeper
 from engine.store import CHANNEL_DEADLINES, CHANNEL_TRIGGERS, Listener, Store
 from engine.triggerer.blocking import BlockPolicy
 from engine.triggerer.claims import Claimer
+from engine.triggerer.classes import TriggerClasses
 from engine.triggerer.deadlines import Deadlines
 from engine.triggerer.held import Held
 from engine.triggerer.ownership import Ownership, ensure_listening
@@ -57,6 +59,7 @@ class Triggerer:
         cancel_blocking_after: int = 0,
         max_block_s: float = DEFAULT_TRIGGERER_MAX_BLOCK_S,
         allow: Callable[[str], bool] | None = None,
+        dags_folder: str | os.PathLike[str] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -78,6 +81,7 @@ class Triggerer:
             claim_batch=claim_batch,
             poll_interval_s=poll_interval_s,
             allow=allow,
+            classes=TriggerClasses(dags_folder),
         )
         self._ownership = Ownership(
             shared,
