@@ -174,6 +174,22 @@ def test_a_changed_module_that_no_longer_imports_fails_new_triggers_until_fixed(
     assert asyncio.run(_first_event(_build(v3, dags / "go")))["version"] == "v3"
 
 
+def test_a_module_of_a_package_in_the_dags_folder_is_imported_again(dags: Path) -> None:
+    write(dags / "reload_pkg" / "__init__.py", "")
+    module = "reload_pkg.trig"
+    file = write(dags / "reload_pkg" / "trig.py", trigger_source("v1", module))
+    classes = TriggerClasses(dags)
+    classpath = f"{module}.FlagTrigger"
+    old = _build(classes.load(classpath), dags / "go")
+    write(file, trigger_source("v2", module))
+    classes.check({classpath})
+    new = _build(classes.load(classpath), dags / "go")
+    assert sys.modules["reload_pkg"].trig is sys.modules[module]  # the package sees the new one
+    (dags / "go").touch()
+    assert asyncio.run(_first_event(old))["version"] == "v1"
+    assert asyncio.run(_first_event(new))["version"] == "v2"
+
+
 def test_modules_outside_the_dags_folder_are_not_watched(dags: Path, tmp_path: Path) -> None:
     classes = TriggerClasses(tmp_path / "elsewhere")
     module = "reload_unit_c"
