@@ -44,7 +44,10 @@ log = logging.getLogger("engine.triggerer")
 
 
 class Triggerer:
-    """Runs up to ``capacity`` trigger coroutines on one event loop; see the package docstring."""
+    """Runs up to ``capacity`` trigger coroutines on one event loop; see the package docstring.
+
+    ``dags_folder``: trigger modules in it are imported again when their file changes
+    (:mod:`engine.triggerer.classes`); None watches nothing."""
 
     def __init__(
         self,
