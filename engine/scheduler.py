@@ -231,8 +231,12 @@ class Scheduler:
         await settle(self.store, late)
         for row in late:
             log.warning(
-                "deferral of task instance %s timed out (no triggerer ended it; now %s)",
+                "deferral of task instance %s (%s) on trigger %s (%s) timed out (no triggerer "
+                "ended it; now %s)",
                 row.id,
+                row.task_id,
+                row.trigger_id,
+                row.classpath or "classpath unknown",
                 row.state,
             )
         resolved = await resolve_all_pending(self.store)

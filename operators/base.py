@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import copyreg
 import datetime as dt
+import difflib
 import inspect
 import logging
 import math
@@ -340,7 +341,7 @@ class BaseOperator:
         if not callable(method):
             raise TriggerSerializationError(
                 f"task {self.task_id}: defer(method_name={method_name!r}) does not name a method "
-                f"of {type(self).__qualname__}"
+                f"of {type(self).__qualname__}{self._method_hint(method_name)}"
             )
         resume_kwargs = dict(kwargs or {})
         reserved = sorted({"context", "event"} & set(resume_kwargs))
@@ -363,6 +364,23 @@ class BaseOperator:
             timeout_s=timeout_s,
             encoded_kwargs=encoded_kwargs,
         )
+
+    def _method_hint(self, method_name: object) -> str:
+        """``; did you mean ...?`` with the operator's method names closest to
+        ``method_name``, or the methods its own classes define when none is close."""
+        names = sorted(
+            name
+            for name in dir(type(self))
+            if not name.startswith("_") and callable(getattr(type(self), name, None))
+        )
+        if isinstance(method_name, str):
+            close = difflib.get_close_matches(method_name, names, n=3, cutoff=0.6)
+            if close:
+                return f"; did you mean {' or '.join(repr(n) for n in close)}?"
+        own = [n for n in names if not hasattr(BaseOperator, n)]
+        if own:
+            return f" (its methods: {', '.join(own)})"
+        return ""
 
     # -- the graph -----------------------------------------------------------------------
 

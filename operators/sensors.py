@@ -195,10 +195,16 @@ class BaseSensorOperator(BaseOperator):
         return interval
 
     def _timed_out(self, elapsed_s: float) -> None:
-        message = f"sensor timed out after {elapsed_s:.1f}s (timeout {self.timeout_s:.1f}s)"
+        message = (
+            f"sensor timed out after {elapsed_s:.1f}s: its timeout of {self.timeout_s:.1f}s "
+            "(counted from its first try) passed before the condition was true"
+        )
         if self.soft_fail:
-            raise SkipTask(message)
-        raise SensorTimeout(message)
+            raise SkipTask(f"{message}; skipped (soft_fail)")
+        raise SensorTimeout(
+            f"{message}; not retried, on purpose: a sensor's timeout ends it whatever retries "
+            "are left (retries are for errors)"
+        )
 
     def _poke_once(self, context: Context) -> Any:
         result = self.poke(context)

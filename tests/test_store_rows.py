@@ -168,6 +168,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert (await s.count_task_states(run_pk))["scheduled"] == 1
     assert (await s.work_left()).runnable == 1
     assert len(await s.list_task_instances(dag_id="rows")) == 4
+    assert [r.run_id for r in await s.list_dag_runs(dag_id="rows")] == ["r1"]
 
     triggerer = await s.register_triggerer("test", 1, 10, 60.0)
     assert await s.renew_triggerer_lease(triggerer, 60.0) == 0
@@ -177,6 +178,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert await s.count_unowned_triggers() == 0
     assert [w.waiting for w in await s.trigger_waiters([trigger.id])] == [1]
     assert [t.waiting for t in await s.list_triggers()] == [1]
+    assert (await s.get_trigger(trigger.id)).tasks[0].task_id == "c"
     assert [t.held for t in await s.list_triggerers()] == [1]
     event = TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="event")
     fired = await s.fire_triggers(triggerer, [event])
@@ -186,7 +188,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert await s.defer_task(b.id, worker, _deferral(0.0))
     (late,) = await s.claim_triggers(triggerer, 10)
     (timed_out,) = await s.timeout_deferrals([late.id])
-    assert timed_out.id == b.id
+    assert (timed_out.id, timed_out.trigger_id) == (b.id, late.id)
     assert await s.delete_owned_triggers(triggerer, [late.id]) == {late.id}
     assert await s.release_triggers(triggerer, []) == set()
     assert await s.release_triggerer(triggerer) == 0

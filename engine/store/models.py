@@ -14,6 +14,7 @@ __all__ = [
     "ClaimedTrigger",
     "Dag",
     "DagRun",
+    "DagRunSummary",
     "DagSummary",
     "Deferral",
     "EndedRun",
@@ -27,6 +28,7 @@ __all__ = [
     "TriggerRow",
     "TriggerWaiters",
     "TriggererRow",
+    "WaitingTask",
     "WorkLeft",
 ]
 
@@ -123,9 +125,11 @@ class FinishedTask(MovedTask, frozen=True, kw_only=True):
 
 
 class TimedOutTask(MovedTask, frozen=True, kw_only=True):
-    """A deferral timeout_deferrals ended, with the trigger it waited on."""
+    """A deferral timeout_deferrals ended, with the trigger it waited on (its classpath: None
+    when the trigger row was gone already)."""
 
     trigger_id: int | None
+    classpath: str | None = None
 
 
 class FiredTriggers(msgspec.Struct, frozen=True, kw_only=True):
@@ -203,6 +207,28 @@ class TaskInstance(msgspec.Struct, frozen=True, kw_only=True):
     ended_at: dt.datetime | None
     trigger_timeout_at: dt.datetime | None
     run_after: dt.datetime
+    #: The start of the current try (``first_try_at``: of the first; ``started_at``: of the
+    #: latest claim, which a resume or reschedule renews).
+    try_started_at: dt.datetime | None = None
+    #: The error of the try before the current one (``error`` is the current try's).
+    previous_error: str | None = None
+    #: When an ``up_for_retry`` / ``up_for_reschedule`` task becomes runnable; None otherwise.
+    retry_at: dt.datetime | None = None
+    #: Seconds from the start of the first try to the end of the last (to now if not ended).
+    duration_s: float | None = None
+
+
+class DagRunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """A run in ``list_dag_runs``, with how many of its task instances are in each state."""
+
+    dag_id: str
+    run_id: str
+    logical_date: dt.datetime
+    state: str
+    conf: dict[str, Any]
+    created_at: dt.datetime
+    ended_at: dt.datetime | None
+    tasks: dict[str, int]
 
 
 class WorkLeft(msgspec.Struct, frozen=True, kw_only=True):
@@ -223,8 +249,19 @@ class TriggerWaiters(msgspec.Struct, frozen=True, kw_only=True):
     db_now: dt.datetime
 
 
+class WaitingTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance waiting on a trigger."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+
+
 class TriggerRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A trigger in ``list_triggers``, with its owner and how many task instances wait on it."""
+    """A trigger in ``list_triggers`` / ``get_trigger``: its owner, how many task instances
+    wait on it and which (the first few in a list, all of them for one trigger), its kwargs
+    (decrypted, still encoded; None when no configured key opens them) and, for one trigger,
+    the owner's host and pid and which deadline ``timeout_at`` is."""
 
     id: int
     classpath: str
@@ -233,6 +270,11 @@ class TriggerRow(msgspec.Struct, frozen=True, kw_only=True):
     timeout_at: dt.datetime | None
     created_at: dt.datetime
     waiting: int
+    kwargs: bytes | None = None
+    tasks: list[WaitingTask] = msgspec.field(default_factory=list)
+    triggerer_hostname: str | None = None
+    triggerer_pid: int | None = None
+    deadline_kind: str | None = None
 
 
 class TriggererRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -119,7 +119,8 @@ SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
 
 -- name: claim_tasks
 -- Claim up to $2 runnable task instances for worker $1, highest priority first. A new try
--- counts up try_number; a resume (next_method set) or a reschedule continues the same try.
+-- counts up try_number, clears the last try's error (kept in previous_error) and end time; a
+-- resume (next_method set) or a reschedule continues the same try.
 -- When nothing was claimed, the one row returned has a null id and next_in: seconds until the
 -- earliest waiting task becomes runnable (retries, reschedules; database clock), null when
 -- none waits. (One round trip either way: an empty claim is common when several workers
@@ -137,7 +138,12 @@ WITH picked AS (
         try_number = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
                           THEN ti.try_number + 1 ELSE ti.try_number END,
         try_started_at = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
-                              THEN now() ELSE COALESCE(ti.try_started_at, now()) END
+                              THEN now() ELSE COALESCE(ti.try_started_at, now()) END,
+        previous_error = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                              THEN ti.error ELSE ti.previous_error END,
+        error = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                     THEN NULL ELSE ti.error END,
+        ended_at = NULL
     FROM picked, deferral_dag_runs r
     WHERE ti.id = picked.id AND r.id = ti.dag_run_id
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
@@ -351,15 +357,33 @@ WHERE NOT EXISTS (
 SELECT DISTINCT dag_run_id AS id FROM deferral_task_instances WHERE state = 'pending';
 
 -- name: list_task_instances
--- Task instances, optionally filtered by DAG, run and state.
+-- Task instances, optionally filtered by DAG, run and state. retry_at: when a task waiting for
+-- its next try (or check) becomes runnable; duration_s: from the start of the first try to the
+-- end of the last (to now while the task has not ended), on the database clock.
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.result, ti.error,
        ti.trigger_id, ti.next_method, ti.first_try_at, ti.started_at, ti.ended_at,
-       ti.trigger_timeout_at, ti.run_after
+       ti.trigger_timeout_at, ti.run_after, ti.try_started_at, ti.previous_error,
+       CASE WHEN ti.state IN ('up_for_retry', 'up_for_reschedule') THEN ti.run_after END
+           AS retry_at,
+       EXTRACT(EPOCH FROM COALESCE(ti.ended_at, now()) - ti.first_try_at)::double precision
+           AS duration_s
 FROM deferral_task_instances ti
 WHERE ($1::text IS NULL OR ti.dag_id = $1) AND ($2::text IS NULL OR ti.run_id = $2)
   AND ($3::text IS NULL OR ti.state = $3)
 ORDER BY ti.dag_run_id, ti.id
 LIMIT $4;
+
+-- name: list_dag_runs
+-- Runs, newest first, optionally of one DAG ($1) and in one state ($2), at most $3, each with
+-- how many of its task instances are in each state.
+SELECT r.dag_id, r.run_id, r.logical_date, r.state, r.conf, r.created_at, r.ended_at,
+       (SELECT COALESCE(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
+        FROM (SELECT ti.state, count(*) AS n FROM deferral_task_instances ti
+              WHERE ti.dag_run_id = r.id GROUP BY ti.state) c) AS tasks
+FROM deferral_dag_runs r
+WHERE ($1::text IS NULL OR r.dag_id = $1) AND ($2::text IS NULL OR r.state = $2)
+ORDER BY r.id DESC
+LIMIT $3;
 
 -- name: count_task_states
 -- How many task instances are in each state (of one run, or all).
@@ -582,7 +606,17 @@ SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FRO
 -- backstop). The error names the deadline (deadline_kind, set by defer_task).
 -- execution_timeout applies the retry policy, as it does on a worker; otherwise soft_fail
 -- turns the timeout into skipped, a sensor (no_retry_on_timeout) fails without retries, and
--- the retry policy applies to the rest.
+-- the retry policy applies to the rest. Returns what moved, with the trigger each task waited
+-- on (its id and classpath, read before the update clears the task's trigger_id).
+WITH due AS (
+    SELECT ti.id, ti.trigger_id, t.classpath
+    FROM deferral_task_instances ti
+    LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id
+    WHERE ti.state = 'deferred'
+      AND (($1::bigint[] IS NULL AND ti.trigger_timeout_at < now() - make_interval(secs => $2))
+           OR (ti.trigger_id = ANY ($1::bigint[]) AND ti.trigger_timeout_at <= now()))
+    FOR UPDATE OF ti
+)
 UPDATE deferral_task_instances ti
 SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
                  THEN deferral_fail_state(ti.try_number, ti.retries)
@@ -596,9 +630,11 @@ SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
             ti.execution_timeout_s, to_char(ti.try_started_at AT TIME ZONE 'UTC',
                                             'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
         WHEN 'sensor_timeout' THEN format(
-            'sensor timed out after %ss: its timeout (counted from its first try at %s) passed '
-            'while deferred, before the trigger fired',
+            'sensor timed out after %ss: its timeout of %ss (counted from its first try at %s) '
+            'passed while deferred, before the trigger fired; not retried, on purpose: a '
+            'sensor''s timeout ends it whatever retries are left (retries are for errors)',
             round(EXTRACT(EPOCH FROM now() - ti.first_try_at)::numeric, 1),
+            round(EXTRACT(EPOCH FROM ti.trigger_timeout_at - ti.first_try_at)::numeric, 1),
             to_char(ti.first_try_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
         ELSE format('deferral timed out: the trigger did not fire by its deadline %s '
                     '(the timeout given to defer())',
@@ -608,10 +644,10 @@ SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
                                   ti.retry_exponential_backoff, ti.max_retry_delay_s),
     ended_at = now(), trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
     next_method = NULL, next_kwargs = NULL, next_event = NULL
-WHERE ti.state = 'deferred'
-  AND (($1::bigint[] IS NULL AND ti.trigger_timeout_at < now() - make_interval(secs => $2))
-       OR (ti.trigger_id = ANY ($1::bigint[]) AND ti.trigger_timeout_at <= now()))
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, ti.trigger_id;
+FROM due
+WHERE ti.id = due.id AND ti.state = 'deferred'
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, due.trigger_id,
+          due.classpath;
 
 -- name: trigger_waiters
 -- For each given trigger: how many task instances still wait on it, and the earliest deadline.
@@ -658,13 +694,40 @@ WHERE t.id = ANY ($1::bigint[])
 RETURNING t.id;
 
 -- name: list_triggers
--- Triggers with their owner and how many task instances wait on each.
-SELECT t.id, t.classpath, t.triggerer_id, t.fence, t.timeout_at, t.created_at,
+-- Triggers ($1 at most) with their owner, their (encrypted) kwargs, how many task instances
+-- wait on each and the first $2 of them (by id).
+SELECT t.id, t.classpath, t.kwargs, t.triggerer_id, t.fence, t.timeout_at, t.created_at,
        (SELECT count(*) FROM deferral_task_instances ti
-        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS waiting
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS waiting,
+       (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                   'dag_id', w.dag_id, 'run_id', w.run_id, 'task_id', w.task_id) ORDER BY w.id),
+               '[]'::jsonb)
+        FROM (SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id FROM deferral_task_instances ti
+              WHERE ti.trigger_id = t.id AND ti.state = 'deferred'
+              ORDER BY ti.id LIMIT $2) w) AS tasks
 FROM deferral_triggers t
 ORDER BY t.id
 LIMIT $1;
+
+-- name: get_trigger
+-- One trigger in full: its owner's host and pid, which deadline its timeout_at is (the
+-- waiting task whose deadline is earliest says), and every task instance waiting on it.
+SELECT t.id, t.classpath, t.kwargs, t.triggerer_id, t.fence, t.timeout_at, t.created_at,
+       r.hostname AS triggerer_hostname, r.pid AS triggerer_pid,
+       (SELECT ti.deadline_kind FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred'
+          AND ti.trigger_timeout_at IS NOT NULL
+        ORDER BY ti.trigger_timeout_at, ti.id LIMIT 1) AS deadline_kind,
+       (SELECT count(*) FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS waiting,
+       (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                   'dag_id', ti.dag_id, 'run_id', ti.run_id, 'task_id', ti.task_id)
+                   ORDER BY ti.id), '[]'::jsonb)
+        FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS tasks
+FROM deferral_triggers t
+LEFT JOIN deferral_triggerers r ON r.id = t.triggerer_id
+WHERE t.id = $1;
 
 -- name: list_triggerers
 -- Live and expired triggerers, with the number of triggers each owns.

@@ -108,6 +108,8 @@ CREATE TABLE deferral_task_instances (
     deadline_kind             text
                               CHECK (deadline_kind IN (
                                   'trigger_timeout', 'execution_timeout', 'sensor_timeout')),
+    -- the error of the try before the current one (a new try clears error); added by 0006
+    previous_error            text,
     UNIQUE (dag_run_id, task_id)
 );
 CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)

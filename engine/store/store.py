@@ -21,6 +21,7 @@ from engine.store.models import (
     ClaimedTrigger,
     Dag,
     DagRun,
+    DagRunSummary,
     DagSummary,
     Deferral,
     EndedRun,
@@ -324,6 +325,13 @@ class Store:
                 row["result"] = None
         return _from_dicts(listed, TaskInstance)
 
+    async def list_dag_runs(
+        self, *, dag_id: str | None = None, state: str | None = None, limit: int = 10_000
+    ) -> list[DagRunSummary]:
+        """Runs, newest first, with how many task instances are in each state."""
+        rows = await self._pool.fetch(self._q["list_dag_runs"], dag_id, state, limit)
+        return _structs(rows, DagRunSummary)
+
     async def count_task_states(self, dag_run_pk: int | None = None) -> dict[str, int]:
         rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)
         return {r["state"]: r["n"] for r in rows}
@@ -603,8 +611,31 @@ class Store:
             rows = await conn.fetch(self._q["delete_owned_triggers"], triggerer_id, ids)
         return {r["id"] for r in rows}
 
-    async def list_triggers(self, limit: int = 10_000) -> list[TriggerRow]:
-        return _structs(await self._pool.fetch(self._q["list_triggers"], limit), TriggerRow)
+    async def list_triggers(
+        self, limit: int = 10_000, *, tasks_per_trigger: int = 5
+    ) -> list[TriggerRow]:
+        """Triggers with their kwargs (decrypted) and the first ``tasks_per_trigger`` task
+        instances waiting on each (``waiting`` counts them all)."""
+        rows = await self._pool.fetch(self._q["list_triggers"], limit, tasks_per_trigger)
+        return _from_dicts(self._open_listed(rows), TriggerRow)
+
+    async def get_trigger(self, trigger_id: int) -> TriggerRow | None:
+        """One trigger with its kwargs (decrypted) and every task instance waiting on it;
+        None when there is no such trigger (it fired, or nobody waits on it any more)."""
+        row = await self._pool.fetchrow(self._q["get_trigger"], trigger_id)
+        return None if row is None else _from_dicts(self._open_listed([row]), TriggerRow)[0]
+
+    def _open_listed(self, rows: Sequence[asyncpg.Record]) -> list[dict[str, Any]]:
+        """Rows of triggers with their kwargs decrypted (None where no configured key opens
+        them: one unreadable trigger must not hide the others)."""
+        listed = [dict(r) for r in rows]
+        for row in listed:
+            try:
+                row["kwargs"] = self.keyring.decrypt(row["kwargs"])
+            except UnreadableValue as exc:
+                log.warning("trigger %s: kwargs not shown: %s", row["id"], exc)
+                row["kwargs"] = None
+        return listed
 
     async def list_triggerers(self) -> list[TriggererRow]:
         return _structs(await self._pool.fetch(self._q["list_triggerers"]), TriggererRow)

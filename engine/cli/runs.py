@@ -1,0 +1,107 @@
+"""``deferral runs``: list DAG runs and wait for one to end."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+
+from engine.cli.common import SECONDS, TEXT, _json, _run, _settings, _usage_exit
+from engine.cli.listing import (
+    RUN_STATE,
+    WAIT_EXIT,
+    cell,
+    fmt_time,
+    interrupted_wait,
+    print_table,
+    show_outcome,
+    wide_option,
+)
+
+if TYPE_CHECKING:
+    from engine.store.models import DagRunSummary
+
+
+@click.group()
+def runs() -> None:
+    """List DAG runs and wait for them."""
+
+
+@runs.command("list")
+@click.option("--dag", "dag_id", type=TEXT, help="Only this DAG.")
+@click.option("--state", type=RUN_STATE, help="Only runs in this state.")
+@click.option("--limit", type=click.IntRange(min=0), default=10_000, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
+@wide_option
+@click.pass_context
+def runs_list(
+    ctx: click.Context,
+    dag_id: str | None,
+    state: str | None,
+    limit: int,
+    as_json: bool,
+    wide: bool,
+) -> None:
+    """List DAG runs, newest first, with how many of their tasks are in each state.
+
+    --json keys: dag_id, run_id, logical_date, state, conf, created_at, ended_at, tasks
+    (task instance counts by state).
+    """
+    settings = _settings(ctx)
+
+    async def main() -> list[DagRunSummary]:
+        from engine.store import open_store
+
+        store = await open_store(settings)
+        try:
+            return await store.list_dag_runs(dag_id=dag_id, state=state, limit=limit)
+        finally:
+            await store.close()
+
+    rows = _run(main)
+    if as_json:
+        _json(rows)
+        return
+    table = Table("dag_id", "run_id", "state", "logical_date", "created_at", "ended_at", "tasks")
+    for row in rows:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(row.tasks.items()))
+        table.add_row(
+            cell(row.dag_id),
+            cell(row.run_id),
+            cell(row.state),
+            cell(fmt_time(row.logical_date)),
+            cell(fmt_time(row.created_at)),
+            cell(fmt_time(row.ended_at)),
+            cell(counts),
+        )
+    print_table(table, wide=wide)
+
+
+@runs.command("wait")
+@click.argument("dag_id", type=TEXT)
+@click.argument("run_id", type=TEXT)
+@click.option("--timeout", type=SECONDS, help="Give up after this many seconds (exit 3).")
+@wide_option
+@click.pass_context
+def runs_wait(
+    ctx: click.Context, dag_id: str, run_id: str, timeout: float | None, wide: bool
+) -> None:
+    """Wait for run RUN_ID of DAG_ID to end, then show its tasks (as `dags trigger --wait`
+    does). Ctrl-C stops only the wait: the run goes on.
+
+    Exit codes: 0 the run succeeded, 1 it failed, 2 no such run, 3 --timeout passed first,
+    130 interrupted.
+    """
+    settings = _settings(ctx)
+    from engine.client import wait_run
+
+    try:
+        outcome = _run(wait_run, settings, dag_id, run_id, timeout)
+    except LookupError as exc:
+        _usage_exit(str(exc.args[0] if exc.args else exc))
+    except KeyboardInterrupt:
+        interrupted_wait(dag_id, run_id)
+    show_outcome(dag_id, outcome, wide=wide)
+    sys.exit(WAIT_EXIT.get(outcome.state, 3))
