@@ -59,6 +59,20 @@ class SubmitAndWait(BaseOperator):
         return {"loaded": event["rows"]}
 
 
+class Forever(BaseTrigger):
+    def serialize(self):
+        return ("pipeline.Forever", {})
+
+    async def run(self):
+        await asyncio.Event().wait()
+        yield TriggerEvent(None)
+
+
+class WaitsForever(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=Forever(), method_name="execute")
+
+
 def extract(conf, logical_date):
     log.info("extracting for %s", conf["region"])
     print("a line printed by the task")
@@ -74,6 +88,7 @@ with DAG(dag_id="pipeline"):
     first >> PythonOperator(task_id="extract", python_callable=extract)
     first >> SubmitAndWait(task_id="wait_for_job")
     first >> PythonOperator(task_id="explode", python_callable=explode, retries=3)
+    first >> WaitsForever(task_id="forever")
 """
 
 
@@ -107,12 +122,11 @@ def scratch_databases(admin_url: str, pid: int) -> list[str]:
     return asyncio.run(names())
 
 
-def tasks_test(admin_url: str, dags: Path, *args: str) -> Done:
-    """``deferral tasks test ARGS --dags DAGS`` next to the test server, its scratch database
-    checked to be gone afterwards."""
+def start(admin_url: str, dags: Path, *args: str) -> subprocess.Popen[bytes]:
+    """``deferral tasks test ARGS --dags DAGS`` next to the test server."""
     # The default allow-list: built-in triggers and the modules of the DAGs folder.
     env = child_env(test_triggers=False, DATABASE_URL=admin_url)
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "engine", "tasks", "test", *args, "--dags", str(dags)],
         env=env,
         cwd=REPO_ROOT,
@@ -120,6 +134,10 @@ def tasks_test(admin_url: str, dags: Path, *args: str) -> Done:
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
+
+
+def finish(admin_url: str, proc: subprocess.Popen[bytes], *args: str) -> Done:
+    """Wait for the command to end; its scratch database checked to be gone afterwards."""
     try:
         out, err = proc.communicate(timeout=90)
     except subprocess.TimeoutExpired:
@@ -128,6 +146,10 @@ def tasks_test(admin_url: str, dags: Path, *args: str) -> Done:
         pytest.fail(f"tasks test {args} kept running:\n{out.decode()}\n{err.decode()}")
     assert scratch_databases(admin_url, proc.pid) == [], "the scratch database was left"
     return Done(proc.returncode, out.decode(), err.decode())
+
+
+def tasks_test(admin_url: str, dags: Path, *args: str) -> Done:
+    return finish(admin_url, start(admin_url, dags, *args), *args)
 
 
 pytestmark = pytest.mark.subprocess
@@ -230,6 +252,26 @@ def test_usage_errors_exit_2_naming_close_names(
     assert done.code == 2, done
     assert expected in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_test_drops_its_scratch_database(
+    admin_url: str, dags: Path, signum: signal.Signals
+) -> None:
+    proc = start(admin_url, dags, "pipeline", "forever")
+    assert proc.stdout is not None
+    seen = []
+    # Read until the task is deferred (pytest-timeout bounds a command that never gets there).
+    for raw in proc.stdout:
+        seen.append(raw.decode())
+        if raw.startswith(b"deferred on pipeline.Forever"):
+            break
+    else:
+        pytest.fail(f"the task never deferred: {seen}")
+    proc.send_signal(signum)
+    done = finish(admin_url, proc)  # checks that the scratch database is gone
+    assert done.code == 130, done
+    assert f"interrupted ({signum.name}) before the task ended" in done.stderr
 
 
 def test_secret_looking_values_are_masked() -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import difflib
+import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import click
 import msgspec
 
@@ -24,6 +26,9 @@ from engine.cli.common import (
     require_dags_folder,
 )
 from engine.dagbag import DagBag, error_summary
+
+if TYPE_CHECKING:
+    from engine.tasktest import TaskTestReport
 
 
 def _close_names(name: str, known: Iterable[str]) -> str:
@@ -117,7 +122,8 @@ def tasks_test(
     the error with its traceback.
 
     Exit codes: 0 the task succeeded (or was skipped), 1 it failed, 2 usage errors (no DAGs
-    folder, unknown DAG or task, bad --logical-date or --conf, no scratch database).
+    folder, unknown DAG or task, bad --logical-date or --conf, no scratch database), 130
+    interrupted (Ctrl-C or SIGTERM) before the task ended.
     """
     settings = _settings(ctx).replace(dags_folder=dags_folder)
     when = _parse_logical_date(logical_date)
@@ -129,12 +135,22 @@ def tasks_test(
 
     from engine.tasktest import ScratchDatabaseError, run_task_test, show
 
-    # With --json, stdout is the report alone: what the task prints goes to stderr.
-    redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
-    try:
-        with redirect:
-            report = _run(
-                lambda: run_task_test(
+    async def until_signalled() -> TaskTestReport | None:
+        """The report, or None when SIGINT or SIGTERM came first: the run is cancelled, and
+        the scratch database dropped, before the command exits."""
+        found: list[TaskTestReport] = []
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        interrupted.append(signal.Signals(signum).name)
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(watch)
+            found.append(
+                await run_task_test(
                     settings,
                     bag,
                     dag_id,
@@ -144,8 +160,24 @@ def tasks_test(
                     on_line=None if as_json else click.echo,
                 )
             )
+            tg.cancel_scope.cancel()
+        return found[0] if found else None
+
+    interrupted: list[str] = []
+    # With --json, stdout is the report alone: what the task prints goes to stderr.
+    redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    try:
+        with redirect:
+            report = _run(until_signalled)
     except ScratchDatabaseError as exc:
         _usage_exit(str(exc))
+    if report is None:
+        click.echo(
+            f"interrupted ({', '.join(interrupted)}) before the task ended; the scratch "
+            "database was dropped",
+            err=True,
+        )
+        sys.exit(130)
     if as_json:
         click.echo(msgspec.json.encode(report).decode())
     else:
