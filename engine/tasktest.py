@@ -372,18 +372,21 @@ async def run_task_test(
         ) from None
     recorder = _Recorder(on_line)
     try:
-        # A throwaway key: what the task stores is sealed, and forgotten with the database.
-        store = await _RecordingStore.connect(url, pool_size=4, keyring=Keyring([generate_key()]))
-        assert isinstance(store, _RecordingStore)
-        store.recorder = recorder
-        try:
-            return await _run(
-                store, settings, dagbag, dag, structure, task_id, name, logical_date, conf,
-                recorder, timeout_s,
-            )  # fmt: skip
-        finally:
-            with anyio.move_on_after(5, shield=True):
-                await store.close()
+        with _capturing(recorder):
+            # A throwaway key: what the task stores is sealed, and forgotten with the database.
+            store = await _RecordingStore.connect(
+                url, pool_size=4, keyring=Keyring([generate_key()])
+            )
+            assert isinstance(store, _RecordingStore)
+            store.recorder = recorder
+            try:
+                return await _run(
+                    store, settings, dagbag, dag, structure, task_id, name, logical_date, conf,
+                    recorder, timeout_s,
+                )  # fmt: skip
+            finally:
+                with anyio.move_on_after(5, shield=True):
+                    await store.close()
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(30):
             await drop_database(admin_url, name)
@@ -405,26 +408,25 @@ async def _run(
     await store.upsert_dag(dag.dag_id, dag.fileloc, structure, dag.description)
     when = logical_date or await store.now()
     run_id = f"tasks_test__{when.isoformat()}"
-    with _capturing(recorder):
-        async with run_engine(
-            store,
-            dagbag=dagbag,
-            scheduler=False,
-            slots=1,
-            capacity=10,
-            default_deferrable=settings.default_deferrable,
-            trigger_allow=trigger_allow_list(settings),
-            triggerer_options={
-                "blocked_loop_s": settings.triggerer_blocked_loop_s,
-                "cleanup_timeout_s": settings.triggerer_cleanup_timeout_s,
-                "cancel_blocking_after": settings.triggerer_cancel_blocking_after,
-                "max_block_s": settings.triggerer_max_block_s,
-            },
-        ) as engine:
-            await store.create_dag_run(dag.dag_id, run_id, logical_date=when, conf=conf)
-            ti = await engine.wait_for_state(
-                dag.dag_id, task_id, _ENDED, run_id=run_id, timeout_s=timeout_s
-            )
+    async with run_engine(
+        store,
+        dagbag=dagbag,
+        scheduler=False,
+        slots=1,
+        capacity=10,
+        default_deferrable=settings.default_deferrable,
+        trigger_allow=trigger_allow_list(settings),
+        triggerer_options={
+            "blocked_loop_s": settings.triggerer_blocked_loop_s,
+            "cleanup_timeout_s": settings.triggerer_cleanup_timeout_s,
+            "cancel_blocking_after": settings.triggerer_cancel_blocking_after,
+            "max_block_s": settings.triggerer_max_block_s,
+        },
+    ) as engine:
+        await store.create_dag_run(dag.dag_id, run_id, logical_date=when, conf=conf)
+        ti = await engine.wait_for_state(
+            dag.dag_id, task_id, _ENDED, run_id=run_id, timeout_s=timeout_s
+        )
     result = ti["result"]
     return TaskTestReport(
         dag_id=dag.dag_id,

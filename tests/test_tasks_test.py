@@ -274,6 +274,21 @@ def test_an_interrupted_test_drops_its_scratch_database(
     assert f"interrupted ({signum.name}) before the task ended" in done.stderr
 
 
+def test_the_readme_example_task_runs_with_tasks_test(admin_url: str, tmp_path: Path) -> None:
+    from tests.test_readme import readme_dag
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "orders.py").write_text(readme_dag())
+    landed = tmp_path / "orders-test.csv"
+    landed.touch()
+    conf = msgspec.json.encode({"path": str(landed)}).decode()
+    done = tasks_test(admin_url, dags, "orders", "wait", "--conf", conf)
+    assert done.code == 0, done
+    assert "deferred on orders.FileLandedTrigger" in done.stdout
+    assert done.stdout.splitlines()[-1] == f"result: {msgspec.json.encode(str(landed)).decode()}"
+
+
 def test_secret_looking_values_are_masked() -> None:
     kwargs = {
         "url": "postgresql://me:pw@db/x",
