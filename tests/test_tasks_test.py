@@ -11,6 +11,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import msgspec
@@ -287,6 +288,33 @@ def test_the_readme_example_task_runs_with_tasks_test(admin_url: str, tmp_path: 
     assert done.code == 0, done
     assert "deferred on orders.FileLandedTrigger" in done.stdout
     assert done.stdout.splitlines()[-1] == f"result: {msgspec.json.encode(str(landed)).decode()}"
+
+
+def test_a_user_that_may_not_create_databases_gets_a_usage_error(
+    admin_url: str, dags: Path
+) -> None:
+    role = f"tasktest_nocreate_{os.getpid()}"
+    password = "not-a-secret"
+
+    async def sql(statement: str) -> None:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(sql(f"CREATE ROLE {role} LOGIN NOCREATEDB PASSWORD '{password}'"))
+    try:
+        parts = urlsplit(admin_url)
+        host = parts.netloc.rpartition("@")[2]
+        url = urlunsplit(parts._replace(netloc=f"{role}:{password}@{host}"))
+        done = tasks_test(url, dags, "pipeline", "extract")
+    finally:
+        asyncio.run(sql(f"DROP ROLE {role}"))
+    assert done.code == 2, done
+    assert "cannot create a scratch database on DEFERRAL_DATABASE_URL" in done.stderr
+    assert "CREATEDB" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_secret_looking_values_are_masked() -> None:

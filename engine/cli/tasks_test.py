@@ -139,6 +139,7 @@ def tasks_test(
         """The report, or None when SIGINT or SIGTERM came first: the run is cancelled, and
         the scratch database dropped, before the command exits."""
         found: list[TaskTestReport] = []
+        failed: list[Exception] = []
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
@@ -149,18 +150,25 @@ def tasks_test(
                         return
 
             tg.start_soon(watch)
-            found.append(
-                await run_task_test(
-                    settings,
-                    bag,
-                    dag_id,
-                    task_id,
-                    logical_date=when,
-                    conf=conf_obj,
-                    on_line=None if as_json else click.echo,
+            try:
+                found.append(
+                    await run_task_test(
+                        settings,
+                        bag,
+                        dag_id,
+                        task_id,
+                        logical_date=when,
+                        conf=conf_obj,
+                        on_line=None if as_json else click.echo,
+                    )
                 )
-            )
+            except Exception as exc:
+                # Raised after the group, unwrapped: the task group would put it in an
+                # ExceptionGroup, which the handlers of usage and database errors miss.
+                failed.append(exc)
             tg.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
         return found[0] if found else None
 
     interrupted: list[str] = []
