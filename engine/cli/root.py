@@ -87,7 +87,9 @@ def cli(
 
 
 def _add_commands() -> None:
-    from engine.cli import dags, db, demo, keys, processes, runs, tasks, triggers
+    from engine.cli import dags, db, demo, keys, processes, runs, tasks, tasks_test, triggers
+
+    tasks.tasks.add_command(tasks_test.tasks_test)
 
     for command in (
         processes.scheduler,
