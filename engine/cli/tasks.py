@@ -28,6 +28,8 @@ class _ListedTask(msgspec.Struct, frozen=True, kw_only=True):
     trigger_id: int | None
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
+    #: What the templated fields rendered to at the start of the latest try; None: nothing.
+    rendered: dict[str, Any] | None = None
 
 
 @click.group()
@@ -70,7 +72,9 @@ def tasks_list(
         _json(
             [
                 msgspec.structs.replace(
-                    msgspec.convert(row, _ListedTask, from_attributes=True), result=result
+                    msgspec.convert(row, _ListedTask, from_attributes=True),
+                    result=result,
+                    rendered=row.rendered_fields,
                 )
                 for row, result in zip(rows, results, strict=True)
             ]

@@ -203,6 +203,9 @@ class TaskInstance(msgspec.Struct, frozen=True, kw_only=True):
     ended_at: dt.datetime | None
     trigger_timeout_at: dt.datetime | None
     run_after: dt.datetime
+    #: What the templated fields rendered to at the start of the latest try (field → value);
+    #: None when nothing was rendered.
+    rendered_fields: dict[str, Any] | None = None
 
 
 class WorkLeft(msgspec.Struct, frozen=True, kw_only=True):
