@@ -34,7 +34,6 @@ pytestmark = pytest.mark.anyio
 
 #: The logical date of the runs: 2026-11-29 06:30 UTC.
 LOGICAL = dt.datetime(2026, 11, 29, 6, 30, tzinfo=dt.UTC)
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def _result(ti: dict[str, Any]) -> Any:
@@ -249,7 +248,7 @@ async def test_a_missing_template_file_fails_naming_the_field_and_the_folders(
     assert tis["wait"]["state"] == "failed"
     assert (
         f"task tmpl_no_file.wait: template field 'sql': template file 'nowhere.sql' not found "
-        f"in {tmp_path.resolve()}" in tis["wait"]["error"]
+        f"in {tmp_path}" in tis["wait"]["error"]
     )
 
 
@@ -326,9 +325,7 @@ async def test_an_undefined_variable_fails_the_task_naming_task_field_and_variab
     store: Store,
 ) -> None:
     with DAG(dag_id="orders") as dag:
-        BashOperator(
-            task_id="load", bash_command="echo {{ foo }}", retries=1, retry_delay=0.0
-        )
+        BashOperator(task_id="load", bash_command="echo {{ foo }}", retries=1, retry_delay=0.0)
     tis = await _run(store, dag)
     load = tis["load"]
     assert load["state"] == "failed"
@@ -342,8 +339,9 @@ async def test_a_template_syntax_error_fails_the_task_saying_so(store: Store) ->
         PythonOperator(task_id="p", python_callable=_wants_ds, op_kwargs={"x": "{{ ds "})
     tis = await _run(store, dag)
     assert tis["p"]["state"] == "failed"
-    assert "task tmpl_syntax.p: template field 'op_kwargs': template syntax error" in (
-        tis["p"]["error"]
+    assert (
+        "task tmpl_syntax.p: template field 'op_kwargs': template syntax error"
+        in (tis["p"]["error"])
     )
 
 
@@ -416,9 +414,7 @@ class _Plain(BaseOperator):
         return str(context["ds"])
 
 
-async def test_tasks_list_json_shows_what_the_fields_rendered_to(
-    store: Store, db_url: str
-) -> None:
+async def test_tasks_list_json_shows_what_the_fields_rendered_to(store: Store, db_url: str) -> None:
     with DAG(dag_id="tmpl_cli") as dag:
         BashOperator(task_id="bash", bash_command="echo {{ ds }}", env={"DAY": "{{ ds }}"})
         _Plain(task_id="plain")
@@ -437,17 +433,10 @@ async def test_tasks_list_json_shows_what_the_fields_rendered_to(
     assert listed["plain"]["rendered"] is None
 
 
-# -- macros and the reference ---------------------------------------------------------------
+# -- macros ---------------------------------------------------------------
 
 
 def test_macros() -> None:
     assert ds_add("2026-01-31", 1) == "2026-02-01"
     assert ds_add("2026-03-01", -1) == "2026-02-28"
     assert ds_format("2026-01-31", "%Y-%m-%d", "%d/%m/%Y") == "31/01/2026"
-
-
-def test_the_reference_lists_every_template_variable_and_macro() -> None:
-    text = (DOCS / "reference" / "templates.md").read_text()
-    for name in [*TEMPLATE_VARIABLES, "ds_add", "ds_format", "macros.datetime", "timedelta"]:
-        assert f"`{name}" in text, name
-    assert "reference/templates.md" in (DOCS / "index.md").read_text()
