@@ -20,6 +20,7 @@ templates are kept, so a task's templates are compiled once per process, not onc
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 import os
 import threading
@@ -110,6 +111,8 @@ def run_values(ti: ClaimedTask, dag: Any) -> RunValues:
     ``logical_date``, and ``params`` are the DAG's ``params`` (none until DAGs have them),
     overridden by the run's ``conf`` keys of the same name (Airflow's default)."""
     logical_date = ti.logical_date
+    # TODO(schedules): wired to the run's data interval columns after the schedules change
+    # (ClaimedTask gains data_interval_start / data_interval_end from claim_tasks; DAG params).
     start = getattr(ti, "data_interval_start", None) or logical_date
     end = getattr(ti, "data_interval_end", None) or logical_date
     params = dict(getattr(dag, "params", None) or {})
@@ -168,6 +171,8 @@ def build_context(
     but :data:`PREV_SUCCESS`, which the caller adds when :func:`wants` says it is asked for."""
     logical_date = ti.logical_date
     utc = logical_date.astimezone(dt.UTC)
+    ds = utc.date().isoformat()  # (strftime costs several times as much, on every call)
+    ds_nodash = ds.replace("-", "")
     values = run_values(ti, dag)
     return {
         "dag_id": ti.dag_id,
@@ -180,10 +185,10 @@ def build_context(
         "first_try_at": ti.first_try_at,
         "claimed_at": ti.db_now,
         "default_deferrable": default_deferrable,
-        "ds": utc.strftime("%Y-%m-%d"),
-        "ds_nodash": utc.strftime("%Y%m%d"),
+        "ds": ds,
+        "ds_nodash": ds_nodash,
         "ts": utc.isoformat(),
-        "ts_nodash": utc.strftime("%Y%m%dT%H%M%S"),
+        "ts_nodash": f"{ds_nodash}T{utc.hour:02d}{utc.minute:02d}{utc.second:02d}",
         "data_interval_start": values.data_interval_start,
         "data_interval_end": values.data_interval_end,
         "dag_run": DagRunInfo(
@@ -291,15 +296,14 @@ _envs_lock = threading.Lock()
 
 
 def _env_for(op: BaseOperator) -> _Env:
+    """The environment of the operator's DAG: its file's folder, then its search path."""
     dag = getattr(op, "dag", None)
-    paths: list[str] = []
-    fileloc = getattr(dag, "fileloc", None)
-    if fileloc:
-        paths.append(str(Path(fileloc).resolve().parent))
-    paths.extend(str(p) for p in getattr(dag, "template_searchpath", None) or ())
-    key = tuple(paths)
+    fileloc = getattr(dag, "fileloc", None) or ""
+    key = (fileloc, *(str(p) for p in getattr(dag, "template_searchpath", None) or ()))
     env = _envs.get(key)
     if env is None:
+        paths = [str(Path(fileloc).resolve().parent)] if fileloc else []
+        paths.extend(key[1:])
         with _envs_lock:
             env = _envs.setdefault(key, _Env(paths))
     return env
@@ -365,13 +369,16 @@ def prepare(op: BaseOperator) -> Prepared:
     rendering them. :class:`TemplateRenderError` for a syntax error or a missing file."""
     fields: dict[str, Any] = {}
     names: set[str] = set()
-    template_fields = getattr(op, "template_fields", ())
-    if not template_fields:
+    ext = tuple(getattr(op, "template_ext", ()) or ())
+    templated = [
+        (name, value)
+        for name in getattr(op, "template_fields", ())
+        if _holds_template(value := getattr(op, name, None), ext)
+    ]
+    if not templated:  # the common case: no Jinja environment, nothing compiled
         return Prepared(op, fields, frozenset())
     env = _env_for(op)
-    ext = tuple(getattr(op, "template_ext", ()) or ())
-    for name in template_fields:
-        value = getattr(op, name, None)
+    for name, value in templated:
         try:
             compiled, found = _compile_value(env, value, ext)
         except jinja2.TemplateError as exc:
@@ -444,16 +451,18 @@ def reads_files(op: BaseOperator) -> bool:
     ext = tuple(getattr(op, "template_ext", ()) or ())
     if not ext:
         return False
-    return any(_mentions_ext(getattr(op, f, None), ext) for f in op.template_fields)
+    return any(_holds_template(getattr(op, f, None), ext, ()) for f in op.template_fields)
 
 
-def _mentions_ext(value: Any, ext: tuple[str, ...]) -> bool:
+def _holds_template(value: Any, ext: tuple[str, ...], markers: tuple[str, ...] = _MARKERS) -> bool:
+    """Whether ``value`` holds a string that is a template (``markers``) or names a template
+    file (``ext``), nested in containers too."""
     if isinstance(value, str):
-        return value.endswith(ext)
+        return bool(ext and value.endswith(ext)) or any(m in value for m in markers)
     if isinstance(value, list | tuple | set | frozenset):
-        return any(_mentions_ext(v, ext) for v in value)
+        return any(_holds_template(v, ext, markers) for v in value)
     if isinstance(value, dict):
-        return any(_mentions_ext(v, ext) for v in value.values())
+        return any(_holds_template(v, ext, markers) for v in value.values())
     return False
 
 
@@ -465,6 +474,14 @@ def wants(op: BaseOperator, prepared: Prepared, name: str) -> bool:
     fn = getattr(op, "python_callable", None)
     if fn is None:
         return False
+    try:
+        return _asks_for(fn, name)
+    except TypeError:  # an unhashable callable: not cached
+        return _asks_for.__wrapped__(fn, name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _asks_for(fn: Callable[..., Any], name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
