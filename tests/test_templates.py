@@ -9,7 +9,7 @@ import datetime as dt
 import json
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import pytest
@@ -19,8 +19,15 @@ from click.testing import CliRunner
 from engine import DAG
 from engine.cli import cli
 from engine.dagbag import DagBag
-from engine.store import Store
-from engine.templating import TEMPLATE_VARIABLES, ds_add, ds_format
+from engine.store import ClaimedTask, Store
+from engine.templating import (
+    TEMPLATE_VARIABLES,
+    build_context,
+    ds_add,
+    ds_format,
+    jsonable,
+    prepare,
+)
 from engine.testing import run_engine
 from operators.base import BaseOperator
 from operators.bash import BashOperator
@@ -440,3 +447,46 @@ def test_macros() -> None:
     assert ds_add("2026-01-31", 1) == "2026-02-01"
     assert ds_add("2026-03-01", -1) == "2026-02-28"
     assert ds_format("2026-01-31", "%Y-%m-%d", "%d/%m/%Y") == "31/01/2026"
+
+
+class _Pair(NamedTuple):
+    left: str
+    right: int
+
+
+class _Many(BaseOperator):
+    template_fields = ("text", "items", "mapping", "other", "absent")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.text = "{{ ds }}"
+        self.items = ("{{ ds_nodash }}", {"{{ ds }}"}, _Pair("{{ run_id }}", 2), [1, None])
+        self.mapping = {"{{ key }}": ["{{ ti.try_number }}", {"deep": "{{ params.p }}"}]}
+        self.other = object()
+
+
+def test_fields_render_inside_containers_and_other_values_pass_unchanged() -> None:
+    with DAG(dag_id="tmpl_unit"):
+        op = _Many(task_id="many")
+    other = op.other
+    now = dt.datetime(2026, 11, 29, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-2)))
+    ti = ClaimedTask(
+        id=7, dag_id="tmpl_unit", run_id="r", task_id="many", try_number=3, logical_date=now,
+        conf={"p": "from conf"}, first_try_at=now, try_started_at=now,
+        execution_timeout_s=None, db_now=now,
+    )  # fmt: skip
+    context = build_context(ti, op, _WithParams(), default_deferrable=False)
+    assert (context["ds"], context["ts_nodash"]) == ("2026-11-30", "20261130T013000")  # UTC
+    assert context["params"] == {"p": "from conf", "q": 1}
+    rendered = prepare(op).render(context)
+    assert op.text == "2026-11-30"
+    assert op.items == ("20261130", {"2026-11-30"}, _Pair("r", 2), [1, None])
+    assert op.mapping == {"{{ key }}": ["3", {"deep": "from conf"}]}  # keys are not rendered
+    assert op.other is other
+    assert rendered is not None
+    assert jsonable(rendered)["items"] == ["20261130", ["2026-11-30"], ["r", 2], [1, None]]
+    assert jsonable(rendered)["other"].startswith("<object object")
+
+
+class _WithParams:
+    params = {"p": "default", "q": 1}
