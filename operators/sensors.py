@@ -333,7 +333,9 @@ class HttpSensor(BaseSensorOperator):
     ) -> None:
         super().__init__(**kwargs)
         if (endpoint is None) == (url is None):
-            raise ValueError(f"task {self.task_id}: pass endpoint (or url, its other name)")
+            raise ValueError(
+                f"task {self.task_id}: give HttpSensor one endpoint (or url, its other name)"
+            )
         self.endpoint: str = endpoint if endpoint is not None else url  # type: ignore[assignment]
         self.method = method
         self.headers = dict(headers or {})

@@ -302,6 +302,13 @@ async def test_http_sensor_renders_endpoint_headers_and_data(
     assert service.seen[-1] == ("/status/2026-11-29", "20261129", "run=run1")
 
 
+def test_http_sensor_takes_one_endpoint_or_url() -> None:
+    assert HttpSensor(task_id="a", url="http://127.0.0.1/x").endpoint == "http://127.0.0.1/x"
+    for kwargs in ({}, {"url": "/a", "endpoint": "/b"}):
+        with pytest.raises(ValueError, match="task b: give HttpSensor one endpoint"):
+            HttpSensor(task_id="b", **kwargs)
+
+
 async def test_external_task_sensor_renders_its_ids(store: Store) -> None:
     with DAG(dag_id="tmpl_producer") as producer:
         PythonOperator(task_id="load", python_callable=_wants_ds)
