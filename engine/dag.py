@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+from collections.abc import Iterable
 from contextvars import Token
 from typing import Any
 
@@ -27,6 +29,10 @@ def forget_module(module_name: str) -> None:
     _by_module.pop(module_name, None)
 
 
+#: A folder, or several.
+_Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
 class DagCycleError(ValueError):
     """The task graph has a cycle."""
 
@@ -35,10 +41,17 @@ class DAG:
     """``with DAG(dag_id="orders"): a >> b`` declares tasks and their order.
 
     Runs are created by ``deferral dags trigger`` (or :meth:`engine.store.Store.create_dag_run`).
+    Template files (a templated field ending in an operator's ``template_ext``) are looked up
+    in the DAG file's folder, then in the folders of ``template_searchpath``.
     """
 
     def __init__(
-        self, dag_id: str, *, description: str | None = None, fileloc: str | None = None
+        self,
+        dag_id: str,
+        *,
+        description: str | None = None,
+        fileloc: str | None = None,
+        template_searchpath: _Paths | None = None,
     ) -> None:
         if not isinstance(dag_id, str) or not _DAG_ID.match(dag_id):
             raise ValueError(
@@ -46,6 +59,10 @@ class DAG:
             )
         self.dag_id = dag_id
         self.description = description
+        if isinstance(template_searchpath, str | os.PathLike):
+            template_searchpath = [template_searchpath]
+        #: Folders searched for template files after the DAG file's own folder.
+        self.template_searchpath: list[str] = [os.fspath(p) for p in template_searchpath or ()]
         self.tasks: dict[str, BaseOperator] = {}
         self._tokens: list[Token[DagLike | None]] = []
         caller = sys._getframe(1).f_globals

@@ -94,6 +94,22 @@ class Context(TypedDict, total=False):
     #: The engine's ``default_deferrable`` setting: whether operators that can defer and were
     #: not told (``deferrable=None``) do. The runtime hands it over here, at run time.
     default_deferrable: bool
+    # The template variables (docs/reference/templates.md), which are context keys as well.
+    ds: str
+    ds_nodash: str
+    ts: str
+    ts_nodash: str
+    data_interval_start: dt.datetime
+    data_interval_end: dt.datetime
+    #: Present when a template or the callable asks for it.
+    prev_data_interval_start_success: dt.datetime | None
+    dag_run: Any
+    params: dict[str, Any]
+    task: BaseOperator
+    ti: Any
+    macros: Any
+    #: PythonOperator's ``templates_dict``, rendered.
+    templates_dict: dict[str, Any] | None
 
 
 class DagLike(Protocol):
@@ -255,7 +271,12 @@ class BaseOperator:
     task's result. Settings are keyword-only, as in the rest of the engine.
     """
 
+    #: Attributes the worker renders with Jinja2 just before the task runs (engine.templating):
+    #: strings, and the values of lists, tuples, sets and dicts, nested too.
     template_fields: Sequence[str] = ()
+    #: A templated string ending in one of these names a template file, read from the DAG's
+    #: folder or its ``template_searchpath`` and rendered.
+    template_ext: Sequence[str] = ()
 
     def __init__(
         self,

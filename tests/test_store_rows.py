@@ -157,6 +157,8 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     by_name = {ti.task_id: ti for ti in claimed}
     assert set(by_name) == {"a", "c", "d"}
     assert len(await s.unacknowledged_claims(worker, [by_name["a"].id])) == 2
+    assert await s.set_rendered_fields(by_name["a"].id, worker, 1, {"cmd": "echo 2026"})
+    assert await s.prev_success_interval_start("rows", now) is None
     assert await s.reschedule_task(by_name["d"].id, worker, now + dt.timedelta(hours=1))
     assert await s.defer_task(by_name["c"].id, worker, _deferral(None))
     done = TaskOutcome(ti_id=by_name["a"].id, worker_id=worker, try_number=1, kind="success")

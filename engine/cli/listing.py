@@ -182,6 +182,8 @@ class ListedTask(msgspec.Struct, frozen=True, kw_only=True):
     try_started_at: dt.datetime | None
     duration_s: float | None
     previous_error: str | None
+    #: What the templated fields rendered to at the start of the latest try; None: nothing.
+    rendered: dict[str, Any] | None = None
 
 
 def listed_task(row: TaskInstance) -> ListedTask:
@@ -200,6 +202,7 @@ def listed_task(row: TaskInstance) -> ListedTask:
         try_started_at=row.try_started_at,
         duration_s=row.duration_s,
         previous_error=row.previous_error,
+        rendered=row.rendered_fields,
     )
 
 

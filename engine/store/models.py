@@ -216,6 +216,9 @@ class TaskInstance(msgspec.Struct, frozen=True, kw_only=True):
     retry_at: dt.datetime | None = None
     #: Seconds from the start of the first try to the end of the last (to now if not ended).
     duration_s: float | None = None
+    #: What the templated fields rendered to at the start of the latest try (field → value);
+    #: None when nothing was rendered.
+    rendered_fields: dict[str, Any] | None = None
 
 
 class DagRunSummary(msgspec.Struct, frozen=True, kw_only=True):

@@ -366,7 +366,8 @@ SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.resu
        CASE WHEN ti.state IN ('up_for_retry', 'up_for_reschedule') THEN ti.run_after END
            AS retry_at,
        EXTRACT(EPOCH FROM COALESCE(ti.ended_at, now()) - ti.first_try_at)::double precision
-           AS duration_s
+           AS duration_s,
+       ti.rendered_fields
 FROM deferral_task_instances ti
 WHERE ($1::text IS NULL OR ti.dag_id = $1) AND ($2::text IS NULL OR ti.run_id = $2)
   AND ($3::text IS NULL OR ti.state = $3)
@@ -384,6 +385,24 @@ FROM deferral_dag_runs r
 WHERE ($1::text IS NULL OR r.dag_id = $1) AND ($2::text IS NULL OR r.state = $2)
 ORDER BY r.id DESC
 LIMIT $3;
+
+-- name: set_rendered_fields
+-- What the templated fields of task instance $1 rendered to ($4, field → value) at the start
+-- of try $3, written only while worker $2 still runs that try. Written only for tasks whose
+-- fields held a template: one statement per such try, none for the others.
+UPDATE deferral_task_instances SET rendered_fields = $4::jsonb
+WHERE id = $1 AND worker_id = $2 AND try_number = $3 AND state = 'running'
+RETURNING id;
+
+-- name: prev_success_interval_start
+-- The data interval start of the latest successful run of DAG $1 before logical date $2 (the
+-- template variable prev_data_interval_start_success). Runs only when a template or a callable
+-- asks for it. Until runs have data interval columns, a run's interval starts at its logical
+-- date (wired to the run's data interval columns after the schedules change).
+SELECT logical_date AS start FROM deferral_dag_runs
+WHERE dag_id = $1 AND state = 'success' AND logical_date < $2
+ORDER BY logical_date DESC
+LIMIT 1;
 
 -- name: count_task_states
 -- How many task instances are in each state (of one run, or all).

@@ -28,6 +28,9 @@ CREATE TABLE deferral_dag_runs (
     ended_at     timestamptz,
     UNIQUE (dag_id, run_id)
 );
+-- the latest successful run before a date (prev_data_interval_start_success); added by 0007
+CREATE INDEX deferral_dag_runs_success ON deferral_dag_runs (dag_id, logical_date)
+    WHERE state = 'success';
 
 CREATE TABLE deferral_workers (
     id           bigserial PRIMARY KEY,
@@ -110,6 +113,9 @@ CREATE TABLE deferral_task_instances (
                                   'trigger_timeout', 'execution_timeout', 'sensor_timeout')),
     -- the error of the try before the current one (a new try clears error); added by 0006
     previous_error            text,
+    -- what the templated fields rendered to at the start of the latest try (field → value);
+    -- null when nothing was rendered; added by 0007
+    rendered_fields           jsonb,
     UNIQUE (dag_run_id, task_id)
 );
 CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)

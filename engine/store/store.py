@@ -332,6 +332,26 @@ class Store:
         rows = await self._pool.fetch(self._q["list_dag_runs"], dag_id, state, limit)
         return _structs(rows, DagRunSummary)
 
+    async def set_rendered_fields(
+        self, ti_id: int, worker_id: int, try_number: int, rendered: dict[str, Any]
+    ) -> bool:
+        """Keep what the templated fields of a running try rendered to (JSON-ready values);
+        False if the worker no longer holds that try (nothing is written)."""
+        row = await self._pool.fetchrow(
+            self._q["set_rendered_fields"], ti_id, worker_id, try_number, rendered
+        )
+        return row is not None
+
+    async def prev_success_interval_start(
+        self, dag_id: str, logical_date: dt.datetime
+    ) -> dt.datetime | None:
+        """The data interval start of the latest successful run of ``dag_id`` before
+        ``logical_date``; None when there is none."""
+        start: dt.datetime | None = await self._pool.fetchval(
+            self._q["prev_success_interval_start"], dag_id, logical_date
+        )
+        return start
+
     async def count_task_states(self, dag_run_pk: int | None = None) -> dict[str, int]:
         rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)
         return {r["state"]: r["n"] for r in rows}
