@@ -46,6 +46,7 @@ TASK_KEYS = {
     "state",
     "try_number",
     "result",
+    "rendered",
     "error",
     "trigger_id",
     "started_at",
