@@ -87,7 +87,7 @@ def cli(
 
 
 def _add_commands() -> None:
-    from engine.cli import dags, db, demo, keys, processes, tasks, triggers
+    from engine.cli import dags, db, demo, keys, processes, tasks, triggers, webserver
 
     for command in (
         processes.scheduler,
@@ -100,6 +100,7 @@ def _add_commands() -> None:
         db.db,
         demo.demo,
         keys.keys,
+        webserver.webserver,
     ):
         cli.add_command(command)
 
