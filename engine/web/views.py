@@ -198,7 +198,7 @@ DAG_COLUMNS: list[Column] = [
 
 async def dags_page(store: Store) -> dict[str, Any]:
     dags = await store.dags_overview()
-    return {"title": "DAGs", "table": Table(DAG_COLUMNS, dags)}
+    return {"title": "DAGs", "dags": Table(DAG_COLUMNS, dags)}
 
 
 RUN_COLUMNS: list[Column] = [
