@@ -57,6 +57,9 @@ class Supervisor:
     def __init__(self, *, drain_s: float) -> None:
         self.drain_s = drain_s
         self.children: dict[str, Child] = {}
+        #: Kinds whose exit does not stop the others (the status page: a port in use must not
+        #: stop the engine).
+        self.optional: set[str] = set()
         self.stage = 0
         self.code = 0
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()  # put() is reentrant
@@ -123,7 +126,14 @@ class Supervisor:
 
     def _on_exit(self, child: Child) -> None:
         code = child.returncode
-        if self.stage == 0:
+        if self.stage == 0 and child.kind in self.optional:
+            log.error(
+                "the %s process %s exited with %s; the others go on without it",
+                child.kind,
+                child.label,
+                code,
+            )
+        elif self.stage == 0:
             log.error(
                 "the %s process %s exited with %s; stopping the others",
                 child.kind,
@@ -169,6 +179,7 @@ def run_standalone(settings: Settings, *, webserver: bool = True) -> int:
         for kind in KINDS:
             supervisor.add(spawn(kind, settings, *extra[kind]))
         if webserver:
+            supervisor.optional.add(WEBSERVER)
             # Read-only (no --enable-actions): `deferral webserver` serves the actions.
             supervisor.add(
                 spawn(

@@ -230,7 +230,7 @@ async def test_triggers_page_filters_counts_and_oldest_waits(
     ):
         text = await page(client, "/triggers?" + query)
         listing = text[text.index('id="trigger-list"') :]
-        assert (f"<td class=\"num\">{scene.trigger_id}</td>" in listing) == listed, query
+        assert (f'<td class="num">{scene.trigger_id}</td>' in listing) == listed, query
     await page(client, "/triggers?" + q(triggerer="x"), 400)
 
 
@@ -397,6 +397,3 @@ def test_the_page_binds_to_loopback_by_default() -> None:
 
     settings = load_settings({})
     assert (settings.webserver_host, settings.webserver_port) == ("127.0.0.1", 8793)
-
-
-

@@ -12,7 +12,7 @@ from aiohttp import web
 from anyio.abc import TaskStatus
 
 from engine import logs
-from engine.config import Settings
+from engine.config import ConfigError, Settings
 from engine.runner import exit_without_threads, serve, supervisor_fd
 from engine.store import Store, open_store
 from engine.web.app import make_app
@@ -38,33 +38,46 @@ class WebServer:
         self.token = token
         self._stopped = anyio.Event()
         self._stopping = False
+        self._runner: web.AppRunner | None = None
 
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` and more than once."""
         self._stopping = True
         self._stopped.set()
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def start(self) -> None:
+        """Listen (ConfigError, naming the setting, when the address cannot be bound)."""
+        if self._runner is not None:
+            return
         runner = web.AppRunner(make_app(self.store, token=self.token), access_log=None)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port)
-            await site.start()
-            if runner.addresses:
-                self.port = int(runner.addresses[0][1])
-            url = status_url(self.host, self.port)
-            log.info(
-                "status page at %s (%s)",
-                url,
-                "actions enabled" if self.token else "read-only",
-            )
-            print(f"deferral webserver: {url}", file=sys.stderr, flush=True)
+            await web.TCPSite(runner, self.host, self.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(
+                f"the status page cannot listen on {self.host}:{self.port} "
+                f"({exc.strerror or exc}); "
+                "choose another port (--port, setting webserver_port)"
+            ) from None
+        self._runner = runner
+        if runner.addresses:
+            self.port = int(runner.addresses[0][1])
+        url = status_url(self.host, self.port)
+        log.info("status page at %s (%s)", url, "actions enabled" if self.token else "read-only")
+        print(f"deferral webserver: {url}", file=sys.stderr, flush=True)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self.start()
             task_status.started()
             if not self._stopping:
                 await self._stopped.wait()
         finally:
-            with anyio.move_on_after(5, shield=True):
-                await runner.cleanup()
+            runner, self._runner = self._runner, None
+            if runner is not None:
+                with anyio.move_on_after(5, shield=True):
+                    await runner.cleanup()
 
 
 async def run_webserver(settings: Settings, token: str | None) -> None:
@@ -77,6 +90,7 @@ async def run_webserver(settings: Settings, token: str | None) -> None:
         server = WebServer(
             store, host=settings.webserver_host, port=settings.webserver_port, token=token
         )
+        await server.start()
         cancelled = await serve([server], supervisor=supervisor)
     finally:
         with anyio.move_on_after(5, shield=True):
