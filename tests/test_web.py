@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 
