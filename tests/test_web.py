@@ -396,3 +396,13 @@ def test_the_page_binds_to_loopback_by_default() -> None:
 
     settings = load_settings({})
     assert (settings.webserver_host, settings.webserver_port) == ("127.0.0.1", 8793)
+
+
+async def test_a_running_scheduler_is_in_the_fleet_until_it_stops(store: Store) -> None:
+    from engine.testing import run_engine
+
+    async with run_engine(store, worker=False, triggerer=False) as engine:
+        (row,) = (await store.fleet()).schedulers
+        assert row.id == engine.scheduler.id
+        assert row.version == "0.1.0"
+    assert (await store.fleet()).schedulers == []
