@@ -23,7 +23,7 @@ import pytest
 
 from engine.store import Store
 from tests.conftest import TEST_FERNET_KEY
-from tests.helpers import WAIT_S
+from tests.helpers import WAIT_S, free_port
 from tests.processes import Children, explained
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -43,12 +43,6 @@ from operators.sensors import FileSensor
 with DAG(dag_id="browser") as dag:
     FileSensor(task_id="wait", filepath={flag!r}, deferrable=True, poke_interval=0.2)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _create_run(db_url: str) -> None:
@@ -101,7 +95,7 @@ def test_the_pages_of_a_running_standalone_in_a_browser(
     dags.mkdir()
     flag = tmp_path / "go.flag"
     (dags / "browser_dag.py").write_text(DAG_FILE.format(flag=str(flag)))
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     children.start(
         "standalone", "--dags", str(dags), "--webserver-port", str(port), name="standalone"
