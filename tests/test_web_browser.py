@@ -113,6 +113,7 @@ def test_the_pages_of_a_running_standalone_in_a_browser(
     asyncio.run(run())  # (before the browser: Playwright's sync API runs a loop of its own)
     with _chromium() as browser:
         _browse(browser, base, task_page, flag, shots, children)
+    assert f"status page: {base}/" in children.output()  # standalone printed its address
     assert {p.name for p in shots.iterdir()} >= {
         "fleet.png",
         "task-deferred.png",

@@ -312,7 +312,7 @@ async def run_page(store: Store, dag_id: str, run_id: str) -> dict[str, Any]:
         "title": f"Run {run_id}",
         "run": run,
         "conf": pretty(masked(run.conf)),
-        "grid": Table(columns, cells, lambda c: f"state-{c.state}"),
+        "grid": Table(columns, cells),
         "graph": graph(
             dag.tasks if dag else [{"task_id": c.task_id, "upstream": c.upstream} for c in cells],
             {c.task_id: c.state for c in cells},
