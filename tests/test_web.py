@@ -8,6 +8,7 @@ import datetime as dt
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,8 @@ from engine.store.session import TriggererSession
 from engine.web import hooks
 from engine.web.app import make_app
 from operators.python import PythonOperator
+from tests.helpers import wait_until
+from tests.processes import Children, explained
 from triggers.base import encode_value
 
 pytestmark = pytest.mark.anyio
@@ -373,12 +376,13 @@ async def test_pause_is_not_offered_without_schedules(
 async def test_an_action_cannot_redirect_off_the_site(
     scene: Scene, acting: TestClient[Any, Any]
 ) -> None:
-    response = await acting.post(
-        "/actions/clear",
-        data=_task_form("a", token=TOKEN, next="//evil.example/"),
-        allow_redirects=False,
-    )
-    assert response.headers["Location"].startswith("/task?")
+    for target in ("//evil.example/", "/\\evil.example/", "https://evil.example/"):
+        response = await acting.post(
+            "/actions/clear",
+            data=_task_form("a", token=TOKEN, next=target),
+            allow_redirects=False,
+        )
+        assert response.headers["Location"].startswith("/task?"), target
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -406,3 +410,22 @@ async def test_a_running_scheduler_is_in_the_fleet_until_it_stops(store: Store) 
         assert row.id == engine.scheduler.id
         assert row.version == "0.1.0"
     assert (await store.fleet()).schedulers == []
+
+
+@pytest.mark.subprocess
+async def test_standalone_without_the_webserver_starts_three_processes(
+    children: Children, tmp_path: Path
+) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    proc = children.start("standalone", "--dags", str(dags), "--no-webserver", name="standalone")
+
+    async def started() -> bool:
+        return "started scheduler[" in children.output() or proc.poll() is not None
+
+    async with explained(children):
+        await wait_until(started, what="standalone to start its children")
+    line = next(x for x in children.output().splitlines() if "started scheduler[" in x)
+    assert "webserver[" not in line
+    assert "triggerer[" in line
+    assert "status page:" not in children.output()

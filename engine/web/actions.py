@@ -45,7 +45,8 @@ def _field(form: Any, name: str) -> str:
 def _back(form: Any, default: str) -> web.HTTPSeeOther:
     """Back to the page the action came from (a local path only), or ``default``."""
     target = form.get("next")
-    if not (isinstance(target, str) and target.startswith("/") and not target.startswith("//")):
+    # A path on this site only: "//host" and "/\\host" would leave it.
+    if not (isinstance(target, str) and target[:1] == "/" and target[1:2] not in ("/", "\\")):
         target = default
     return web.HTTPSeeOther(target)
 
