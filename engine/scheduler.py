@@ -16,6 +16,7 @@ NOTIFYs ``deferral_dag_rescan`` with a token of its own; a scheduler answers
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -123,6 +124,9 @@ class Scheduler:
         self._contact_lost = False
         #: Housekeeping passes completed (for tests and introspection).
         self.housekeeping_passes = 0
+        #: This scheduler's row in deferral_schedulers (the status page's fleet), kept by each
+        #: housekeeping pass.
+        self.id: int | None = None
 
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` (which then returns at once) and more than once;
@@ -144,6 +148,7 @@ class Scheduler:
             if self.dagbag is not None:
                 dagbag = self.dagbag
                 await with_db_retry("record DAGs", lambda: self._sync_dags(dagbag))
+            self.id = await with_db_retry("register the scheduler", self.store.register_scheduler)
             task_status.started()
             last_sync = last_housekeeping = time.monotonic()
             backoff = Backoff()
@@ -174,6 +179,9 @@ class Scheduler:
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
+                if self.id is not None:
+                    with contextlib.suppress(*TRANSIENT_ERRORS):
+                        await self.store.unregister_scheduler(self.id)
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == CHANNEL_DAG_RESCAN:
@@ -256,4 +264,6 @@ class Scheduler:
                 log.info("dropped %d trigger(s) nobody waits on", orphans)
         if zombies or late or resolved:
             await self.finish_runs()
+        if self.id is not None:
+            self.id = await self.store.heartbeat_scheduler(self.id)
         self.housekeeping_passes += 1

@@ -203,6 +203,30 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert {z.state for z in zombies} <= {"up_for_retry", "failed"}
     assert await s.finish_dag_runs([run_pk]) == []
     assert (await s.rotate_keys())["unreadable"] == 0
+
+    # The status page (engine/store/status.py).
+    scheduler = await s.register_scheduler()
+    assert await s.heartbeat_scheduler(scheduler) == scheduler
+    fleet = await s.fleet()
+    assert fleet.workers == []  # reaped above
+    assert [x.id for x in fleet.schedulers] == [scheduler]
+    await s.unregister_scheduler(scheduler)
+    assert [d.dag_id for d in await s.dags_overview()] == ["rows"]
+    (summary,) = await s.dag_runs("rows")
+    assert len(await s.run_task_grid(summary.id)) == 4
+    a_try = await s.task_try("rows", "r1", "a")
+    assert a_try is not None
+    assert a_try.state == "success"
+    assert isinstance(await s.triggers_page(classpath="Never"), list)
+    assert isinstance(await s.trigger_class_counts(), list)
+    assert isinstance(await s.oldest_waits(), list)
+    assert [m.state for m in await s.clear_task(a_try.id, who="t", target="a")] == ["scheduled"]
+    assert [m.state for m in await s.mark_task(a_try.id, "failed", who="t", target="a")] == [
+        "failed"
+    ]
+    assert await s.cancel_trigger(-1, who="t") == []
+    await s.record_audit("t", "look", "rows")
+    assert len(await s.list_audit()) == 4
     await s.unregister_worker(worker)
 
     assert set(_public_coroutines(Store)) - _LIFECYCLE - s.called == set()

@@ -95,8 +95,8 @@ SELECT id, dag_id, run_id, logical_date, conf, state, created_at, ended_at
 FROM deferral_dag_runs WHERE dag_id = $1 AND run_id = $2;
 
 -- name: register_worker
--- A worker announces itself.
-INSERT INTO deferral_workers (hostname, pid, slots) VALUES ($1, $2, $3) RETURNING id;
+-- A worker announces itself ($4: the engine's version).
+INSERT INTO deferral_workers (hostname, pid, slots, version) VALUES ($1, $2, $3, $4) RETURNING id;
 
 -- name: unregister_worker
 -- A worker leaves after a graceful stop.
@@ -431,18 +431,21 @@ SELECT
         AS runs_to_end;
 
 -- name: register_triggerer
--- A triggerer announces itself with a lease of $4 seconds on the database clock.
-INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at)
-VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+-- A triggerer announces itself with a lease of $4 seconds on the database clock ($5: the
+-- engine's version).
+INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at, version)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5)
 RETURNING id;
 
 -- name: register_triggerer_locked
 -- A triggerer announces itself on its own lease connection and, in the same statement, takes
 -- the session-level advisory lock (74657202, id) it holds for as long as it lives: its row
--- never becomes visible without the lock held. Lease of $4 seconds on the database clock.
+-- never becomes visible without the lock held. Lease of $4 seconds on the database clock;
+-- $5: the engine's version.
 WITH registered AS (
-    INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at, session_locked)
-    VALUES ($1, $2, $3, now() + make_interval(secs => $4), true)
+    INSERT INTO deferral_triggerers
+        (hostname, pid, capacity, lease_expires_at, session_locked, version)
+    VALUES ($1, $2, $3, now() + make_interval(secs => $4), true, $5)
     RETURNING id
 )
 SELECT id, pg_advisory_lock(74657202, (id % 2147483647)::integer) AS locked FROM registered;
@@ -461,9 +464,15 @@ SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id = $1;
 
 -- name: renew_triggerer_lease
 -- Extend a triggerer's lease. No row means the lease was lost and its triggers adopted.
--- Also counts the triggers it still owns, so it can notice ones removed under it.
+-- Also counts the triggers it still owns, so it can notice ones removed under it. Carries the
+-- loop's health for the status page (null: unchanged): $3 the p99 of its lag (ms), $4 the
+-- blocks seen, $5 the trigger class of the longest block and $6 its length (ms).
 UPDATE deferral_triggerers
-SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => $2)
+SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => $2),
+    loop_lag_p99_ms = COALESCE($3, loop_lag_p99_ms),
+    blocked_loops = COALESCE($4, blocked_loops),
+    worst_blocker = COALESCE($5, worst_blocker),
+    worst_block_ms = COALESCE($6, worst_block_ms)
 WHERE id = $1
 RETURNING (SELECT count(*) FROM deferral_triggers WHERE triggerer_id = $1) AS owned;
 
@@ -819,3 +828,225 @@ RETURNING ti.id,
           + (o.new_event IS NOT NULL AND ti.next_event IS NOT DISTINCT FROM o.new_event)::int
           + (o.new_result IS NOT NULL AND ti.result IS NOT DISTINCT FROM o.new_result)::int
           AS rewritten;
+
+-- ---------------------------------------------------------------------------------------------
+-- The schedulers' registry and the status page (deferral webserver, engine/web/). Read-only
+-- queries, except the page's actions (each also writes deferral_audit); none is on a hot path.
+
+-- name: register_scheduler
+-- A scheduler announces itself ($4: the engine's version).
+INSERT INTO deferral_schedulers (hostname, pid, version) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: heartbeat_scheduler
+-- A scheduler's housekeeping pass keeps its row (and inserts it again if it was removed, as
+-- $2-$4 say), and drops the rows of schedulers silent for an hour (killed ones). Returns its id.
+WITH gone AS (
+    DELETE FROM deferral_schedulers
+    WHERE heartbeat_at < now() - interval '1 hour' AND id <> $1
+), kept AS (
+    UPDATE deferral_schedulers SET heartbeat_at = now() WHERE id = $1 RETURNING id
+), added AS (
+    INSERT INTO deferral_schedulers (hostname, pid, version)
+    SELECT $2, $3, $4 WHERE NOT EXISTS (SELECT 1 FROM kept)
+    RETURNING id
+)
+SELECT id FROM kept UNION ALL SELECT id FROM added;
+
+-- name: unregister_scheduler
+-- A scheduler leaves after a graceful stop.
+DELETE FROM deferral_schedulers WHERE id = $1;
+
+-- name: fleet_schedulers
+-- Every registered scheduler, with its heartbeat age on the database clock.
+SELECT id, hostname, pid, version, started_at, heartbeat_at,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_s
+FROM deferral_schedulers ORDER BY id;
+
+-- name: fleet_workers
+-- Every registered worker, with its heartbeat age and the slots it uses now.
+SELECT w.id, w.hostname, w.pid, w.version, w.slots, w.started_at, w.heartbeat_at,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_s,
+       (SELECT count(*) FROM deferral_task_instances ti
+        WHERE ti.worker_id = w.id AND ti.state = 'running')::int AS running
+FROM deferral_workers w ORDER BY w.id;
+
+-- name: fleet_triggerers
+-- Every registered triggerer, with its heartbeat age, the triggers it holds and the health of
+-- its event loop (written with its lease renewals).
+SELECT r.id, r.hostname, r.pid, r.version, r.capacity, r.started_at, r.heartbeat_at,
+       extract(epoch FROM now() - r.heartbeat_at)::float8 AS heartbeat_age_s,
+       r.lease_expires_at < now() AS expired,
+       (SELECT count(*) FROM deferral_triggers t WHERE t.triggerer_id = r.id)::int AS held,
+       r.loop_lag_p99_ms, r.blocked_loops, r.worst_blocker, r.worst_block_ms
+FROM deferral_triggerers r ORDER BY r.id;
+
+-- name: fleet_backlog
+-- What waits for the fleet: task instances runnable now that no worker claimed yet, and
+-- triggers that no triggerer holds.
+SELECT (SELECT count(*) FROM deferral_task_instances
+        WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
+          AND run_after <= now())::int AS runnable,
+       (SELECT count(*) FROM deferral_triggers WHERE triggerer_id IS NULL)::int
+           AS unowned_triggers;
+
+-- name: dags_overview
+-- Every known DAG with its task count and its latest runs (newest first, up to $1 of them:
+-- run id and state).
+SELECT d.dag_id, d.fileloc, jsonb_array_length(d.tasks) AS tasks, d.description, d.updated_at,
+       COALESCE((SELECT jsonb_agg(jsonb_build_object('run_id', r.run_id, 'state', r.state)
+                                  ORDER BY r.id DESC)
+                 FROM (SELECT id, run_id, state FROM deferral_dag_runs
+                       WHERE dag_id = d.dag_id ORDER BY id DESC LIMIT $1) r),
+                '[]'::jsonb) AS last_runs
+FROM deferral_dags d
+ORDER BY d.dag_id;
+
+-- name: dag_runs
+-- The latest $2 runs of DAG $1, newest first, with how many of their tasks are in each state.
+SELECT r.id, r.dag_id, r.run_id, r.logical_date, r.conf, r.state, r.created_at, r.ended_at,
+       (SELECT COALESCE(jsonb_object_agg(s.state, s.n), '{}'::jsonb)
+        FROM (SELECT ti.state, count(*) AS n FROM deferral_task_instances ti
+              WHERE ti.dag_run_id = r.id GROUP BY ti.state) s) AS task_counts
+FROM deferral_dag_runs r
+WHERE r.dag_id = $1
+ORDER BY r.id DESC
+LIMIT $2;
+
+-- name: run_task_grid
+-- The task instances of one run, for the run's grid: state, try, times and duration.
+SELECT ti.id, ti.task_id, ti.state, ti.try_number, ti.first_try_at, ti.started_at, ti.ended_at,
+       extract(epoch FROM COALESCE(ti.ended_at, now()) - ti.started_at)::float8 AS duration_s,
+       ti.trigger_id, ti.upstream
+FROM deferral_task_instances ti
+WHERE ti.dag_run_id = $1
+ORDER BY ti.id;
+
+-- name: task_try
+-- One task instance by DAG, run and task id, with its trigger and the triggerer holding it.
+-- (next_kwargs, result and the trigger's kwargs are encrypted: the store opens them.)
+SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number,
+       ti.retries, ti.priority, ti.pool, ti.trigger_rule, ti.upstream, ti.worker_id,
+       ti.run_after, ti.first_try_at, ti.try_started_at, ti.started_at, ti.ended_at,
+       ti.heartbeat_at, ti.execution_timeout_s, ti.next_method, ti.next_kwargs, ti.result,
+       ti.error, ti.trigger_id, ti.trigger_timeout_at, ti.deadline_kind,
+       t.classpath AS trigger_classpath, t.kwargs AS trigger_kwargs,
+       t.triggerer_id, t.created_at AS trigger_created_at,
+       tr.hostname AS triggerer_hostname, tr.pid AS triggerer_pid,
+       now() AS db_now
+FROM deferral_task_instances ti
+LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id AND ti.state = 'deferred'
+LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3;
+
+-- name: triggers_page
+-- Triggers with their owner, waiters and age, filtered by classpath substring ($1), owner ($2;
+-- 0: unowned) and minimum age in seconds ($3); oldest first, up to $4.
+SELECT t.id, t.classpath, t.triggerer_id, tr.hostname AS triggerer_hostname,
+       tr.pid AS triggerer_pid, t.timeout_at, t.created_at,
+       extract(epoch FROM now() - t.created_at)::float8 AS age_s,
+       (SELECT count(*) FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred')::int AS waiting
+FROM deferral_triggers t
+LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id
+WHERE ($1::text IS NULL OR strpos(t.classpath, $1) > 0)
+  AND ($2::bigint IS NULL OR t.triggerer_id IS NOT DISTINCT FROM NULLIF($2, 0))
+  AND ($3::float8 IS NULL OR t.created_at <= now() - make_interval(secs => $3))
+ORDER BY t.created_at, t.id
+LIMIT $4;
+
+-- name: trigger_class_counts
+-- How many triggers of each class exist, how many are held, and how many tasks wait on them.
+SELECT t.classpath, count(*)::int AS triggers,
+       count(t.triggerer_id)::int AS held,
+       COALESCE(sum(w.n), 0)::int AS waiting
+FROM deferral_triggers t
+LEFT JOIN LATERAL (
+    SELECT count(*) AS n FROM deferral_task_instances ti
+    WHERE ti.trigger_id = t.id AND ti.state = 'deferred'
+) w ON true
+GROUP BY t.classpath
+ORDER BY count(*) DESC, t.classpath;
+
+-- name: oldest_waits
+-- The $1 deferred task instances that have waited longest (on their trigger's age), with the
+-- trigger's class and owner.
+SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.trigger_id,
+       ti.trigger_timeout_at, t.classpath, t.triggerer_id, t.created_at AS waiting_since,
+       extract(epoch FROM now() - t.created_at)::float8 AS age_s
+FROM deferral_task_instances ti
+JOIN deferral_triggers t ON t.id = ti.trigger_id
+WHERE ti.state = 'deferred'
+ORDER BY t.created_at, ti.id
+LIMIT $1;
+
+-- name: clear_task
+-- The status page's "clear": task instance $1 goes back to scheduled, as Airflow's clear: the
+-- try number is kept (the next try counts up from it) and the retries start again (retries
+-- become the DAG's retries for the task past the tries made). Its wait, result and error go;
+-- its run runs again if it had ended. Refused (no row) while queued or running.
+WITH cleared AS (
+    UPDATE deferral_task_instances ti
+    SET state = 'scheduled', run_after = now(), worker_id = NULL, heartbeat_at = NULL,
+        trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
+        next_method = NULL, next_kwargs = NULL, next_event = NULL, result = NULL,
+        error = NULL, ended_at = NULL, first_try_at = NULL,
+        retries = ti.try_number + COALESCE(
+            (SELECT (task ->> 'retries')::int
+             FROM deferral_dags d, jsonb_array_elements(d.tasks) task
+             WHERE d.dag_id = ti.dag_id AND task ->> 'task_id' = ti.task_id
+             LIMIT 1),
+            GREATEST(ti.retries - ti.try_number, 0))
+    WHERE ti.id = $1 AND ti.state NOT IN ('queued', 'running')
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), reopened AS (
+    UPDATE deferral_dag_runs r SET state = 'running', ended_at = NULL
+    FROM cleared c WHERE r.id = c.dag_run_id AND r.state <> 'running'
+)
+SELECT id, dag_run_id, task_id, state, is_leaf, pg_notify('deferral_tasks', '') AS woke
+FROM cleared;
+
+-- name: mark_task
+-- The status page's "mark success / failed": task instance $1 ends in state $2 whatever it
+-- was doing (a running try's own outcome is then refused: it no longer holds the task; a
+-- waiting one leaves its trigger). Its run runs again if it had ended, so that it ends anew
+-- with this state. Returns what moved (the caller settles the downstream tasks).
+WITH marked AS (
+    UPDATE deferral_task_instances ti
+    SET state = $2::deferral_task_outcome, ended_at = now(),
+        started_at = COALESCE(ti.started_at, now()),
+        worker_id = NULL, trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
+        next_method = NULL, next_kwargs = NULL, next_event = NULL,
+        error = CASE WHEN $2 = 'failed' THEN $3 ELSE NULL END
+    WHERE ti.id = $1 AND ti.state <> $2
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), reopened AS (
+    UPDATE deferral_dag_runs r SET state = 'running', ended_at = NULL
+    FROM marked m WHERE r.id = m.dag_run_id AND r.state <> 'running'
+)
+SELECT id, dag_run_id, task_id, state, is_leaf FROM marked;
+
+-- name: cancel_trigger
+-- The status page's "cancel a trigger": the task instances waiting on trigger $1 fail with the
+-- message $2 (no retry: someone chose to stop them) and the trigger row goes (its triggerer
+-- notices at its next lease renewal and stops running it). Returns what moved.
+WITH failed AS (
+    UPDATE deferral_task_instances ti
+    SET state = 'failed', ended_at = now(), error = $2, trigger_id = NULL,
+        trigger_timeout_at = NULL, deadline_kind = NULL, next_method = NULL,
+        next_kwargs = NULL, next_event = NULL
+    WHERE ti.trigger_id = $1 AND ti.state = 'deferred'
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), gone AS (
+    DELETE FROM deferral_triggers WHERE id = $1 RETURNING id
+)
+SELECT f.id, f.dag_run_id, f.task_id, f.state, f.is_leaf, (SELECT count(*) FROM gone) AS deleted
+FROM failed f;
+
+-- name: record_audit
+-- One action taken from the status page: who (the remote address), what, on what.
+INSERT INTO deferral_audit (who, action, target, detail) VALUES ($1, $2, $3, $4)
+RETURNING id, at;
+
+-- name: list_audit
+-- The latest $1 actions taken from the status page, newest first.
+SELECT id, at, who, action, target, detail FROM deferral_audit ORDER BY id DESC LIMIT $1;

@@ -38,7 +38,9 @@ CREATE TABLE deferral_workers (
     pid          integer NOT NULL,
     slots        integer NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
-    heartbeat_at timestamptz NOT NULL DEFAULT now()
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    -- the engine's version (added by 0008)
+    version      text
 );
 
 CREATE TABLE deferral_triggerers (
@@ -50,8 +52,36 @@ CREATE TABLE deferral_triggerers (
     heartbeat_at     timestamptz NOT NULL DEFAULT now(),
     lease_expires_at timestamptz NOT NULL,
     -- holds the session advisory lock (74657202, id): reaped as soon as nobody holds it
-    session_locked   boolean NOT NULL DEFAULT false
+    session_locked   boolean NOT NULL DEFAULT false,
+    -- added by 0008, written with the lease renewal: the engine's version, the p99 of the
+    -- loop's lag over its recent watchdog ticks, the blocks seen and the longest one's trigger
+    version          text,
+    loop_lag_p99_ms  double precision,
+    blocked_loops    integer NOT NULL DEFAULT 0,
+    worst_blocker    text,
+    worst_block_ms   double precision
 );
+
+-- The running schedulers (added by 0008): a row each, kept by its housekeeping pass.
+CREATE TABLE deferral_schedulers (
+    id           bigserial PRIMARY KEY,
+    hostname     text NOT NULL,
+    pid          integer NOT NULL,
+    version      text,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per action taken from the status page (added by 0008).
+CREATE TABLE deferral_audit (
+    id      bigserial PRIMARY KEY,
+    at      timestamptz NOT NULL DEFAULT now(),
+    who     text NOT NULL,
+    action  text NOT NULL,
+    target  text NOT NULL,
+    detail  jsonb NOT NULL DEFAULT '{}'::jsonb
+);
+CREATE INDEX deferral_audit_at ON deferral_audit (at);
 
 CREATE TABLE deferral_triggers (
     id           bigserial PRIMARY KEY,

@@ -12,6 +12,7 @@ import anyio
 import asyncpg
 import msgspec
 
+from engine import __version__
 from engine.crashpoints import crash_point
 from engine.keys import Keyring, UnreadableValue
 from engine.retry import with_db_retry
@@ -38,6 +39,7 @@ from engine.store.models import (
     WorkLeft,
 )
 from engine.store.queries import load_queries, migrations
+from engine.store.status import StatusReads
 
 __all__ = [
     "CHANNEL_DEADLINES",
@@ -124,8 +126,9 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store:
-    """A pool of connections and one method per named query (or per transaction of them)."""
+class Store(StatusReads):
+    """A pool of connections and one method per named query (or per transaction of them);
+    the status page's reads and actions are in engine/store/status.py."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
         self._pool = pool
@@ -364,7 +367,9 @@ class Store:
     # -- workers -------------------------------------------------------------------------
 
     async def register_worker(self, hostname: str, pid: int, slots: int) -> int:
-        worker_id: int = await self._pool.fetchval(self._q["register_worker"], hostname, pid, slots)
+        worker_id: int = await self._pool.fetchval(
+            self._q["register_worker"], hostname, pid, slots, __version__
+        )
         return worker_id
 
     async def unregister_worker(self, worker_id: int) -> None:
@@ -480,13 +485,15 @@ class Store:
         self, hostname: str, pid: int, capacity: int, lease_s: float
     ) -> int:
         triggerer_id: int = await self._pool.fetchval(
-            self._q["register_triggerer"], hostname, pid, capacity, lease_s
+            self._q["register_triggerer"], hostname, pid, capacity, lease_s, __version__
         )
         return triggerer_id
 
     async def renew_triggerer_lease(self, triggerer_id: int, lease_s: float) -> int | None:
         """Extend the lease; returns how many triggers it owns, or None if the lease was lost."""
-        row = await self._pool.fetchrow(self._q["renew_triggerer_lease"], triggerer_id, lease_s)
+        row = await self._pool.fetchrow(
+            self._q["renew_triggerer_lease"], triggerer_id, lease_s, None, None, None, None
+        )
         return None if row is None else int(row["owned"])
 
     async def owned_triggers(self, triggerer_id: int) -> dict[int, int]:

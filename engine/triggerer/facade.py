@@ -157,7 +157,9 @@ class Triggerer:
             limit_s=self.max_block_s,
             on_limit=self._blocking.on_limit,
         )
-        lease = self._ownership.keeper(watchdog.lag_s)
+        lease = self._ownership.keeper(
+            watchdog.lag_s, lambda: self._blocking.health(watchdog.lag_p99_s())
+        )
         self._blocking.attach(shared.loop, lease)
         listener = self.store.listener(CHANNEL_TRIGGERS, CHANNEL_DEADLINES)
         listener.on_notify(self._on_notify)
