@@ -29,10 +29,10 @@ from types import FrameType
 
 from engine import logs
 from engine.app import Child, spawn
-from engine.config import Settings
+from engine.config import STANDALONE_METRICS_PORT, Settings
 from engine.runner import CANCEL, STOP
 
-__all__ = ["KINDS", "Supervisor", "run_standalone"]
+__all__ = ["KINDS", "Supervisor", "metrics_ports", "run_standalone"]
 
 log = logging.getLogger(__name__)
 
@@ -151,15 +151,27 @@ class Supervisor:
         self.code = 1
 
 
+def metrics_ports(settings: Settings) -> dict[str, int]:
+    """Each child's metrics port: ``metrics_port`` (else 9464) and the next two, in the order
+    of ``KINDS``; none when it is 0."""
+    base = STANDALONE_METRICS_PORT if settings.metrics_port is None else settings.metrics_port
+    if base == 0:
+        return {}
+    return {kind: base + i for i, kind in enumerate(KINDS)}
+
+
 def run_standalone(settings: Settings) -> int:
     """Start the three children and supervise them; the exit code (0: all stopped cleanly
     when asked)."""
     logs.set_process_name("standalone")
-    extra = {
+    extra: dict[str, list[str]] = {
         "scheduler": [],
         "worker": ["--slots", str(settings.worker_slots)],
         "triggerer": ["--capacity", str(settings.triggerer_capacity)],
     }
+    ports = metrics_ports(settings)
+    for kind in KINDS:
+        extra[kind] += ["--metrics-port", str(ports.get(kind, 0))]
     supervisor = Supervisor(drain_s=settings.worker_shutdown_grace_s + STOP_MARGIN_S)
     supervisor.install()
     try:

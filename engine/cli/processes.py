@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -15,19 +17,30 @@ from engine.cli.common import (
     migrate,
     require_dags_folder,
 )
+from engine.config import STANDALONE_METRICS_PORT
+
+
+def _metrics_port_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(0, 65535),
+        help="Serve /metrics, /livez and /readyz on this port (setting metrics_port; "
+        "default: none, 0: none).",
+    )(fn)
 
 
 @click.command()
 @_dags_option
+@_metrics_port_option
 @click.pass_context
-def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
+def scheduler(ctx: click.Context, dags_folder: str | None, metrics_port: int | None) -> None:
     """Run the scheduler: ends runs, resolves dependencies, reaps dead workers.
 
     It also records the DAGs of the DAGs folder, scanned every dag_rescan_interval_s (and at
     once when `dags trigger` asks for a DAG it does not know)."""
     from engine.app import run_component
 
-    settings = _settings(ctx).replace(dags_folder=dags_folder)
+    settings = _settings(ctx).replace(dags_folder=dags_folder, metrics_port=metrics_port)
     require_dags_folder(settings, "scheduler")
     _run(run_component, "scheduler", settings)
 
@@ -35,12 +48,17 @@ def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
 @click.command()
 @_dags_option
 @click.option("--slots", type=click.IntRange(min=1), help="Tasks run at once (default 16).")
+@_metrics_port_option
 @click.pass_context
-def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> None:
+def worker(
+    ctx: click.Context, dags_folder: str | None, slots: int | None, metrics_port: int | None
+) -> None:
     """Run a worker: claims and runs task instances in SLOTS slots."""
     from engine.app import run_component
 
-    settings = _settings(ctx).replace(dags_folder=dags_folder, worker_slots=slots)
+    settings = _settings(ctx).replace(
+        dags_folder=dags_folder, worker_slots=slots, metrics_port=metrics_port
+    )
     require_dags_folder(settings, "worker")
     _run(run_component, "worker", settings)
 
@@ -50,15 +68,20 @@ def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> No
 @click.option(
     "--capacity", type=click.IntRange(min=1), help="Triggers held at once (default 1000)."
 )
+@_metrics_port_option
 @click.pass_context
-def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None) -> None:
+def triggerer(
+    ctx: click.Context, dags_folder: str | None, capacity: int | None, metrics_port: int | None
+) -> None:
     """Run a triggerer: one event loop running up to CAPACITY trigger coroutines.
 
     Without a DAGs folder it starts with a warning: only triggers importable without one (the
     built-in triggers.*) can run there."""
     from engine.app import run_component
 
-    settings = _settings(ctx).replace(dags_folder=dags_folder, triggerer_capacity=capacity)
+    settings = _settings(ctx).replace(
+        dags_folder=dags_folder, triggerer_capacity=capacity, metrics_port=metrics_port
+    )
     if not settings.dags_folder:
         log.warning(
             "triggerer: no DAGs folder (--dags or DEFERRAL_DAGS_FOLDER): only triggers "
@@ -74,20 +97,34 @@ def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None)
 @_dags_option
 @click.option("--slots", type=click.IntRange(min=1), help="Worker slots (default 16).")
 @click.option("--capacity", type=click.IntRange(min=1), help="Triggerer capacity (default 1000).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65533),
+    help="First of the three metrics ports: the scheduler's, the worker's (+1) and the "
+    f"triggerer's (+2) (default: setting metrics_port, else {STANDALONE_METRICS_PORT}; 0: none).",
+)
 @click.pass_context
 def standalone(
-    ctx: click.Context, dags_folder: str | None, slots: int | None, capacity: int | None
+    ctx: click.Context,
+    dags_folder: str | None,
+    slots: int | None,
+    capacity: int | None,
+    metrics_port: int | None,
 ) -> None:
     """Scheduler, worker and triggerer (one process each) on one machine.
 
     Ctrl-C (or SIGTERM) once: stop gracefully (running tasks finish within
     worker_shutdown_grace_s, triggers are released); twice: cancel; three times: kill.
     """
-    from engine.standalone import run_standalone
+    from engine.standalone import metrics_ports, run_standalone
 
     settings = _settings(ctx).replace(
-        dags_folder=dags_folder, worker_slots=slots, triggerer_capacity=capacity
+        dags_folder=dags_folder,
+        worker_slots=slots,
+        triggerer_capacity=capacity,
+        metrics_port=metrics_port,
     )
+    ports = metrics_ports(settings)
     require_dags_folder(settings, "standalone")
     _run(migrate, settings)
     console.print(
@@ -95,4 +132,12 @@ def standalone(
         f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
         f"{settings.dags_folder or '(none)'}. Ctrl-C: stop gracefully; twice: cancel."
     )
+    if ports:
+        host = settings.metrics_host
+        console.print(
+            "metrics and health: "
+            + ", ".join(f"{kind} http://{host}:{port}/metrics" for kind, port in ports.items()),
+            highlight=False,
+            soft_wrap=True,
+        )
     sys.exit(run_standalone(settings))

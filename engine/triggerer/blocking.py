@@ -126,6 +126,9 @@ class BlockPolicy:
             if of is not None and held is not None
             else _culprit(report.task_name)
         )
+        self._shared.metrics.loop_blocked.labels(
+            held.classpath if held is not None and report.stable else "unknown"
+        ).inc(report.duration_s)
         if not report.stable:
             # Different tasks were running each time the watchdog looked: the loop was busy
             # (many callbacks at once, a garbage collection), not blocked by one trigger.

@@ -74,6 +74,17 @@ class Deadlines:
             "time out deferrals", functools.partial(store.timeout_deferrals, due)
         )
         await settle(store, rows)
+        if rows:
+            held = self._shared.held
+
+            def classpath(trigger_id: int | None) -> str:
+                h = held.get(trigger_id) if trigger_id is not None else None
+                return h.classpath if h is not None else "unknown"
+
+            metrics = self._shared.metrics
+            metrics.count_by_class(
+                metrics.trigger_timeouts, (classpath(r.trigger_id) for r in rows)
+            )
         for row in rows:
             log.warning(
                 "task instance %s timed out waiting on trigger %s (now %s)",
