@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from engine import logs
 from engine.cli.common import (
     _dags_option,
     _run,
@@ -40,6 +41,7 @@ def scheduler(ctx: click.Context, dags_folder: str | None, metrics_port: int | N
     once when `dags trigger` asks for a DAG it does not know)."""
     from engine.app import run_component
 
+    logs.set_process_name("scheduler")  # (its log lines name it from the first one)
     settings = _settings(ctx).replace(dags_folder=dags_folder, metrics_port=metrics_port)
     require_dags_folder(settings, "scheduler")
     _run(run_component, "scheduler", settings)
@@ -56,6 +58,7 @@ def worker(
     """Run a worker: claims and runs task instances in SLOTS slots."""
     from engine.app import run_component
 
+    logs.set_process_name("worker")
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, worker_slots=slots, metrics_port=metrics_port
     )
@@ -79,6 +82,7 @@ def triggerer(
     built-in triggers.*) can run there."""
     from engine.app import run_component
 
+    logs.set_process_name("triggerer")
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, triggerer_capacity=capacity, metrics_port=metrics_port
     )

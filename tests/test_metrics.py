@@ -1,0 +1,250 @@
+"""Prometheus metrics and the health probes: the names, types and labels the docs promise,
+counters that move when an engine runs, and probes that turn 503 when the database stops."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import DAG, metrics
+from engine.metrics import Metrics
+from engine.store import Store
+from engine.testing import run_engine
+from tests.helpers import REPO_ROOT, child_env, wait_until
+from tests.log_triggers import ChattyOperator
+from tests.pg_server import start_server, stop_server
+from tests.processes import Children, explained, process_env
+
+#: Every metric: its type and its labels. The docs (docs/howto/metrics.md) list the same.
+EXPECTED: dict[str, tuple[str, frozenset[str]]] = {
+    "deferral_build_info": ("gauge", frozenset({"version", "python"})),
+    "deferral_triggers_running": ("gauge", frozenset()),
+    "deferral_triggers_capacity": ("gauge", frozenset()),
+    "deferral_trigger_starts": ("counter", frozenset({"trigger_class"})),
+    "deferral_trigger_events": ("counter", frozenset({"trigger_class"})),
+    "deferral_trigger_failures": ("counter", frozenset({"trigger_class"})),
+    "deferral_trigger_timeouts": ("counter", frozenset({"trigger_class"})),
+    "deferral_loop_blocked_seconds": ("counter", frozenset({"trigger_class"})),
+    "deferral_loop_lag_seconds": ("histogram", frozenset()),
+    "deferral_db_errors": ("counter", frozenset({"kind"})),
+    "deferral_resume_latency_seconds": ("histogram", frozenset()),
+    "deferral_worker_slots_used": ("gauge", frozenset()),
+    "deferral_worker_slots": ("gauge", frozenset()),
+    "deferral_task_outcomes": ("counter", frozenset({"state"})),
+    "deferral_claim_batch_size": ("histogram", frozenset({"claim"})),
+    "deferral_claim_duration_seconds": ("histogram", frozenset({"claim"})),
+    "deferral_write_batch_size": ("histogram", frozenset({"write"})),
+    "deferral_write_duration_seconds": ("histogram", frozenset({"write"})),
+    "deferral_tasks": ("gauge", frozenset({"state"})),
+    "deferral_triggers_unassigned": ("gauge", frozenset()),
+}
+
+#: Labels that would make a time series per task or trigger.
+_ID_LABELS = {"id", "trigger", "trigger_id", "task", "task_id", "ti", "run", "run_id", "dag_id"}
+
+
+def _families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample (0 when absent)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def _touch_every_labelled_metric(m: Metrics) -> None:
+    for counter in (m.trigger_starts, m.trigger_events, m.trigger_failures, m.trigger_timeouts):
+        counter.labels("triggers.temporal.DateTimeTrigger").inc()
+    m.loop_blocked.labels("unknown").inc(0.5)
+    m.db_errors.labels("connection").inc()
+    m.task_outcomes.labels("success").inc()
+    m.claim_batch.labels("tasks").observe(3)
+    m.claim_duration.labels("tasks").observe(0.01)
+    m.write_batch.labels("task_outcomes").observe(3)
+    m.write_duration.labels("task_outcomes").observe(0.01)
+    m.tasks.labels("running").set(2)
+
+
+def test_metric_names_types_and_labels() -> None:
+    m = Metrics()
+    _touch_every_labelled_metric(m)
+    text = m.exposition().decode()
+    families = _families(text)
+    assert {name: f.type for name, f in families.items()} == {
+        name: kind for name, (kind, _) in EXPECTED.items()
+    }
+    for name, family in families.items():
+        assert name.startswith("deferral_")
+        _kind, labels = EXPECTED[name]
+        for sample in family.samples:
+            assert not _ID_LABELS & set(sample.labels), sample
+            assert set(sample.labels) - {"le"} == labels, sample
+            if family.type == "counter":
+                assert sample.name == f"{name}_total", sample
+    # Base units: durations in seconds, named so.
+    assert all(
+        name.endswith("_seconds") for name in families if "lag" in name or "duration" in name
+    )
+
+
+def test_registries_are_per_instance() -> None:
+    one, two = Metrics(), Metrics()
+    one.task_outcomes.labels("success").inc(5)
+    assert _sample(two.exposition().decode(), "deferral_task_outcomes_total", state="success") == 0
+    assert _sample(one.exposition().decode(), "deferral_task_outcomes_total", state="success") == 5
+
+
+@pytest.mark.anyio
+async def test_counters_move_when_an_engine_runs(store: Store) -> None:
+    fresh = Metrics()
+    previous = metrics.current()
+    metrics.use(fresh)
+    try:
+        with DAG(dag_id="counted") as dag:
+            ChattyOperator(task_id="talk")
+        async with run_engine(store) as engine:
+            tis = await engine.run_dag(dag)
+            await engine.scheduler.export_fleet()
+            assert engine.worker.metrics is fresh
+            text = fresh.exposition().decode()
+    finally:
+        metrics.use(previous)
+    assert tis["__run__"]["state"] == "success"
+    chatty = "tests.log_triggers.ChattyTrigger"
+    assert _sample(text, "deferral_trigger_starts_total", trigger_class=chatty) == 1
+    assert _sample(text, "deferral_trigger_events_total", trigger_class=chatty) == 1
+    assert _sample(text, "deferral_trigger_failures_total", trigger_class=chatty) == 0
+    assert _sample(text, "deferral_task_outcomes_total", state="deferred") == 1
+    assert _sample(text, "deferral_task_outcomes_total", state="success") == 1
+    assert _sample(text, "deferral_resume_latency_seconds_count") == 1
+    assert _sample(text, "deferral_claim_batch_size_count", claim="tasks") == 2
+    assert _sample(text, "deferral_claim_batch_size_sum", claim="triggers") == 1
+    assert _sample(text, "deferral_write_batch_size_sum", write="task_outcomes") == 1
+    assert _sample(text, "deferral_write_batch_size_sum", write="trigger_events") == 1
+    assert _sample(text, "deferral_triggers_capacity") == engine.triggerer.capacity
+    assert _sample(text, "deferral_worker_slots") == engine.worker.slots
+    assert _sample(text, "deferral_tasks", state="success") == 1
+    assert _sample(text, "deferral_triggers_unassigned") == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def _health(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine", "health", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(test_triggers=False),
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.subprocess
+async def test_readyz_turns_503_when_the_database_stops_and_livez_stays_200(
+    own_server: Any, tmp_path: Path
+) -> None:
+    url = own_server.get_uri(database="postgres")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    kids = Children(process_env(url, tmp_path), logs)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with explained(kids):
+            kids.start(
+                "--log-format",
+                "json",
+                "triggerer",
+                "--capacity",
+                "7",
+                "--metrics-port",
+                str(port),
+                name="triggerer",
+            )
+
+            async def answers(path: str, status: int) -> bool:
+                got, _ = await anyio.to_thread.run_sync(_get, base + path)
+                return got == status
+
+            await wait_until(lambda: answers("/readyz", 200), what="/readyz to answer 200")
+            status, body = await anyio.to_thread.run_sync(_get, base + "/readyz?verbose")
+            assert status == 200
+            assert "[+]database ok" in body
+            assert "[+]lease ok" in body
+            status, text = await anyio.to_thread.run_sync(_get, base + "/metrics")
+            assert status == 200
+            assert _sample(text, "deferral_triggers_capacity") == 7
+            assert "deferral_build_info" in _families(text)
+            assert (await anyio.to_thread.run_sync(_health, base)).returncode == 0
+
+            await anyio.to_thread.run_sync(stop_server, own_server)
+            await wait_until(lambda: answers("/readyz", 503), what="/readyz to answer 503")
+            status, body = await anyio.to_thread.run_sync(_get, base + "/readyz?verbose")
+            assert status == 503
+            assert "[-]database failed" in body
+            assert (await anyio.to_thread.run_sync(_get, base + "/livez"))[0] == 200
+            probe = await anyio.to_thread.run_sync(_health, base)
+            assert probe.returncode == 1
+            assert "[-]database failed" in probe.stderr
+
+            await anyio.to_thread.run_sync(start_server, own_server)
+            await wait_until(lambda: answers("/readyz", 200), what="/readyz to recover")
+    finally:
+        kids.stop_all()
+    # --log-format json: every line of the process is one object naming the process.
+    lines = (logs / "triggerer.log").read_text().splitlines()
+    docs = [msgspec.json.decode(line) for line in lines if line.startswith("{")]
+    assert docs
+    assert len(docs) == len([line for line in lines if line.strip()]), lines
+    assert {d["process"] for d in docs} == {"triggerer"}
+    assert {d["pid"] for d in docs} == {kids.procs[0].pid}
+
+
+def test_the_alert_rules_parse_and_name_only_metrics_that_exist() -> None:
+    rules = yaml.safe_load((REPO_ROOT / "docs/examples/prometheus-alerts.yaml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    alerts = {rule["alert"] for group in rules["groups"] for rule in group["rules"]}
+    assert len(alerts) >= 4
+
+    names = {name for expr in exprs for name in re.findall(r"\b(deferral_[a-z_]+)", expr)}
+    assert names
+    known = set()
+    for name, (kind, _) in EXPECTED.items():
+        known.add(name)
+        if kind == "counter":
+            known.add(f"{name}_total")
+        if kind == "histogram":
+            known |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    assert names <= known, names - known
