@@ -4,6 +4,7 @@ lines name the task instance."""
 from __future__ import annotations
 
 import io
+import os
 import logging
 
 import msgspec
@@ -71,3 +72,22 @@ def test_formatters_print_the_bound_ids(fmt: str) -> None:
         assert (doc["msg"], doc["trigger"], doc["classpath"]) == ("fired", 42, "a.B")
     else:
         assert "[trigger=42 classpath=a.B] fired" in line
+
+
+def test_json_lines_carry_the_process_and_a_tasks_ids_as_fields() -> None:
+    stream = io.StringIO()
+    logs.configure_logging("INFO", "json")
+    root = logging.getLogger()
+    handler = next(h for h in root.handlers if getattr(h, "_deferral", False))
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+    try:
+        with logs.binding(dag="d", run="r1", task="t", attempt=2):
+            logging.getLogger("engine.worker").info("succeeded")
+    finally:
+        root.removeHandler(handler)
+    doc = msgspec.json.decode(stream.getvalue().strip())
+    assert (doc["dag"], doc["run"], doc["task"], doc["attempt"]) == ("d", "r1", "t", 2)
+    assert doc["process"] == logs.process_name()
+    assert doc["pid"] == os.getpid()
+    assert (doc["level"], doc["logger"], doc["msg"]) == ("info", "engine.worker", "succeeded")
