@@ -4,8 +4,8 @@ lines name the task instance."""
 from __future__ import annotations
 
 import io
-import os
 import logging
+import os
 
 import msgspec
 import pytest
