@@ -3,7 +3,6 @@ counters that move when an engine runs, and probes that turn 503 when the databa
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
@@ -15,14 +14,13 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import DAG, metrics
 from engine.metrics import Metrics
 from engine.store import Store
 from engine.testing import run_engine
-from tests.helpers import REPO_ROOT, child_env, wait_until
+from tests.helpers import child_env, wait_until
 from tests.log_triggers import ChattyOperator
 from tests.pg_server import start_server, stop_server
 from tests.processes import Children, explained, process_env
@@ -230,21 +228,3 @@ async def test_readyz_turns_503_when_the_database_stops_and_livez_stays_200(
     assert len(docs) == len([line for line in lines if line.strip()]), lines
     assert {d["process"] for d in docs} == {"triggerer"}
     assert {d["pid"] for d in docs} == {kids.procs[0].pid}
-
-
-def test_the_alert_rules_parse_and_name_only_metrics_that_exist() -> None:
-    rules = yaml.safe_load((REPO_ROOT / "docs/examples/prometheus-alerts.yaml").read_text())
-    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
-    alerts = {rule["alert"] for group in rules["groups"] for rule in group["rules"]}
-    assert len(alerts) >= 4
-
-    names = {name for expr in exprs for name in re.findall(r"\b(deferral_[a-z_]+)", expr)}
-    assert names
-    known = set()
-    for name, (kind, _) in EXPECTED.items():
-        known.add(name)
-        if kind == "counter":
-            known.add(f"{name}_total")
-        if kind == "histogram":
-            known |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
-    assert names <= known, names - known
