@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,13 @@ from engine import DAG, metrics
 from engine.metrics import Metrics
 from engine.store import Store
 from engine.testing import run_engine
+from operators.base import BaseOperator, Context
 from tests.helpers import child_env, wait_until
 from tests.log_triggers import ChattyOperator
 from tests.pg_server import start_server, stop_server
 from tests.processes import Children, explained, process_env
+from tests.triggers_for_tests import NeverTrigger, RaisingTrigger
+from triggers.base import BaseTrigger
 
 #: Every metric: its type and its labels. The docs (docs/howto/metrics.md) list the same.
 EXPECTED: dict[str, tuple[str, frozenset[str]]] = {
@@ -139,6 +143,55 @@ async def test_counters_move_when_an_engine_runs(store: Store) -> None:
     assert _sample(text, "deferral_worker_slots") == engine.worker.slots
     assert _sample(text, "deferral_tasks", state="success") == 1
     assert _sample(text, "deferral_triggers_unassigned") == 0
+
+
+class _DeferTo(BaseOperator):
+    """Defers to its trigger (with an optional deadline); resumes returning the event."""
+
+    def __init__(self, *, trigger: BaseTrigger, timeout: float | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.trigger = trigger
+        self.timeout = timeout
+
+    def execute(self, context: Context) -> None:
+        self.defer(trigger=self.trigger, method_name="done", timeout=self.timeout)
+
+    def done(self, context: Context, event: Any = None) -> Any:
+        return event
+
+
+@pytest.mark.anyio
+async def test_trigger_failures_and_timeouts_are_counted_by_class(store: Store) -> None:
+    fresh = Metrics()
+    with DAG(dag_id="failing") as dag:
+        _DeferTo(task_id="raises", trigger=RaisingTrigger("boom"), retries=0)
+        _DeferTo(task_id="late", trigger=NeverTrigger(_tag()), timeout=0.1, retries=0)
+    previous = metrics.current()
+    metrics.use(fresh)
+    try:
+        async with run_engine(store) as engine:
+            tis = await engine.run_dag(dag)
+            text = fresh.exposition().decode()
+    finally:
+        metrics.use(previous)
+    assert tis["raises"]["state"] == "failed"
+    assert tis["late"]["state"] == "failed"
+    here = "tests.triggers_for_tests"
+    assert (
+        _sample(text, "deferral_trigger_failures_total", trigger_class=f"{here}.RaisingTrigger")
+        == 1
+    )
+    assert (
+        _sample(text, "deferral_trigger_events_total", trigger_class=f"{here}.RaisingTrigger") == 0
+    )
+    assert (
+        _sample(text, "deferral_trigger_timeouts_total", trigger_class=f"{here}.NeverTrigger") == 1
+    )
+    assert _sample(text, "deferral_task_outcomes_total", state="deferred") == 2
+
+
+def _tag() -> str:
+    return f"metrics-{uuid.uuid4().hex[:8]}"
 
 
 def _free_port() -> int:

@@ -588,7 +588,15 @@ SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FRO
 -- backstop). The error names the deadline (deadline_kind, set by defer_task).
 -- execution_timeout applies the retry policy, as it does on a worker; otherwise soft_fail
 -- turns the timeout into skipped, a sensor (no_retry_on_timeout) fails without retries, and
--- the retry policy applies to the rest.
+-- the retry policy applies to the rest. Returns the trigger each one waited on (read before
+-- the update clears it: the triggerer counts timeouts by trigger class).
+WITH due AS (
+    SELECT id, trigger_id FROM deferral_task_instances
+    WHERE state = 'deferred'
+      AND (($1::bigint[] IS NULL AND trigger_timeout_at < now() - make_interval(secs => $2))
+           OR (trigger_id = ANY ($1::bigint[]) AND trigger_timeout_at <= now()))
+    FOR UPDATE
+)
 UPDATE deferral_task_instances ti
 SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
                  THEN deferral_fail_state(ti.try_number, ti.retries)
@@ -614,10 +622,9 @@ SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
                                   ti.retry_exponential_backoff, ti.max_retry_delay_s),
     ended_at = now(), trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
     next_method = NULL, next_kwargs = NULL, next_event = NULL
-WHERE ti.state = 'deferred'
-  AND (($1::bigint[] IS NULL AND ti.trigger_timeout_at < now() - make_interval(secs => $2))
-       OR (ti.trigger_id = ANY ($1::bigint[]) AND ti.trigger_timeout_at <= now()))
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, ti.trigger_id;
+FROM due
+WHERE ti.id = due.id AND ti.state = 'deferred'
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, due.trigger_id;
 
 -- name: trigger_waiters
 -- For each given trigger: how many task instances still wait on it, and the earliest deadline.

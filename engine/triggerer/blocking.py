@@ -111,6 +111,7 @@ class BlockPolicy:
                 self.max_block_s,
             )
             self._shared.held.drop(trigger_id)
+            self._shared.metrics.trigger_failures.labels(held.classpath).inc()
 
     def _block_seen(self, report: BlockReport) -> None:
         """Record a block, and count an ended one against its trigger."""

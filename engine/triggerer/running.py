@@ -103,13 +103,6 @@ class TriggerRunner:
         finally:
             if outcome is not None:
                 self._shared.emit(outcome)
-                metrics = self._shared.metrics
-                counter = (
-                    metrics.trigger_failures
-                    if outcome.kind == "failed"
-                    else (metrics.trigger_events)
-                )
-                counter.labels(held.classpath).inc()
             await self._close(trigger, agen, held)
 
     async def _close(self, trigger: BaseTrigger, agen: object, held: Held) -> None:

@@ -67,7 +67,13 @@ class Shared:
         self.metrics.write_duration.labels("trigger_events").observe(duration_s)
 
     def emit(self, outcome: TriggerOutcome) -> None:
+        """Queue a trigger's outcome for the writer, counted as an event or a failure of its
+        class (every outcome of the loop comes here: the run's, a build's, a cancel's)."""
         self.outbox.put(outcome)
+        held = self.held.get(outcome.trigger_id)
+        metrics = self.metrics
+        counter = metrics.trigger_failures if outcome.kind == "failed" else metrics.trigger_events
+        counter.labels(held.classpath if held is not None else "unknown").inc()
 
     async def _write(self, batch: list[TriggerOutcome]) -> dict[int, bool]:
         triggerer_id = self.id
