@@ -212,13 +212,7 @@ def _get(url: str) -> tuple[int, str]:
 
 
 def _health(url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "engine", "health", "--url", url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=child_env(test_triggers=False),
-    )
+    return _cli("health", "--url", url)
 
 
 @pytest.mark.anyio
@@ -266,6 +260,12 @@ async def test_readyz_turns_503_when_the_database_stops_and_livez_stays_200(
             assert status == 503
             assert "[-]database failed" in body
             assert (await anyio.to_thread.run_sync(_get, base + "/livez"))[0] == 200
+
+            async def errors_counted() -> bool:
+                _, text = await anyio.to_thread.run_sync(_get, base + "/metrics")
+                return _sample(text, "deferral_db_errors_total", kind="connection") > 0
+
+            await wait_until(errors_counted, what="the lost connection to be counted")
             probe = await anyio.to_thread.run_sync(_health, base)
             assert probe.returncode == 1
             assert "[-]database failed" in probe.stderr
@@ -281,3 +281,61 @@ async def test_readyz_turns_503_when_the_database_stops_and_livez_stays_200(
     assert len(docs) == len([line for line in lines if line.strip()]), lines
     assert {d["process"] for d in docs} == {"triggerer"}
     assert {d["pid"] for d in docs} == {kids.procs[0].pid}
+
+
+def test_database_errors_are_counted_by_kind() -> None:
+    import asyncpg
+
+    m = Metrics()
+    for exc in (
+        ConnectionRefusedError(),
+        asyncpg.ConnectionDoesNotExistError(),
+        TimeoutError(),
+        asyncpg.SerializationError(),
+        asyncpg.DeadlockDetectedError(),
+        asyncpg.TooManyConnectionsError(),
+        asyncpg.UndefinedTableError(),
+        ValueError(),
+    ):
+        m.count_db_error(exc)
+    text = m.exposition().decode()
+    counts = {
+        kind: _sample(text, "deferral_db_errors_total", kind=kind)
+        for kind in ("connection", "timeout", "conflict", "resources", "query", "other")
+    }
+    assert counts == {
+        "connection": 2,
+        "timeout": 1,
+        "conflict": 2,
+        "resources": 1,
+        "query": 1,
+        "other": 1,
+    }
+
+
+def test_standalone_serves_three_ports_from_the_base() -> None:
+    from engine.config import Settings
+    from engine.standalone import metrics_ports
+
+    assert metrics_ports(Settings()) == {"scheduler": 9464, "worker": 9465, "triggerer": 9466}
+    assert metrics_ports(Settings(metrics_port=9000))["triggerer"] == 9002
+    assert metrics_ports(Settings(metrics_port=0)) == {}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(test_triggers=False),
+    )
+
+
+def test_health_without_a_metrics_port_checks_the_database(db_url: str) -> None:
+    ok = _cli("--database-url", db_url, "health")
+    assert ok.returncode == 0, ok.stderr
+    assert "[+]database ok" in ok.stdout
+    bad = _cli("--database-url", "postgresql://nobody@127.0.0.1:1/none", "health")
+    assert bad.returncode == 1
+    assert "[-]database failed" in bad.stderr
