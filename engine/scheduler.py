@@ -274,7 +274,7 @@ class Scheduler:
         counts = await self.store.count_task_states()
         for state in sorted(STATES):
             self.metrics.tasks.labels(state).set(counts.get(state, 0))
-        self.metrics.triggers_unassigned.set(await self.store.count_unassigned_triggers())
+        self.metrics.triggers_unassigned.set(await self.store.count_unowned_triggers())
 
     def health_checks(self) -> dict[str, Check]:
         """Readiness: a pass of the scheduler's loop completed recently (engine/health.py)."""

@@ -26,6 +26,7 @@ from tests.helpers import child_env, wait_until
 from tests.log_triggers import ChattyOperator
 from tests.pg_server import start_server, stop_server
 from tests.processes import Children, explained, process_env
+from tests.triggerer_support import WaitOn
 from tests.triggers_for_tests import NeverTrigger, RaisingTrigger
 from triggers.base import BaseTrigger
 
@@ -188,6 +189,22 @@ async def test_trigger_failures_and_timeouts_are_counted_by_class(store: Store) 
         _sample(text, "deferral_trigger_timeouts_total", trigger_class=f"{here}.NeverTrigger") == 1
     )
     assert _sample(text, "deferral_task_outcomes_total", state="deferred") == 2
+
+
+@pytest.mark.anyio
+async def test_blocked_loop_seconds_are_counted_by_the_class_that_blocked(store: Store) -> None:
+    fresh = Metrics()
+    with DAG(dag_id="offender") as dag:
+        WaitOn(task_id="w", trigger="BlockingTrigger", trigger_kwargs={"block_s": 0.2, "times": 0})
+    options = {"blocked_loop_s": 0.08, "cancel_blocking_after": 2, "metrics": fresh}
+    async with run_engine(store, scheduler=False, triggerer_options=options) as engine:
+        await engine.start_run(dag)
+        ti = await engine.wait_for_state("offender", "w", "failed")
+    assert "blocked the triggerer's event loop" in (ti["error"] or "")
+    text = fresh.exposition().decode()
+    blocker = "tests.triggerer_support.BlockingTrigger"
+    assert _sample(text, "deferral_loop_blocked_seconds_total", trigger_class=blocker) > 0
+    assert _sample(text, "deferral_trigger_failures_total", trigger_class=blocker) == 1
 
 
 def _tag() -> str:

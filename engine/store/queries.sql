@@ -368,11 +368,6 @@ SELECT state, count(*) AS n FROM deferral_task_instances
 WHERE ($1::bigint IS NULL OR dag_run_id = $1)
 GROUP BY state ORDER BY state;
 
--- name: count_unassigned_triggers
--- How many triggers no triggerer runs (the scheduler's fleet gauge; the partial index on
--- unowned triggers serves it).
-SELECT count(*) FROM deferral_triggers WHERE triggerer_id IS NULL;
-
 -- name: work_left
 -- What an engine has left to do now (engine.testing's drain): task instances runnable now or
 -- queued or running, deferrals whose deadline is due or whose trigger no triggerer has claimed

@@ -328,11 +328,6 @@ class Store:
         rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)
         return {r["state"]: r["n"] for r in rows}
 
-    async def count_unassigned_triggers(self) -> int:
-        """How many triggers no triggerer runs now."""
-        count: int = await self._pool.fetchval(self._q["count_unassigned_triggers"])
-        return count
-
     async def work_left(self) -> WorkLeft:
         """Counts of what is left to do now: ``runnable`` (runnable now, queued or running),
         ``deferred_due`` (deadline due, or trigger not claimed yet), ``runs_to_end``."""
