@@ -17,7 +17,7 @@ import anyio
 from engine import logs
 from engine.config import Settings
 from engine.dagbag import DagBag, add_to_sys_path
-from engine.health import Check, HealthServer, database_check
+from engine.health import Check, HealthServer, WithHealth, database_check
 from engine.keys import child_key_env
 from engine.metrics import Metrics
 from engine.metrics import use as use_metrics
@@ -128,21 +128,19 @@ async def run_component(kind: str, settings: Settings) -> None:
     metrics = use_metrics(Metrics())
     store = await open_store(settings)
     try:
-        component = _MAKERS[kind](store, settings, metrics)
-        components: list[Component] = [component]
+        made = _MAKERS[kind](store, settings, metrics)
+        component: Component = made
         if settings.metrics_port:
-            checks = {"database": database_check(store.now), **component.health_checks()}
-            components.insert(
-                0,
-                HealthServer(
-                    metrics, host=settings.metrics_host, port=settings.metrics_port, checks=checks
-                ),
+            checks = {"database": database_check(store.now), **made.health_checks()}
+            server = HealthServer(
+                metrics, host=settings.metrics_host, port=settings.metrics_port, checks=checks
             )
+            component = WithHealth(made, server)
         # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
         # also when it is the embedded server, whose URL is known only now. (Operators read
         # default_deferrable from their context: the worker puts it there.)
         with engine_connections(store):
-            cancelled = await serve(components, supervisor=supervisor)
+            cancelled = await serve([component], supervisor=supervisor)
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()

@@ -9,6 +9,9 @@ on the process's own event loop.
   lease renewed, a worker's heartbeat written, a scheduler's pass completed recently).
 * ``?verbose`` lists the checks, one a line: ``[+]database ok`` or ``[-]database failed: ...``.
 
+The server runs for as long as its process's component (``WithHealth``): while a worker drains
+its running tasks after SIGTERM, ``/livez`` still answers and ``/readyz`` says ``stopping``.
+
 The same loop also samples its own lag twice a second (``deferral_loop_lag_seconds``).
 """
 
@@ -24,9 +27,10 @@ from aiohttp import web
 from anyio.abc import TaskStatus
 
 from engine.metrics import Metrics
+from engine.runner import Component
 from engine.wakeup import Wakeup
 
-__all__ = ["Check", "HealthServer", "Readiness", "database_check"]
+__all__ = ["Check", "HealthServer", "Readiness", "WithHealth", "database_check", "freshness"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,8 @@ class HealthServer:
         self.checks = dict(checks or {})
         self._stopped = Wakeup()
         self._stopping = False
+        #: The process is stopping (its component was asked to): not ready any more.
+        self.draining = False
         #: The port actually bound (``port=0`` binds a free one), once running.
         self.bound_port: int | None = None
 
@@ -146,6 +152,9 @@ class HealthServer:
     async def _readyz(self, request: web.Request) -> web.Response:
         names = list(self.checks)
         results = await asyncio.gather(*(self._run_check(n) for n in names))
+        if self.draining:
+            names.append("stopping")
+            results.append((False, "the process is stopping"))
         ready = all(ok for ok, _ in results)
         if "verbose" in request.query:
             lines = [
@@ -177,3 +186,25 @@ def freshness(what: str, last: Callable[[], float | None], max_age_s: float) -> 
         return True, f"ok ({what} {age:.1f}s ago)"
 
     return check
+
+
+class WithHealth:
+    """A component and its metrics server, as one component: the server starts first, so
+    probes get answers while the component starts, and stops once the component returned
+    (a graceful stop marks it not ready meanwhile)."""
+
+    def __init__(self, component: Component, server: HealthServer) -> None:
+        self.component = component
+        self.server = server
+
+    def stop(self) -> None:
+        self.server.draining = True
+        self.component.stop()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.server.run)
+            try:
+                await self.component.run(task_status=task_status)
+            finally:
+                self.server.stop()

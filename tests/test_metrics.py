@@ -6,22 +6,27 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anyio
 import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import DAG, metrics
+from engine.health import HealthServer, WithHealth, database_check
 from engine.metrics import Metrics
 from engine.store import Store
 from engine.testing import run_engine
+from engine.worker import Worker
 from operators.base import BaseOperator, Context
+from operators.python import PythonOperator
 from tests.helpers import child_env, wait_until
 from tests.log_triggers import ChattyOperator
 from tests.pg_server import start_server, stop_server
@@ -205,6 +210,54 @@ async def test_blocked_loop_seconds_are_counted_by_the_class_that_blocked(store:
     blocker = "tests.triggerer_support.BlockingTrigger"
     assert _sample(text, "deferral_loop_blocked_seconds_total", trigger_class=blocker) > 0
     assert _sample(text, "deferral_trigger_failures_total", trigger_class=blocker) == 1
+
+
+@pytest.mark.anyio
+async def test_readyz_says_stopping_while_a_worker_drains_and_livez_still_answers(
+    store: Store,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def long_task() -> None:
+        started.set()
+        release.wait(60)
+
+    with DAG(dag_id="drain") as dag:
+        PythonOperator(task_id="long", python_callable=long_task)
+    async with (
+        run_engine(store, worker=False, triggerer=False) as engine,
+        aiohttp.ClientSession() as http,
+    ):
+        worker = Worker(store, engine.dagbag, heartbeat_s=0.5, metrics=Metrics())
+        server = HealthServer(
+            worker.metrics,
+            port=0,
+            checks={"database": database_check(store.now), **worker.health_checks()},
+        )
+        served = WithHealth(worker, server)
+
+        async def get(path: str) -> tuple[int, str]:
+            async with http.get(f"http://127.0.0.1:{server.bound_port}{path}") as reply:
+                return reply.status, await reply.text()
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(served.run)
+            await engine.start_run(dag)
+
+            async def task_started() -> bool:
+                return started.is_set()
+
+            await wait_until(task_started, what="the task to start")
+            status, body = await get("/readyz?verbose")
+            assert status == 200, body
+            assert "[+]heartbeat ok" in body
+            served.stop()
+            status, body = await get("/readyz?verbose")
+            assert status == 503
+            assert "[-]stopping failed" in body
+            assert (await get("/livez"))[0] == 200
+            release.set()
+        assert worker.finished == 1
 
 
 def _tag() -> str:
