@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from engine import logs
@@ -160,15 +161,17 @@ def metrics_ports(settings: Settings) -> dict[str, int]:
     return {kind: base + i for i, kind in enumerate(KINDS)}
 
 
-def run_standalone(settings: Settings) -> int:
+def run_standalone(settings: Settings, *, config_file: str | None = None) -> int:
     """Start the three children and supervise them; the exit code (0: all stopped cleanly
-    when asked)."""
+    when asked). ``config_file``: the settings file this process read, which the children
+    read too."""
     logs.set_process_name("standalone")
     extra: dict[str, list[str]] = {
         "scheduler": [],
         "worker": ["--slots", str(settings.worker_slots)],
         "triggerer": ["--capacity", str(settings.triggerer_capacity)],
     }
+    env = {"DEFERRAL_CONFIG": str(Path(config_file).resolve())} if config_file else None
     ports = metrics_ports(settings)
     for kind in KINDS:
         extra[kind] += ["--metrics-port", str(ports.get(kind, 0))]
@@ -176,7 +179,7 @@ def run_standalone(settings: Settings) -> int:
     supervisor.install()
     try:
         for kind in KINDS:
-            supervisor.add(spawn(kind, settings, *extra[kind]))
+            supervisor.add(spawn(kind, settings, *extra[kind], env=env))
         log.info(
             "started %s (process group %d)",
             ", ".join(c.label for c in supervisor.children.values()),

@@ -39,9 +39,11 @@ found by looking for `name =` under the `[deferral]` header.) Durations are in s
 the names say.
 
 `deferral config show` prints every setting with its value and where it came from
-(`default`, `FILE:LINE`, `env DEFERRAL_NAME`, `flag --name`); `--effective` shows the values
-the processes derive from them (the embedded database's folder, the key file, the
-allow-list's patterns, each process's metrics port); `--json` prints the same as JSON.
+(`default`, `FILE:LINE`, `env DEFERRAL_NAME`, `flag --name`); `--effective` shows what the
+processes derive from unset or relative values (`derived`: the embedded database's folder,
+the key file, the allow-list's patterns; folders made absolute); `--json` prints the same as
+one JSON array of `{"setting", "value", "source"}` objects. Keys are shown as `<hidden>` and
+passwords in URLs as `***`.
 
 ```toml
 # deferral.toml

@@ -144,4 +144,4 @@ def standalone(
             highlight=False,
             soft_wrap=True,
         )
-    sys.exit(run_standalone(settings))
+    sys.exit(run_standalone(settings, config_file=ctx.obj["loaded"].file))

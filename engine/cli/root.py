@@ -3,7 +3,6 @@ its own in this package and is added here."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
@@ -97,9 +96,6 @@ def cli(
         for name, value in given.items()
         if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
     }
-    if config is not None and ctx.get_parameter_source("config") is _COMMANDLINE:
-        # The processes this one starts (standalone's) read the same file.
-        os.environ["DEFERRAL_CONFIG"] = config
     try:
         loaded = load(
             config=config if ctx.get_parameter_source("config") is _COMMANDLINE else None,
