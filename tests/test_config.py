@@ -105,8 +105,7 @@ def test_key_line_looks_only_inside_the_table() -> None:
 
 
 def _clear_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No DEFERRAL_* variables; restored after the test (``deferral --config`` sets
-    DEFERRAL_CONFIG for the processes it starts)."""
+    """No DEFERRAL_* variables (DEFERRAL_CONFIG among them); restored after the test."""
     monkeypatch.setenv("DEFERRAL_CONFIG", "")
     for name in [k for k in os.environ if k.startswith("DEFERRAL_")]:
         monkeypatch.delenv(name)
