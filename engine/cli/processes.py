@@ -122,6 +122,8 @@ def standalone(
     """
     from engine.standalone import metrics_ports, run_standalone
 
+    logs.set_process_name("standalone")
+
     settings = _settings(ctx).replace(
         dags_folder=dags_folder,
         worker_slots=slots,
