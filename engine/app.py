@@ -10,14 +10,17 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import anyio
 
 from engine import logs
 from engine.config import Settings
 from engine.dagbag import DagBag, add_to_sys_path
+from engine.health import Check, HealthServer, WithHealth, database_check
 from engine.keys import child_key_env
+from engine.metrics import Metrics
+from engine.metrics import use as use_metrics
 from engine.runner import (
     STOP,
     SUPERVISOR_FD_ENV,
@@ -53,7 +56,7 @@ def trigger_allow_list(settings: Settings) -> TriggerAllowList:
     return TriggerAllowList.from_setting(settings.trigger_allow, settings.dags_folder)
 
 
-def make_worker(store: Store, settings: Settings) -> Worker:
+def make_worker(store: Store, settings: Settings, metrics: Metrics | None = None) -> Worker:
     return Worker(
         store,
         DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s),
@@ -63,10 +66,11 @@ def make_worker(store: Store, settings: Settings) -> Worker:
         shutdown_grace_s=settings.worker_shutdown_grace_s,
         allow=trigger_allow_list(settings),
         default_deferrable=settings.default_deferrable,
+        metrics=metrics,
     )
 
 
-def make_triggerer(store: Store, settings: Settings) -> Triggerer:
+def make_triggerer(store: Store, settings: Settings, metrics: Metrics | None = None) -> Triggerer:
     add_to_sys_path(settings.dags_folder)
     return Triggerer(
         store,
@@ -80,10 +84,11 @@ def make_triggerer(store: Store, settings: Settings) -> Triggerer:
         max_block_s=settings.triggerer_max_block_s,
         allow=trigger_allow_list(settings),
         dags_folder=settings.dags_folder,
+        metrics=metrics,
     )
 
 
-def make_scheduler(store: Store, settings: Settings) -> Scheduler:
+def make_scheduler(store: Store, settings: Settings, metrics: Metrics | None = None) -> Scheduler:
     return Scheduler(
         store,
         (
@@ -95,6 +100,7 @@ def make_scheduler(store: Store, settings: Settings) -> Scheduler:
         zombie_threshold_s=settings.zombie_threshold_s,
         timeout_backstop_grace_s=settings.timeout_backstop_grace_s,
         dag_rescan_interval_s=settings.dag_rescan_interval_s,
+        metrics=metrics,
     )
 
 
@@ -104,7 +110,11 @@ def engine_connections(store: Store) -> contextlib.AbstractContextManager[None]:
     return connection_defaults({DEFAULT_DEFERRAL_CONN_ID: store.url})
 
 
-_MAKERS: dict[str, Callable[[Store, Settings], Component]] = {
+class _Probed(Component, Protocol):
+    def health_checks(self) -> dict[str, Check]: ...
+
+
+_MAKERS: dict[str, Callable[[Store, Settings, Metrics], _Probed]] = {
     "worker": make_worker,
     "triggerer": make_triggerer,
     "scheduler": make_scheduler,
@@ -116,13 +126,22 @@ async def run_component(kind: str, settings: Settings) -> None:
     ``spawn``, until its supervisor asks)."""
     logs.set_process_name(kind)
     supervisor = supervisor_fd()
+    metrics = use_metrics(Metrics())
     store = await open_store(settings)
     try:
+        made = _MAKERS[kind](store, settings, metrics)
+        component: Component = made
+        if settings.metrics_port:
+            checks = {"database": database_check(store.now), **made.health_checks()}
+            server = HealthServer(
+                metrics, host=settings.metrics_host, port=settings.metrics_port, checks=checks
+            )
+            component = WithHealth(made, server)
         # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
         # also when it is the embedded server, whose URL is known only now. (Operators read
         # default_deferrable from their context: the worker puts it there.)
         with engine_connections(store):
-            cancelled = await serve([_MAKERS[kind](store, settings)], supervisor=supervisor)
+            cancelled = await serve([component], supervisor=supervisor)
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()
@@ -178,6 +197,7 @@ def spawn(
         child_env["DEFERRAL_DAGS_FOLDER"] = str(Path(settings.dags_folder).resolve())
     child_env["DEFERRAL_LOG_LEVEL"] = settings.log_level
     child_env["DEFERRAL_LOG_FORMAT"] = settings.log_format
+    child_env["DEFERRAL_METRICS_HOST"] = settings.metrics_host
     if settings.trigger_allow is not None:
         child_env["DEFERRAL_TRIGGER_ALLOW"] = ",".join(settings.trigger_allow)
     read_end, write_end = os.pipe()

@@ -1,21 +1,34 @@
 """One settings struct, read from ``deferral.toml`` and ``DEFERRAL_*`` environment variables.
 
-Precedence, lowest first: defaults below, the ``[deferral]`` table of the file named by
-``DEFERRAL_CONFIG`` (or ``./deferral.toml`` when it exists), environment variables
-(``DEFERRAL_WORKER_SLOTS=8``), then command-line flags.
+Precedence, lowest first: defaults below, the ``[deferral]`` table of the settings file
+(``--config PATH`` or ``DEFERRAL_CONFIG``; else ``./deferral.toml``, else ``deferral.toml`` in
+the home folder, ``DEFERRAL_HOME``), environment variables (``DEFERRAL_WORKER_SLOTS=8``), then
+command-line flags. :func:`load` also says where each value came from.
+
+Each field's ``#:`` comment is its documentation: docs/reference/settings.md is generated from
+them (``python tools/gen_settings_reference.py``; tests/test_docs.py keeps the two equal).
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import platformdirs
 
-__all__ = ["ConfigError", "Settings", "load_settings", "masked_url"]
+__all__ = [
+    "ConfigError",
+    "Loaded",
+    "Settings",
+    "config_file",
+    "load",
+    "load_settings",
+    "masked_url",
+]
 
 DEFAULT_WORKER_SLOTS = 16
 DEFAULT_TRIGGERER_CAPACITY = 1000
@@ -26,6 +39,9 @@ DEFAULT_BLOCKED_LOOP_S = 0.2
 DEFAULT_TRIGGERER_MAX_BLOCK_S = 5.0
 DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S = 30.0
 DEFAULT_DAG_RESCAN_INTERVAL_S = 10.0
+DEFAULT_HOME = platformdirs.user_data_dir("deferral")
+#: The first metrics port of ``deferral standalone`` when ``metrics_port`` is unset.
+STANDALONE_METRICS_PORT = 9464
 
 
 def masked_url(url: str) -> str:
@@ -43,71 +59,145 @@ class ConfigError(ValueError):
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Every setting of the engine. Durations are in seconds, as their names say."""
+    """Every setting of the engine. Durations are in seconds, as their names say.
 
-    #: PostgreSQL URL; when empty the embedded server under ``home`` is used.
+    Each field's ``#:`` comment is its row of docs/reference/settings.md; a last line
+    ``Default: ...`` says what the default is when the value below is computed or unset."""
+
+    #: PostgreSQL URL. Unset: the embedded server under `home`, shared by every process on the
+    #: machine.
     database_url: str | None = None
-    #: Folder for the embedded database and other local state.
-    home: str = platformdirs.user_data_dir("deferral")
-    #: Folder of DAG files; also put on sys.path so trigger classes there import.
+    #: Folder for the embedded database (`pgdata/`), the demo's log and, when neither
+    #: `--config` nor `DEFERRAL_CONFIG` names a file and the current folder has none, the
+    #: settings file `deferral.toml`.
+    #: Default: per-user data folder (`~/.local/share/deferral`)
+    home: str = DEFAULT_HOME
+    #: Folder of DAG files. It is put first on `sys.path` of workers and triggerers, so trigger
+    #: classes defined there import by classpath. `deferral scheduler`, `worker` and
+    #: `standalone` refuse to start without one (exit 2, naming `--dags` and
+    #: `DEFERRAL_DAGS_FOLDER`) and log the folder they use; `deferral triggerer` starts with a
+    #: warning (it can still run the built-in `triggers.*`). **Reserved names:** a module or
+    #: package at the top of the folder named like one of the engine's packages (`engine`,
+    #: `triggers`, `operators`, `benchmarks`) or a standard library module (`json.py`,
+    #: `email/`) is not imported: Python would find the engine's or the standard library's
+    #: module instead. It is reported as an import error naming the file and what to rename it
+    #: to (`my_triggers.py`).
     dags_folder: str | None = None
-    #: How long importing one DAG file may take (in a child process) before it is an error.
+    #: How long importing one DAG file may take. A new or changed file is imported first in a
+    #: child process; one that overruns this (or calls `sys.exit()`, raises
+    #: `KeyboardInterrupt`, ends the process) is an import error naming the file and the cause,
+    #: and only files that imported cleanly there are imported by the worker or scheduler. A
+    #: file that overran is tried again once it changes.
     dag_file_processor_timeout_s: float = DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S
-    #: How often the scheduler scans the DAGs folder for new, changed and removed files.
+    #: How often the scheduler scans the DAGs folder for new, changed and removed files. Each
+    #: import error is logged once per change of its file (a short line, the traceback under
+    #: it), followed by a line saying when the next scan is. `deferral dags trigger` without
+    #: `--dags`, for a DAG the database does not know yet, asks the running scheduler to scan
+    #: at once and waits for it.
     dag_rescan_interval_s: float = DEFAULT_DAG_RESCAN_INTERVAL_S
+    #: `DEBUG`, `INFO`, `WARNING` or `ERROR`.
     log_level: str = "INFO"
-    #: "text" or "json".
+    #: Process logs: `text` for people (one line per record: time, level, `kind[pid]`, logger,
+    #: the bound ids in brackets, the message) or `json` for machines (one object per line
+    #: with `ts`, `level`, `process`, `pid`, `logger`, `msg` and the bound ids as fields:
+    #: `trigger` and `classpath` in a trigger's lines, `dag`, `run`, `task`, `attempt` in a
+    #: task's).
     log_format: str = "text"
-    #: Size of each process's connection pool.
+    #: Connections in each process's pool.
     pool_size: int = 8
-    #: Event loop of the engine's processes: "uvloop" or "asyncio".
+    #: Event loop of the engine's processes: `uvloop` or `asyncio`.
     event_loop: str = "uvloop"
 
+    #: Port of the process's metrics server: Prometheus `/metrics`, `/livez` and `/readyz`
+    #: (see [metrics and health](../howto/metrics.md)); the flag `--metrics-port` of
+    #: `deferral scheduler`, `worker` and `triggerer`. Unset or 0: no server. `deferral
+    #: standalone` serves them by default, its scheduler, worker and triggerer on this port
+    #: and the next two.
+    #: Default: unset (`deferral standalone`: 9464)
+    metrics_port: int | None = None
+    #: Address the metrics server listens on; `0.0.0.0` to be scraped and probed from other
+    #: machines (a container's probes, a Prometheus elsewhere).
+    metrics_host: str = "127.0.0.1"
+
     #: Fernet keys that encrypt trigger kwargs, resume kwargs, events and results at rest,
-    #: comma-separated: the first encrypts, all decrypt (``deferral keys generate``).
+    #: comma-separated: the first encrypts, all decrypt. Make one with `deferral keys
+    #: generate`; see [encryption at rest](../explanation/security.md#encryption-at-rest).
+    #: Never logged.
     fernet_key: str | None = None
-    #: File holding the keys (one a line, first = primary), instead of ``fernet_key``. Default
-    #: with the embedded database: ``<home>/fernet.key``, created (mode 0600) on first use.
+    #: A file of keys (one a line, first = primary), used when `fernet_key` is unset. The
+    #: embedded default is created with mode 0600 on first use.
+    #: Default: unset; with the embedded database `<home>/fernet.key`
     fernet_key_file: str | None = None
-    #: With an external database and no key, store plaintext (with a warning) instead of
-    #: refusing to start. For development only.
+    #: With an external database and no key, store plaintext (warned once) instead of refusing
+    #: to start. Also the global flag `deferral --insecure-dev`. Development only.
     insecure_dev: bool = False
 
+    #: Task instances a worker runs at once (`deferral worker --slots`).
     worker_slots: int = DEFAULT_WORKER_SLOTS
+    #: How often an idle worker polls for runnable tasks when no notification came (the
+    #: backstop to LISTEN/NOTIFY).
     worker_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    #: How often a worker heartbeats itself and all its running tasks (one statement).
     worker_heartbeat_s: float = 5.0
+    #: After SIGTERM, how long running tasks may finish before the worker exits; tasks still
+    #: running are reaped and retried per their policy.
     worker_shutdown_grace_s: float = 30.0
 
+    #: Triggers one triggerer runs at once (`deferral triggerer --capacity`); the rest wait
+    #: unowned as backlog.
     triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
+    #: A triggerer's lease on the database clock, renewed every third of it. It is renewed by
+    #: a thread with a connection of its own, whose session also holds the triggerer's
+    #: advisory lock: when the process dies, the other triggerers see the lock free and adopt
+    #: its triggers within a fraction of a second (when it lapses otherwise).
     triggerer_lease_s: float = DEFAULT_TRIGGERER_LEASE_S
+    #: How often a triggerer looks for unowned triggers when no notification came.
     triggerer_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    #: Triggers claimed per statement.
     triggerer_claim_batch: int = DEFAULT_CLAIM_BATCH
+    #: A callback that blocks the triggerer's loop longer than this is logged with the trigger
+    #: that ran it.
     triggerer_blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S
+    #: How long a trigger's `cleanup()` may take before it is abandoned.
     triggerer_cleanup_timeout_s: float = 5.0
-    #: Cancel a trigger that blocks the event loop this many times, failing its tasks (0: never).
+    #: Cancel a trigger after it has blocked the loop this many times, failing its task with
+    #: that reason; `0` never cancels (the block is only logged).
     triggerer_cancel_blocking_after: int = 0
-    #: A trigger that blocks the event loop longer than this fails its tasks at once (written
-    #: from another thread, so no triggerer starts it again). The lease is kept meanwhile.
+    #: A trigger that blocks the triggerer's loop longer than this fails its tasks at once,
+    #: with an error naming the trigger and the limit; the failure is written from the lease
+    #: thread, so no triggerer starts it again. The lease is renewed while the loop is blocked,
+    #: for up to this plus twice `triggerer_lease_s`.
     triggerer_max_block_s: float = DEFAULT_TRIGGERER_MAX_BLOCK_S
 
+    #: How often the scheduler runs its housekeeping (it is also woken by notifications).
     scheduler_interval_s: float = 1.0
+    #: A running task whose worker has not heartbeated for this long is failed (retries
+    #: apply). Triggers nobody waits on are dropped once this old (the scheduler looks every
+    #: half of it).
     zombie_threshold_s: float = 30.0
-    #: How late a deferral deadline may be before the scheduler ends it (no triggerer alive).
+    #: How late a deferral deadline may be before the scheduler ends the deferral itself
+    #: (normally the triggerer does it on time with a loop timer).
     timeout_backstop_grace_s: float = 5.0
 
-    #: Where ``deferral webserver`` (the status page) listens; any other address than the
-    #: loopback one exposes it to the network.
+    #: The address ``deferral webserver`` (the status page) listens on; any other address than
+    #: the loopback one exposes it to the network.
     webserver_host: str = "127.0.0.1"
+    #: The status page's port (``deferral webserver --port``; ``deferral standalone`` starts it
+    #: there too).
     webserver_port: int = 8793
 
-    #: Sensors defer by default (``deferrable=None``), like Airflow's ``default_deferrable``.
-    #: The worker hands it to operators at run time, in ``context["default_deferrable"]``.
+    #: Sensors created with `deferrable=None` defer (like Airflow's `default_deferrable`); the
+    #: worker hands it to them at run time, in `context["default_deferrable"]` (a sensor that
+    #: cannot defer, such as a `PythonSensor` without `async_check`, waits in its `mode`).
     default_deferrable: bool = False
 
-    #: Patterns (fnmatch, full match) of the trigger classpaths and the import paths given to
-    #: triggers (``PythonTrigger``'s ``check``) that workers and triggerers accept. Unset: the
-    #: built-in ``triggers.*`` and the modules of the DAGs folder. In the environment: a
-    #: comma-separated list (``DEFERRAL_TRIGGER_ALLOW="triggers.*,myproj.triggers.*"``).
+    #: Patterns of the trigger classpaths, and of the import paths given to triggers
+    #: (`PythonTrigger`'s `check`, `HttpTrigger`'s `response_check`), that workers accept at
+    #: defer time and triggerers at start; full match, fnmatch syntax (`*` spans dots).
+    #: Setting it replaces the default. In the environment: comma-separated. A refused trigger
+    #: fails its task with a message naming this setting. See
+    #: [security](../explanation/security.md#code-execution-from-the-database).
+    #: Default: built-in `triggers.*` and the modules of the DAGs folder
     trigger_allow: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -127,6 +217,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             "scheduler_interval_s": self.scheduler_interval_s,
             "zombie_threshold_s": self.zombie_threshold_s,
         }
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                f"setting metrics_port must be a port number (0-65535), got {self.metrics_port}"
+            )
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"setting {name} must be > 0, got {value!r}")
@@ -174,41 +268,155 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 #: Settings that are lists; their environment variables hold comma-separated items.
 _LIST_SETTINGS = frozenset({"trigger_allow"})
+#: The file read when neither ``--config`` nor ``DEFERRAL_CONFIG`` names one: in the current
+#: folder, else in the home folder (``DEFERRAL_HOME``).
+CONFIG_FILE_NAME = "deferral.toml"
+#: Where a setting's value came from, when it is its default.
+DEFAULT_SOURCE = "default"
 
 
 def _split_list(raw: str) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def _from_file(path: Path) -> dict[str, Any]:
+def key_line(text: str, key: str, table: str | None) -> int | None:
+    """The line (1-based) of ``key = ...`` in the TOML ``text``, within ``[table]`` (None: the
+    top level, before any table header).
+
+    tomllib reports no positions for the values it decodes, so errors about a value find its
+    line by this plain scan: a line whose first token is the key (bare or quoted) followed by
+    ``=``, under the table's header. Good enough for the flat tables a settings file has; a
+    key written inside an inline table or a multi-line string is not found (None)."""
+    current: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            current = stripped[1 : stripped.find("]")].strip().strip('"')
+            continue
+        if current != table:
+            continue
+        name, eq, _ = stripped.partition("=")
+        if eq and name.strip().strip('"').strip("'") == key:
+            return number
+    return None
+
+
+class _FileValues:
+    """The settings of one file, with where each was written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.text = path.read_text()
+            data = tomllib.loads(self.text)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        self.table: str | None = "deferral" if "deferral" in data else None
+        values = data.get("deferral", data)
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path}: [deferral] must be a table")
+        self.values: dict[str, Any] = values
+
+    def where(self, key: str) -> str:
+        line = key_line(self.text, key, self.table)
+        return f"{self.path}:{line}" if line is not None else str(self.path)
+
+
+def config_file(
+    environ: Mapping[str, str], *, config: str | None = None, home: str | None = None
+) -> Path | None:
+    """The settings file to read: ``config`` (``--config``), else ``DEFERRAL_CONFIG``, else
+    ``./deferral.toml``, else ``deferral.toml`` in the home folder, if they exist. A file that
+    is named but missing is an error."""
+    named = config or environ.get("DEFERRAL_CONFIG")
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            how = "--config" if config else "DEFERRAL_CONFIG"
+            raise ConfigError(f"config file {path} ({how}) does not exist")
+        return path
+    local = Path(CONFIG_FILE_NAME)
+    if local.is_file():
+        return local
+    folder = Path(home or environ.get("DEFERRAL_HOME") or DEFAULT_HOME).expanduser()
+    in_home = folder / CONFIG_FILE_NAME
+    return in_home if in_home.is_file() else None
+
+
+class Loaded(msgspec.Struct, frozen=True):
+    """Settings and, for each, where its value came from: ``default``, ``FILE:LINE``,
+    ``env DEFERRAL_NAME`` or ``flag --name``."""
+
+    settings: Settings
+    sources: dict[str, str]
+    file: str | None
+
+
+_FIELDS = {f.name: f for f in msgspec.structs.fields(Settings)}
+
+
+def _typed(name: str, value: Any, *, strict: bool, where: str) -> Any:
+    """One setting's value converted to its type; a ConfigError naming it and ``where``."""
+    field = _FIELDS.get(name)
+    if field is None:
+        raise ConfigError(f"unknown setting {name!r} ({where})")
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    table = data.get("deferral", data)
-    if not isinstance(table, dict):
-        raise ConfigError(f"config file {path}: [deferral] must be a table")
-    return table
+        return msgspec.convert(value, field.type, strict=strict)
+    except msgspec.ValidationError as exc:
+        problem = str(exc).split(" - at ")[0]
+        raise ConfigError(f"setting {name} ({where}): {problem}: {value!r}") from None
 
 
-def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
-    """Read settings from file and environment; ``overrides`` (flags) win."""
+def load(
+    environ: Mapping[str, str] | None = None,
+    *,
+    config: str | None = None,
+    flags: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Loaded:
+    """Read the settings, lowest first: defaults, the file (:func:`config_file`),
+    ``DEFERRAL_*`` environment variables, then ``overrides`` (flags; ``None`` values are
+    ignored, ``flags`` names the flag each came from). A value of the wrong type, an unknown
+    key in the file or a value out of range is a ConfigError naming the setting and where
+    its value came from (the file and line, the variable, the flag)."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    config_file = env.get("DEFERRAL_CONFIG")
-    if config_file:
-        values.update(_from_file(Path(config_file)))
-    elif Path("deferral.toml").is_file():
-        values.update(_from_file(Path("deferral.toml")))
-    fields = set(Settings.__struct_fields__)
+    sources: dict[str, str] = {}
+    path = config_file(env, config=config, home=overrides.get("home"))
+    if path is not None:
+        found = _FileValues(path)
+        for key, raw in found.values.items():
+            where = found.where(key)
+            # (The file is typed: "8" for a number is an error, as in the file it is a string.)
+            values[key] = _typed(key, raw, strict=True, where=where)
+            sources[key] = where
     for key, raw in env.items():
         if not key.startswith("DEFERRAL_"):
             continue
         name = key.removeprefix("DEFERRAL_").lower()
-        if name in fields and raw != "":
-            values[name] = _split_list(raw) if name in _LIST_SETTINGS else raw
-    values.update({k: v for k, v in overrides.items() if v is not None})
+        if name in _FIELDS and raw != "":
+            value = _split_list(raw) if name in _LIST_SETTINGS else raw
+            values[name] = _typed(name, value, strict=False, where=f"env {key}")
+            sources[name] = f"env {key}"
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
+        values[name] = _typed(name, value, strict=False, where=f"flag {flag}")
+        sources[name] = f"flag {flag}"
     try:
-        return msgspec.convert(values, Settings, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid setting: {exc}") from None
+        settings = Settings(**values)
+    except ConfigError as exc:
+        words = str(exc).split()
+        culprit = words[1].rstrip(":") if words[0] == "setting" else ""
+        if culprit in sources:
+            raise ConfigError(f"{exc} ({sources[culprit]})") from None
+        raise
+    full = {name: sources.get(name, DEFAULT_SOURCE) for name in _FIELDS}
+    return Loaded(settings, full, None if path is None else str(path))
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Read settings from file and environment; ``overrides`` (flags) win. (See :func:`load`,
+    which also says where each value came from.)"""
+    return load(environ, **overrides).settings

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from engine import metrics
 from engine.retry import Backoff
 from engine.wakeup import Wakeup
 
@@ -71,6 +72,7 @@ class KeepAlive:
                 await self._beat()
             except self._errors as exc:
                 self.failures += 1
+                metrics.current().count_db_error(exc)
                 if self._on_error is not None:
                     await self._on_error(exc)
                 delay = self._backoff.next_delay()

@@ -79,6 +79,9 @@ class LeaseKeeper:
         #: The registration this thread keeps (thread-owned; the loop has its own copy).
         self._id: int | None = None
         self._renew_at = 0.0
+        #: When the lease was last registered or renewed (monotonic clock; read by the
+        #: readiness check from the loop's thread: a float, written whole).
+        self.renewed_at: float | None = None
         #: Failures to write (from the watchdog's thread); a deque is safe across threads.
         self._failures: collections.deque[TriggerOutcome] = collections.deque()
         self._stopping = threading.Event()
@@ -175,7 +178,8 @@ class LeaseKeeper:
             self._id = await session.register(
                 self._hostname, self._pid, self._capacity, self.lease_s
             )
-            self._renew_at = time.monotonic() + self.lease_s / 3
+            self.renewed_at = time.monotonic()
+            self._renew_at = self.renewed_at + self.lease_s / 3
             self._publish(self._on_registered, self._id)
         elif responsive and time.monotonic() >= self._renew_at:
             owned = await session.renew(
@@ -191,7 +195,8 @@ class LeaseKeeper:
                 self._id = None
                 return
             crash_point("triggerer.lease.after_renew")
-            self._renew_at = time.monotonic() + self.lease_s / 3
+            self.renewed_at = time.monotonic()
+            self._renew_at = self.renewed_at + self.lease_s / 3
         _reaped, freed = await session.reap()
         if freed:
             self._publish(self._on_reaped)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -61,7 +62,7 @@ class Outbox(Generic[T, K, V]):
     and returns ``{key: result}`` for the items it stored. ``substitute(item, exc)`` builds the
     failure that replaces an item whose data is refused. ``size`` and ``max_bytes`` bound a
     batch by bytes as well as by ``max_items``. ``crash_before``/``crash_after`` name the
-    crash points around each batch's write.
+    crash points around each batch's write; ``observe(size, seconds)`` hears of each write.
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class Outbox(Generic[T, K, V]):
         max_bytes: int | None = None,
         crash_before: str | None = None,
         crash_after: str | None = None,
+        observe: Callable[[int, float], None] | None = None,
     ) -> None:
         if max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
@@ -92,6 +94,8 @@ class Outbox(Generic[T, K, V]):
         self.max_bytes = max_bytes
         self._crash_before = crash_before
         self._crash_after = crash_after
+        #: Told each written batch's size and how long its write took (the metrics).
+        self._observe = observe
         self._queue: list[T] = []
         self._wake = Wakeup()
         self._flushed = Wakeup()
@@ -131,7 +135,10 @@ class Outbox(Generic[T, K, V]):
                 try:
                     if self._crash_before is not None:
                         crash_point(self._crash_before)
+                    started = time.perf_counter()
                     results = await self.write_batch(batch)
+                    if self._observe is not None:
+                        self._observe(len(batch), time.perf_counter() - started)
                 except _Unwritten as stuck:  # some written alone before the error
                     self._queue[:0] = stuck.rest
                     self.in_flight = 0

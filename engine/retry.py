@@ -10,6 +10,8 @@ from typing import TypeVar
 import anyio
 import asyncpg
 
+from engine import metrics
+
 __all__ = [
     "CONNECTION_ERRORS",
     "REFUSED_DATA_ERRORS",
@@ -86,6 +88,7 @@ class Backoff:
         return delay
 
     async def wait(self, what: str, exc: BaseException) -> None:
+        metrics.current().count_db_error(exc)
         delay = self.next_delay()
         log.warning("%s failed (%s: %s); retrying in %.2fs", what, type(exc).__name__, exc, delay)
         await anyio.sleep(delay)

@@ -26,8 +26,11 @@ import uuid
 import anyio
 from anyio.abc import TaskStatus
 
+from engine import metrics as _metrics
 from engine.dagbag import DagBag
+from engine.health import Check, freshness
 from engine.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
+from engine.states import STATES
 from engine.store import CHANNEL_FINISHED, Listener, Store
 from engine.store.downstream import resolve_all_pending, settle
 from engine.wakeup import Wakeup
@@ -51,6 +54,9 @@ CHANNEL_DAG_RESCANNED = "deferral_dag_rescanned"
 RESCAN_ANSWER_S = 3.0
 #: How long it then waits for the rescan to end.
 RESCAN_DONE_S = 120.0
+#: How often the fleet gauges (tasks by state, unassigned triggers) are counted: counting
+#: reads every task instance, too much for every pass.
+FLEET_INTERVAL_S = 15.0
 
 
 async def sync_dags(store: Store, dagbag: DagBag) -> int:
@@ -104,6 +110,7 @@ class Scheduler:
         zombie_threshold_s: float = 30.0,
         timeout_backstop_grace_s: float = 5.0,
         dag_rescan_interval_s: float = 10.0,
+        metrics: _metrics.Metrics | None = None,
     ) -> None:
         self.store = store
         self.dagbag = dagbag
@@ -127,6 +134,10 @@ class Scheduler:
         #: This scheduler's row in deferral_schedulers (the status page's fleet), kept by each
         #: housekeeping pass.
         self.id: int | None = None
+        self.metrics = metrics if metrics is not None else _metrics.current()
+        #: When the last pass of the loop completed (monotonic clock; readiness).
+        self.pass_at: float | None = None
+        self._fleet_at = -math.inf
 
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` (which then returns at once) and more than once;
@@ -175,6 +186,7 @@ class Scheduler:
                     await backoff.wait("scheduler pass", exc)
                     continue
                 backoff.reset()
+                self.pass_at = time.monotonic()
                 await self._wake.wait(self.interval_s)
         finally:
             with anyio.move_on_after(5, shield=True):
@@ -266,4 +278,19 @@ class Scheduler:
             await self.finish_runs()
         if self.id is not None:
             self.id = await self.store.heartbeat_scheduler(self.id)
+        if now - self._fleet_at >= FLEET_INTERVAL_S:
+            self._fleet_at = now
+            await self.export_fleet()
         self.housekeeping_passes += 1
+
+    async def export_fleet(self) -> None:
+        """Set the fleet gauges: task instances by state, triggers no triggerer runs."""
+        counts = await self.store.count_task_states()
+        for state in sorted(STATES):
+            self.metrics.tasks.labels(state).set(counts.get(state, 0))
+        self.metrics.triggers_unassigned.set(await self.store.count_unowned_triggers())
+
+    def health_checks(self) -> dict[str, Check]:
+        """Readiness: a pass of the scheduler's loop completed recently (engine/health.py)."""
+        limit = max(5 * self.interval_s, 15.0)
+        return {"scheduler_loop": freshness("scheduler pass", lambda: self.pass_at, limit)}

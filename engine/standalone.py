@@ -26,14 +26,15 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from engine import logs
 from engine.app import Child, spawn
-from engine.config import Settings
+from engine.config import STANDALONE_METRICS_PORT, Settings
 from engine.runner import CANCEL, STOP
 
-__all__ = ["KINDS", "Supervisor", "run_standalone"]
+__all__ = ["KINDS", "Supervisor", "metrics_ports", "run_standalone"]
 
 log = logging.getLogger(__name__)
 
@@ -164,20 +165,36 @@ class Supervisor:
         self.code = 1
 
 
-def run_standalone(settings: Settings, *, webserver: bool = True) -> int:
+def metrics_ports(settings: Settings) -> dict[str, int]:
+    """Each child's metrics port: ``metrics_port`` (else 9464) and the next two, in the order
+    of ``KINDS``; none when it is 0."""
+    base = STANDALONE_METRICS_PORT if settings.metrics_port is None else settings.metrics_port
+    if base == 0:
+        return {}
+    return {kind: base + i for i, kind in enumerate(KINDS)}
+
+
+def run_standalone(
+    settings: Settings, *, config_file: str | None = None, webserver: bool = True
+) -> int:
     """Start the three children (and the webserver, on the settings' host and port) and
-    supervise them; the exit code (0: all stopped cleanly when asked)."""
+    supervise them; the exit code (0: all stopped cleanly when asked). ``config_file``: the
+    settings file this process read, which the children read too."""
     logs.set_process_name("standalone")
-    extra = {
+    extra: dict[str, list[str]] = {
         "scheduler": [],
         "worker": ["--slots", str(settings.worker_slots)],
         "triggerer": ["--capacity", str(settings.triggerer_capacity)],
     }
+    env = {"DEFERRAL_CONFIG": str(Path(config_file).resolve())} if config_file else None
+    ports = metrics_ports(settings)
+    for kind in KINDS:
+        extra[kind] += ["--metrics-port", str(ports.get(kind, 0))]
     supervisor = Supervisor(drain_s=settings.worker_shutdown_grace_s + STOP_MARGIN_S)
     supervisor.install()
     try:
         for kind in KINDS:
-            supervisor.add(spawn(kind, settings, *extra[kind]))
+            supervisor.add(spawn(kind, settings, *extra[kind], env=env))
         if webserver:
             supervisor.optional.add(WEBSERVER)
             # Read-only (no --enable-actions): `deferral webserver` serves the actions.
@@ -189,6 +206,7 @@ def run_standalone(settings: Settings, *, webserver: bool = True) -> int:
                     settings.webserver_host,
                     "--port",
                     str(settings.webserver_port),
+                    env=env,
                 )
             )
         log.info(

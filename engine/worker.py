@@ -12,6 +12,7 @@ failures queue for one writer, which ends every try queued meanwhile in one stat
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import functools
@@ -30,12 +31,14 @@ import anyio
 from anyio.abc import TaskStatus
 
 from engine import isolation, logs, templating, usercode
+from engine import metrics as _metrics
 from engine.config import (
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
 )
 from engine.crashpoints import crash_point
 from engine.dagbag import DagBag
+from engine.health import Check, freshness
 from engine.keepalive import KeepAlive
 from engine.outbox import Outbox
 from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
@@ -135,6 +138,7 @@ class Worker:
         allow: Callable[[str], bool] | None = None,
         default_deferrable: bool = False,
         isolation_kill_grace_s: float = isolation.DEFAULT_KILL_GRACE_S,
+        metrics: _metrics.Metrics | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
@@ -167,6 +171,18 @@ class Worker:
         # Threads of tries failed at their execution_timeout that still run (Python cannot
         # stop a thread), by (task instance, try): each keeps its slot until it ends.
         self._lingering: dict[tuple[int, int], _Lingering] = {}
+        self.metrics = metrics if metrics is not None else _metrics.current()
+        self.metrics.watch_worker(self._busy, slots)
+        #: When the registration or the last heartbeat was written (monotonic clock).
+        self.heartbeat_at: float | None = None
+
+    def health_checks(self) -> dict[str, Check]:
+        """Readiness: the worker's heartbeat was written recently (engine/health.py)."""
+        return {
+            "heartbeat": freshness(
+                "heartbeat", lambda: self.heartbeat_at, 3 * self.heartbeat_s + 1.0
+            )
+        }
 
     def stop(self) -> None:
         """Ask for a graceful stop: claim nothing more, let running tries finish (up to the
@@ -221,10 +237,12 @@ class Worker:
             log.info("worker %s stopped", self.id)
 
     async def _register(self) -> int:
-        return await with_db_retry(
+        worker_id = await with_db_retry(
             "register worker",
             lambda: self.store.register_worker(socket.gethostname(), os.getpid(), self.slots),
         )
+        self.heartbeat_at = time.monotonic()
+        return worker_id
 
     async def _unregister(self, worker_id: int) -> None:
         try:
@@ -280,11 +298,24 @@ class Worker:
         assert self.id is not None
         # Until the reply arrives, the claim may commit with nobody to run what it took.
         self._claims_unsure = True
+        started = time.perf_counter()
         claimed, next_in = await self.store.claim_tasks(self.id, limit)
         if claimed:
             crash_point("worker.claim.after_commit")
         self._claims_unsure = False
+        self._observe_claim(claimed, time.perf_counter() - started)
         return claimed, next_in
+
+    def _observe_claim(self, claimed: list[ClaimedTask], duration_s: float) -> None:
+        m = self.metrics
+        m.claim_duration.labels("tasks").observe(duration_s)
+        if not claimed:
+            return
+        m.claim_batch.labels("tasks").observe(len(claimed))
+        # A resume's run_after is when its trigger's event was written (fire_triggers).
+        for ti in claimed:
+            if ti.next_method is not None and ti.run_after is not None:
+                m.resume_latency.observe(max(0.0, (ti.db_now - ti.run_after).total_seconds()))
 
     async def _unacknowledged_claims(self) -> list[ClaimedTask]:
         """Claims of this worker that committed but whose reply was lost with its connection
@@ -328,6 +359,7 @@ class Worker:
     async def _heartbeat(self) -> None:
         assert self.id is not None
         if await self.store.heartbeat_worker(self.id, list(self.running)):
+            self.heartbeat_at = time.monotonic()
             return
         log.error(
             "worker %s was declared dead (missed heartbeats); its tasks were reaped. "
@@ -337,6 +369,7 @@ class Worker:
         # (A registration whose reply is lost leaves a row without heartbeats: the scheduler
         # removes it; the next heartbeat finds this id dead again and registers anew.)
         self.id = await self.store.register_worker(socket.gethostname(), os.getpid(), self.slots)
+        self.heartbeat_at = time.monotonic()
         self._abandoned.clear()  # ids of the old registration: never held by the new one
 
     async def _execute(self, ti: ClaimedTask) -> None:
@@ -641,6 +674,8 @@ class Worker:
             return
         crash_point("worker.defer.after_write")
         self._lost_if_not(ok, ti)
+        if ok:
+            self.metrics.task_outcomes.labels("deferred").inc()
         log.info(
             "deferred to %s (resume at %s%s)",
             deferral.classpath,
@@ -671,6 +706,8 @@ class Worker:
             await self._refuse(ti, worker_id, "the task's reschedule could not be stored", exc)
             return
         self._lost_if_not(ok, ti)
+        if ok:
+            self.metrics.task_outcomes.labels("up_for_reschedule").inc()
         log.info("up for reschedule at %s", at.isoformat())
 
     async def _refuse(self, ti: ClaimedTask, worker_id: int, what: str, exc: Exception) -> None:
@@ -730,18 +767,24 @@ class Worker:
             max_bytes=FINISH_BATCH_BYTES,
             crash_before="worker.outcome.before_write",
             crash_after="worker.outcome.after_write",
+            observe=self._observe_write,
         )
+
+    def _observe_write(self, size: int, duration_s: float) -> None:
+        self.metrics.write_batch.labels("task_outcomes").observe(size)
+        self.metrics.write_duration.labels("task_outcomes").observe(duration_s)
 
     async def _write_outcomes(self, batch: list[_Queued]) -> dict[tuple[int, int], str]:
         finished = await self.store.finish_tasks([q.outcome for q in batch])
         await settle(self.store, finished)
         return {(f.id, f.worker_id): f.state for f in finished}
 
-    @staticmethod
-    def _written(batch: list[_Queued], states: dict[tuple[int, int], str]) -> None:
+    def _written(self, batch: list[_Queued], states: dict[tuple[int, int], str]) -> None:
         for queued in batch:
             queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
             queued.done.set()
+        for state, n in collections.Counter(states.values()).items():
+            self.metrics.task_outcomes.labels(state).inc(n)
 
     def _outcome_lost(self, queued: _Queued, _exc: Exception) -> None:
         """Not even a failure could be stored: the try is left to the reaper."""

@@ -12,6 +12,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,16 @@ async def store(db_url: str) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[Any]:
+    """An embedded PostgreSQL of this test alone: the test stops and starts it
+    (tests.pg_server.stop_server, start_server)."""
+    from tests.pg_server import own_server
+
+    with own_server() as server:
+        yield server
 
 
 @pytest.fixture

@@ -63,6 +63,9 @@ def child_env(*, test_triggers: bool = True, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
     env.update(
         DEFERRAL_FERNET_KEY=TEST_FERNET_KEY,
+        # No fixed metrics ports (standalone's default): tests of several sessions share the
+        # machine. A test that wants them passes --metrics-port with a free port.
+        DEFERRAL_METRICS_PORT="0",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     )
     if test_triggers:

@@ -26,6 +26,16 @@ def test_every_setting_is_documented() -> None:
     assert not missing, [f.name for f in missing]
 
 
+def test_the_settings_reference_is_generated_from_the_settings() -> None:
+    import runpy
+
+    module = runpy.run_path(
+        str(REPO_ROOT / "tools" / "gen_settings_reference.py"), run_name="check"
+    )
+    text = (REPO_ROOT / "docs/reference/settings.md").read_text()
+    assert text == module["render"](), "run: python tools/gen_settings_reference.py"
+
+
 def test_the_cli_reference_is_generated_from_the_current_commands() -> None:
     import runpy
 

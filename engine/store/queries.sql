@@ -121,6 +121,7 @@ SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
 -- Claim up to $2 runnable task instances for worker $1, highest priority first. A new try
 -- counts up try_number, clears the last try's error (kept in previous_error) and end time; a
 -- resume (next_method set) or a reschedule continues the same try.
+-- run_after is returned for the resume latency (a resume's is when its event was written).
 -- When nothing was claimed, the one row returned has a null id and next_in: seconds until the
 -- earliest waiting task becomes runnable (retries, reschedules; database clock), null when
 -- none waits. (One round trip either way: an empty claim is common when several workers
@@ -148,7 +149,7 @@ WITH picked AS (
     WHERE ti.id = picked.id AND r.id = ti.dag_run_id
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
               ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
-              ti.execution_timeout_s, ti.is_leaf, r.logical_date, r.conf
+              ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf
 ), idle AS (
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
         SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision
@@ -163,7 +164,7 @@ SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 -- the try they were claimed for. Same columns as claim_tasks.
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, ti.next_kwargs,
        ti.next_event, ti.first_try_at, ti.try_started_at, ti.execution_timeout_s, ti.is_leaf,
-       r.logical_date, r.conf, now() AS db_now
+       ti.run_after, r.logical_date, r.conf, now() AS db_now
 FROM deferral_task_instances ti
 JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
 WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.id <> ALL ($2::bigint[])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -95,7 +96,7 @@ class Claimer:
         if asked <= 0 or shared.stopping:
             held.full = asked <= 0
             return
-        batch = await shared.store.claim_triggers(triggerer_id, asked)
+        batch = await self._claim(triggerer_id, asked)
         crash_point("triggerer.claim.after_commit")
         held.full = False
         while batch:
@@ -106,7 +107,7 @@ class Claimer:
             next_asked = min(room, self.claim_batch) if more else 0
             pending = None
             if next_asked > 0 and not shared.stopping:
-                pending = loop.create_task(shared.store.claim_triggers(triggerer_id, next_asked))
+                pending = loop.create_task(self._claim(triggerer_id, next_asked))
             await self._start_batch(batch)
             log.info("claimed %d trigger(s); holding %d", len(batch), len(held))
             if pending is None:
@@ -114,6 +115,16 @@ class Claimer:
             # Always awaited, never cancelled: a claim that committed must be started.
             batch, asked = await pending, next_asked
             crash_point("triggerer.claim.after_commit")
+
+    async def _claim(self, triggerer_id: int, limit: int) -> list[ClaimedTrigger]:
+        started = time.perf_counter()
+        rows = await self._shared.store.claim_triggers(triggerer_id, limit)
+        metrics = self._shared.metrics
+        metrics.claim_duration.labels("triggers").observe(time.perf_counter() - started)
+        if rows:
+            metrics.claim_batch.labels("triggers").observe(len(rows))
+            metrics.count_by_class(metrics.trigger_starts, (row.classpath for row in rows))
+        return rows
 
     async def _start_batch(self, rows: list[ClaimedTrigger]) -> None:
         """Start claimed triggers a slice at a time, letting the loop run in between (timers

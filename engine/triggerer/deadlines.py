@@ -14,8 +14,9 @@ import logging
 
 from engine.retry import Backoff, with_db_retry
 from engine.store import TriggerWaiters
+from engine.store.models import TimedOutTask
 from engine.store.downstream import settle
-from engine.triggerer.held import Held
+from engine.triggerer.held import Held, HeldSet
 from engine.triggerer.shared import Shared
 from engine.wakeup import Wakeup
 
@@ -74,18 +75,20 @@ class Deadlines:
             "time out deferrals", functools.partial(store.timeout_deferrals, due)
         )
         await settle(store, rows)
+        if rows:
+            metrics = self._shared.metrics
+            metrics.count_by_class(
+                metrics.trigger_timeouts, (_classpath_of(row, held_set) for row in rows)
+            )
         for row in rows:
-            classpath = row.classpath
-            if classpath is None and row.trigger_id is not None:
-                held = held_set.get(row.trigger_id)
-                classpath = held.classpath if held is not None else None
+            classpath = _classpath_of(row, held_set)
             log.warning(
                 "task instance %s (%s) timed out waiting on trigger %s (%s): its deadline "
                 "passed before the trigger fired; now %s",
                 row.id,
                 row.task_id,
                 row.trigger_id,
-                classpath or "classpath unknown",
+                classpath,
                 row.state,
             )
         unused = self._rearm(
@@ -126,3 +129,12 @@ class Deadlines:
             elif w.timeout_at is not None:
                 self.arm(w.id, held, w.timeout_at, w.db_now)
         return unused
+
+
+def _classpath_of(row: TimedOutTask, held_set: HeldSet) -> str:
+    """The classpath of the trigger a timed-out task waited on: as the store read it, else the
+    held trigger's, else "unknown" (metrics label it so; the log line says so)."""
+    if row.classpath is not None:
+        return row.classpath
+    held = held_set.get(row.trigger_id) if row.trigger_id is not None else None
+    return held.classpath if held is not None else "unknown"

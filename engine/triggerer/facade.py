@@ -17,6 +17,7 @@ from collections.abc import Callable
 import anyio
 from anyio.abc import TaskStatus
 
+from engine import metrics as _metrics
 from engine import usercode
 from engine.config import (
     DEFAULT_BLOCKED_LOOP_S,
@@ -26,6 +27,7 @@ from engine.config import (
     DEFAULT_TRIGGERER_LEASE_S,
     DEFAULT_TRIGGERER_MAX_BLOCK_S,
 )
+from engine.health import Check, freshness
 from engine.lease import LeaseKeeper
 from engine.store import CHANNEL_DEADLINES, CHANNEL_TRIGGERS, Listener, Store
 from engine.triggerer.blocking import BlockPolicy
@@ -63,6 +65,7 @@ class Triggerer:
         max_block_s: float = DEFAULT_TRIGGERER_MAX_BLOCK_S,
         allow: Callable[[str], bool] | None = None,
         dags_folder: str | os.PathLike[str] | None = None,
+        metrics: _metrics.Metrics | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -73,7 +76,10 @@ class Triggerer:
         self.cleanup_timeout_s = cleanup_timeout_s
         #: A trigger that blocks the loop longer than this is failed (from another thread).
         self.max_block_s = max_block_s
-        self._shared = shared = Shared(store)
+        self.metrics = metrics if metrics is not None else _metrics.current()
+        self._shared = shared = Shared(store, self.metrics)
+        self.metrics.watch_triggerer(lambda: len(shared.held), capacity)
+        self._lease: LeaseKeeper | None = None
         self._runner = TriggerRunner(shared, cleanup_timeout_s=cleanup_timeout_s)
         self._deadlines = Deadlines(shared)
         self._claimer = Claimer(
@@ -134,6 +140,14 @@ class Triggerer:
             "time": time.time(),
         }
 
+    def health_checks(self) -> dict[str, Check]:
+        """Readiness: the lease was renewed within ``lease_s`` (engine/health.py)."""
+
+        def renewed_at() -> float | None:
+            return self._lease.renewed_at if self._lease is not None else None
+
+        return {"lease": freshness("lease renewal", renewed_at, self.lease_s)}
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -157,7 +171,7 @@ class Triggerer:
             limit_s=self.max_block_s,
             on_limit=self._blocking.on_limit,
         )
-        lease = self._ownership.keeper(
+        lease = self._lease = self._ownership.keeper(
             watchdog.lag_s, lambda: self._blocking.health(watchdog.lag_p99_s())
         )
         self._blocking.attach(shared.loop, lease)

@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 
+from engine.metrics import Metrics
 from engine.outbox import Outbox
 from engine.store import Store, TriggerOutcome
 from engine.store.downstream import settle
@@ -37,8 +38,9 @@ def _substitute(outcome: TriggerOutcome, exc: Exception) -> TriggerOutcome:
 class Shared:
     """The triggerer's registration, held set, outbox and the claim loop's wake-up."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, metrics: Metrics) -> None:
         self.store = store
+        self.metrics = metrics
         #: This triggerer's registration (None until the lease thread registered it).
         self.id: int | None = None
         self.stopping = False
@@ -57,10 +59,21 @@ class Shared:
             max_items=WRITE_BATCH,
             crash_before="triggerer.fire.before_write",
             crash_after="triggerer.fire.after_write",
+            observe=self._observe_write,
         )
 
+    def _observe_write(self, size: int, duration_s: float) -> None:
+        self.metrics.write_batch.labels("trigger_events").observe(size)
+        self.metrics.write_duration.labels("trigger_events").observe(duration_s)
+
     def emit(self, outcome: TriggerOutcome) -> None:
+        """Queue a trigger's outcome for the writer, counted as an event or a failure of its
+        class (every outcome of the loop comes here: the run's, a build's, a cancel's)."""
         self.outbox.put(outcome)
+        held = self.held.get(outcome.trigger_id)
+        metrics = self.metrics
+        counter = metrics.trigger_failures if outcome.kind == "failed" else metrics.trigger_events
+        counter.labels(held.classpath if held is not None else "unknown").inc()
 
     async def _write(self, batch: list[TriggerOutcome]) -> dict[int, bool]:
         triggerer_id = self.id
