@@ -14,8 +14,8 @@ import logging
 
 from engine.retry import Backoff, with_db_retry
 from engine.store import TriggerWaiters
-from engine.store.models import TimedOutTask
 from engine.store.downstream import settle
+from engine.store.models import TimedOutTask
 from engine.triggerer.held import Held, HeldSet
 from engine.triggerer.shared import Shared
 from engine.wakeup import Wakeup
