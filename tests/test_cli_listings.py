@@ -362,3 +362,33 @@ async def test_runs_list_and_runs_wait(store: Store, db_url: str) -> None:
     unknown = await ainvoke(db_url, "runs", "wait", "good", "nope")
     assert unknown.exit_code == 2, unknown.output
     assert "no run 'nope' of DAG 'good'" in unknown.output
+
+
+async def test_runs_wait_with_the_run_id_alone(store: Store, db_url: str) -> None:
+    """`deferral runs wait RUN_ID`: the id `dags trigger` printed is enough when one DAG has a
+    run of that id; when several have one, the error names them and asks for the DAG."""
+    with DAG(dag_id="good") as good:
+        PythonOperator(task_id="a", python_callable=lambda: 1)
+    with DAG(dag_id="other") as other:
+        PythonOperator(task_id="o", python_callable=lambda: 2)
+    async with run_engine(store, dags=[good, other]) as engine:
+        await engine.run_dag(good, "only-good")
+        await engine.run_dag(good, "shared")
+        await engine.run_dag(other, "shared")
+
+    ok = await ainvoke(db_url, "runs", "wait", "only-good")
+    assert ok.exit_code == 0, ok.output
+    assert "good/only-good: success" in ok.stdout
+    both = await ainvoke(db_url, "runs", "wait", "shared")
+    assert both.exit_code == 2, both.output
+    assert "good, other" in both.output
+    assert "deferral runs wait DAG_ID shared" in both.output
+    named = await ainvoke(db_url, "runs", "wait", "other", "shared")
+    assert named.exit_code == 0, named.output
+    assert "other/shared: success" in named.stdout
+    unknown = await ainvoke(db_url, "runs", "wait", "nope")
+    assert unknown.exit_code == 2, unknown.output
+    assert "no run 'nope'" in unknown.output
+    too_many = await ainvoke(db_url, "runs", "wait", "a", "b", "c")
+    assert too_many.exit_code == 2, too_many.output
+    assert "RUN_ID" in too_many.output

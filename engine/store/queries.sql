@@ -385,6 +385,10 @@ WHERE ($1::text IS NULL OR r.dag_id = $1) AND ($2::text IS NULL OR r.state = $2)
 ORDER BY r.id DESC
 LIMIT $3;
 
+-- name: dags_of_run_id
+-- The DAGs that have a run with id $1 (a run id is unique within its DAG only).
+SELECT dag_id FROM deferral_dag_runs WHERE run_id = $1 ORDER BY dag_id;
+
 -- name: count_task_states
 -- How many task instances are in each state (of one run, or all).
 SELECT state, count(*) AS n FROM deferral_task_instances

@@ -332,6 +332,11 @@ class Store:
         rows = await self._pool.fetch(self._q["list_dag_runs"], dag_id, state, limit)
         return _structs(rows, DagRunSummary)
 
+    async def dags_of_run_id(self, run_id: str) -> list[str]:
+        """The DAG ids that have a run called ``run_id`` (usually one, or none)."""
+        rows = await self._pool.fetch(self._q["dags_of_run_id"], run_id)
+        return [r["dag_id"] for r in rows]
+
     async def count_task_states(self, dag_run_pk: int | None = None) -> dict[str, int]:
         rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)
         return {r["state"]: r["n"] for r in rows}
