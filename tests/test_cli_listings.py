@@ -392,3 +392,18 @@ async def test_runs_wait_with_the_run_id_alone(store: Store, db_url: str) -> Non
     too_many = await ainvoke(db_url, "runs", "wait", "a", "b", "c")
     assert too_many.exit_code == 2, too_many.output
     assert "RUN_ID" in too_many.output
+
+
+async def test_dags_list_shows_the_whole_last_run_id(store: Store, db_url: str) -> None:
+    """`dags list` cut the last run's id at the table's width: it is whole, on one line, when
+    the output is not a terminal or with --wide, like every other listing."""
+    with DAG(dag_id="listed_dag") as dag:
+        PythonOperator(task_id="a", python_callable=lambda: 1)
+    async with run_engine(store, dags=[dag]) as engine:
+        await engine.run_dag(dag, LONG_RUN_ID)
+    for args in (("dags", "list"), ("dags", "list", "--wide")):
+        result = await ainvoke(db_url, *args)
+        assert result.exit_code == 0, result.output
+        lines = [line for line in result.stdout.splitlines() if "listed_dag" in line]
+        assert len(lines) == 1, result.stdout
+        assert LONG_RUN_ID in lines[0], result.stdout

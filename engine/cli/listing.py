@@ -61,7 +61,7 @@ def wide_option(fn: Any) -> Any:
 
 
 #: Columns whose cells a narrow terminal folds last.
-_ID_COLUMNS = frozenset({"id", "dag_id", "run_id", "task_id", "try"})
+_ID_COLUMNS = frozenset({"id", "dag_id", "run_id", "last run", "task_id", "try"})
 
 
 def print_table(table: Table, *, wide: bool) -> None:
