@@ -19,7 +19,6 @@ from engine.cli.common import (
     _run,
     _settings,
     check_dags_folder,
-    console,
     err_console,
 )
 from engine.cli.listing import (
