@@ -138,6 +138,9 @@ async def test_a_triggerer_without_a_dags_folder_warns_and_still_runs(
             log = (logs / "triggerer.log").read_text()
             assert "no DAGs folder" in log
             assert "DEFERRAL_DAGS_FOLDER" in log
+            # Every line names its process, the ones written before the triggerer starts too.
+            warning = next(line for line in log.splitlines() if "no DAGs folder" in line)
+            assert f"triggerer[{proc.pid}]" in warning, warning
             proc.send_signal(signal.SIGTERM)
             assert await anyio.to_thread.run_sync(proc.wait, 30.0) == 0
     finally:

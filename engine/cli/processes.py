@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from engine import logs
 from engine.cli.common import (
     _dags_option,
     _run,
@@ -27,6 +28,7 @@ def scheduler(ctx: click.Context, dags_folder: str | None) -> None:
     once when `dags trigger` asks for a DAG it does not know)."""
     from engine.app import run_component
 
+    logs.set_process_name("scheduler")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(dags_folder=dags_folder)
     require_dags_folder(settings, "scheduler")
     _run(run_component, "scheduler", settings)
@@ -40,6 +42,7 @@ def worker(ctx: click.Context, dags_folder: str | None, slots: int | None) -> No
     """Run a worker: claims and runs task instances in SLOTS slots."""
     from engine.app import run_component
 
+    logs.set_process_name("worker")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(dags_folder=dags_folder, worker_slots=slots)
     require_dags_folder(settings, "worker")
     _run(run_component, "worker", settings)
@@ -58,6 +61,7 @@ def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None)
     built-in triggers.*) can run there."""
     from engine.app import run_component
 
+    logs.set_process_name("triggerer")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(dags_folder=dags_folder, triggerer_capacity=capacity)
     if not settings.dags_folder:
         log.warning(
@@ -85,6 +89,7 @@ def standalone(
     """
     from engine.standalone import run_standalone
 
+    logs.set_process_name("standalone")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, worker_slots=slots, triggerer_capacity=capacity
     )
