@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import io
 import json
 import threading
 from pathlib import Path
@@ -18,9 +19,12 @@ from typing import Any
 import anyio
 import pytest
 from click.testing import CliRunner, Result
+from rich.console import Console
+from rich.table import Table
 
 from engine import DAG
 from engine.cli import cli
+from engine.cli.listing import print_table
 from engine.states import STATES
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
@@ -407,3 +411,45 @@ async def test_dags_list_shows_the_whole_last_run_id(store: Store, db_url: str) 
         lines = [line for line in result.stdout.splitlines() if "listed_dag" in line]
         assert len(lines) == 1, result.stdout
         assert LONG_RUN_ID in lines[0], result.stdout
+
+
+def _terminal(width: int) -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, force_terminal=True, width=width, color_system=None), buffer
+
+
+def _tasks_table() -> Table:
+    table = Table("dag_id", "run_id", "task_id", "state", "try", "started_at", "result", "error")
+    for task_id, state in (("first", "success"), ("second", "up_for_retry")):
+        table.add_row(
+            "orders",
+            "manual__2026-12-01T11:30:04.846111+00:00",
+            task_id,
+            state,
+            "1",
+            "2026-12-01 11:30:04Z",
+            '{"ok":1}',
+            "",
+        )
+    return table
+
+
+def test_a_table_too_wide_for_the_terminal_shows_each_row_whole() -> None:
+    """In an 80-column terminal `tasks list` kept its ids whole by squeezing every other
+    column to nothing: no state, no result. A table that cannot fit is shown one row at a
+    time, every column named; one that fits stays a table with every column readable."""
+    narrow, text = _terminal(80)
+    print_table(_tasks_table(), wide=False, out=narrow)
+    lines = text.getvalue().splitlines()
+    assert "run_id      manual__2026-12-01T11:30:04.846111+00:00" in lines, text.getvalue()
+    assert "state       success" in lines
+    assert "state       up_for_retry" in lines
+    assert 'result      {"ok":1}' in lines
+    assert all(len(line) <= 80 for line in lines), text.getvalue()
+
+    roomy, text = _terminal(160)
+    print_table(_tasks_table(), wide=False, out=roomy)
+    rows = [line for line in text.getvalue().splitlines() if "manual__" in line]
+    assert len(rows) == 2, text.getvalue()
+    assert "up_for_retry" in rows[1], text.getvalue()
+    assert '{"ok":1}' in rows[1], text.getvalue()
