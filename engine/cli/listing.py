@@ -1,7 +1,8 @@
 """How the listing commands show what they list: task instance tables and JSON rows, times,
 durations, values as compact JSON, and trigger kwargs with their secrets masked.
 
-Tables never cut an id. In a terminal a long cell folds onto more lines; with ``--wide``, or
+Tables never cut an id. In a terminal a long cell folds onto more lines, and a table too wide
+to fold readably is shown one row at a time (``column  value`` lines); with ``--wide``, or
 when the output is not a terminal (a pipe, a file: a script reads it), every row is one line
 however long."""
 
