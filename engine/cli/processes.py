@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from engine import logs
 from engine.cli.common import (
@@ -98,6 +100,9 @@ def standalone(
     console.print(
         f"[bold]deferral standalone[/]: scheduler, worker ({settings.worker_slots} slots), "
         f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
-        f"{settings.dags_folder or '(none)'}. Ctrl-C: stop gracefully; twice: cancel."
+        f"{escape(str(Path(str(settings.dags_folder)).expanduser().resolve()))}. "
+        "Ctrl-C: stop gracefully; twice: cancel.",
+        soft_wrap=True,
+        highlight=False,
     )
     sys.exit(run_standalone(settings))
