@@ -453,3 +453,18 @@ def test_a_table_too_wide_for_the_terminal_shows_each_row_whole() -> None:
     assert len(rows) == 2, text.getvalue()
     assert "up_for_retry" in rows[1], text.getvalue()
     assert '{"ok":1}' in rows[1], text.getvalue()
+
+
+async def test_dags_trigger_of_an_existing_run_id_says_how_to_wait_for_it(
+    store: Store, db_url: str
+) -> None:
+    """`dags trigger DAG --run-id R --wait` on a run that exists is refused (exit 2), and the
+    error says how to wait for that run instead."""
+    with DAG(dag_id="again") as dag:
+        PythonOperator(task_id="a", python_callable=lambda: 1)
+    async with run_engine(store, dags=[dag]) as engine:
+        await engine.run_dag(dag, "r 1")
+    result = await ainvoke(db_url, "dags", "trigger", "again", "--run-id", "r 1", "--wait")
+    assert result.exit_code == 2, result.output
+    assert "DAG again already has a run 'r 1'" in result.output
+    assert "to wait for it: deferral runs wait again 'r 1'" in result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ from engine.cli.listing import (
     wide_option,
 )
 from engine.dagbag import DagBag, error_summary
+from engine.store import DuplicateRun
 
 if TYPE_CHECKING:
     from engine.client import RunOutcome
@@ -155,6 +157,10 @@ def dags_trigger(
     except (LookupError, ValueError) as exc:
         # Not wrapped: the message names files, which must stay whole to be copied.
         message = str(exc.args[0] if exc.args else exc)
+        if isinstance(exc, DuplicateRun) and run_id:
+            message += (
+                f"; to wait for it: deferral runs wait {shlex.quote(dag_id)} {shlex.quote(run_id)}"
+            )
         err_console.print(f"[red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -46,6 +46,7 @@ __all__ = [
     "CHANNEL_TASKS",
     "CHANNEL_TRIGGERS",
     "DagRunNotFound",
+    "DuplicateRun",
     "Listener",
     "Store",
     "UnknownDag",
@@ -103,6 +104,10 @@ def _struct(record: asyncpg.Record, type_: type[T]) -> T:
 
 class UnknownDag(LookupError):
     """No DAG with that id has been recorded (its file was never parsed)."""
+
+
+class DuplicateRun(ValueError):
+    """The DAG already has a run of that id."""
 
 
 class DagRunNotFound(LookupError):
@@ -274,7 +279,7 @@ class Store:
                 self._q["create_dag_run"], dag_id, run_id, logical_date, conf or {}
             )
         except asyncpg.UniqueViolationError:
-            raise ValueError(f"DAG {dag_id} already has a run {run_id!r}") from None
+            raise DuplicateRun(f"DAG {dag_id} already has a run {run_id!r}") from None
         if row is None:
             raise UnknownDag(
                 f"unknown DAG {dag_id!r}: no DAG file with that dag_id has been parsed "
