@@ -116,9 +116,53 @@ def import_dag_file(folder: Path | None, file: Path) -> str:
     return name
 
 
+#: Frames of the import machinery (this module, the DAG bag, importlib) are left out of an
+#: import error's traceback: the DAG author needs their own file's lines, not the engine's.
+_MACHINERY_FILES = frozenset(
+    {str(Path(__file__).resolve()), str(Path(__file__).resolve().with_name("dagbag.py"))}
+)
+_IMPORTLIB_DIR = str(Path(importlib.__file__).resolve().parent)
+
+
+def _is_machinery(filename: str) -> bool:
+    if filename.startswith("<frozen importlib"):
+        return True
+    try:
+        path = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return False
+    return path in _MACHINERY_FILES or path.startswith(_IMPORTLIB_DIR + os.sep)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` (and of the exceptions chained to it) without the import
+    machinery's frames, under a ``Traceback (most recent call last):`` line even when no frame
+    is left (a ``SyntaxError``: its file, line and caret follow)."""
+    top = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    pending = [top]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.stack = traceback.StackSummary.from_list(
+            [frame for frame in current.stack if not _is_machinery(frame.filename)]
+        )
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    text = "".join(top.format())
+    if not top.stack:
+        # format() writes the header only above frames: put it back above the exception line.
+        lines = text.splitlines(keepends=True)
+        own = "".join(top.format_exception_only())
+        text = "".join(lines[: len(lines) - len(own.splitlines())])
+        text += "Traceback (most recent call last):\n" + own
+    return text.rstrip()
+
+
 def describe(file: Path, exc: BaseException) -> str:
-    """An import error's text: what happened, then the traceback."""
-    body = "".join(traceback.format_exception(exc)).rstrip()
+    """An import error's text: what happened, then the traceback (the DAG file's frames)."""
+    body = user_traceback(exc)
     if isinstance(exc, SystemExit):
         return f"DAG file {file} called sys.exit({exc.code!r}) at import\n{body}"
     if not isinstance(exc, Exception):

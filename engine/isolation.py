@@ -35,7 +35,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from engine.tracebacks import format_user_exception
 from operators.bash import clean_env
 
 __all__ = [
@@ -335,7 +335,7 @@ def run_request(request: Request) -> Reply:
     except FailTask as exc:
         return Failed(str(exc))
     except BaseException as exc:  # the task's own: reported, whatever it is
-        return Raised("".join(traceback.format_exception(exc)).rstrip())
+        return Raised(format_user_exception(exc))
     if result is None:
         return Returned(None)
     try:

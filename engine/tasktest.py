@@ -184,7 +184,8 @@ class _Recorder:
             timeout_s=deferral.timeout_s,
         )
         self.deferrals.append(item)
-        timeout = f" (timeout {item.timeout_s:g}s)" if item.timeout_s is not None else ""
+        # A sensor defers with what is left of its timeout (59.9997 s of 60): rounded to 0.1 s.
+        timeout = f" (timeout {round(item.timeout_s, 1):g}s)" if item.timeout_s is not None else ""
         self.say(f"deferred on {item.classpath} {show(item.kwargs)}{timeout}")
 
     def resumed(self, ti: ClaimedTask) -> None:

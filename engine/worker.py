@@ -22,7 +22,6 @@ import math
 import os
 import socket
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from engine.security.allow import TriggerNotAllowed, check_trigger
 from engine.states import TaskOutcomeKind
 from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
 from engine.store.downstream import settle
+from engine.tracebacks import format_user_exception
 from engine.wakeup import Wakeup
 from operators.base import (
     MAX_WAIT_S,
@@ -567,7 +567,7 @@ class Worker:
                 raise  # the worker is cancelling this task (a stop, or the try's timeout)
             # The task's own CancelledError (an inner task it awaited was cancelled): a failure
             # of this try, not a reason to leave it running unrecorded.
-            error = "".join(traceback.format_exception(exc)).rstrip()
+            error = format_user_exception(exc)
             await self._record_failure(ti, worker_id, error)
             return
         except TaskDeferred as deferred:
@@ -589,7 +589,7 @@ class Worker:
         except BaseException as exc:
             # Whatever task code raises is its own failure, SystemExit and KeyboardInterrupt
             # included (Ctrl-C reaches the process as a signal its runner handles, not as this).
-            error = "".join(traceback.format_exception(exc)).rstrip()
+            error = format_user_exception(exc)
             await self._record_failure(ti, worker_id, error)
             return
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import io
 import json
 import threading
 from pathlib import Path
@@ -18,9 +19,12 @@ from typing import Any
 import anyio
 import pytest
 from click.testing import CliRunner, Result
+from rich.console import Console
+from rich.table import Table
 
 from engine import DAG
 from engine.cli import cli
+from engine.cli.listing import print_table
 from engine.states import STATES
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
@@ -363,3 +367,105 @@ async def test_runs_list_and_runs_wait(store: Store, db_url: str) -> None:
     unknown = await ainvoke(db_url, "runs", "wait", "good", "nope")
     assert unknown.exit_code == 2, unknown.output
     assert "no run 'nope' of DAG 'good'" in unknown.output
+
+
+async def test_runs_wait_with_the_run_id_alone(store: Store, db_url: str) -> None:
+    """`deferral runs wait RUN_ID`: the id `dags trigger` printed is enough when one DAG has a
+    run of that id; when several have one, the error names them and asks for the DAG."""
+    with DAG(dag_id="good") as good:
+        PythonOperator(task_id="a", python_callable=lambda: 1)
+    with DAG(dag_id="other") as other:
+        PythonOperator(task_id="o", python_callable=lambda: 2)
+    async with run_engine(store, dags=[good, other]) as engine:
+        await engine.run_dag(good, "only-good")
+        await engine.run_dag(good, "shared")
+        await engine.run_dag(other, "shared")
+
+    ok = await ainvoke(db_url, "runs", "wait", "only-good")
+    assert ok.exit_code == 0, ok.output
+    assert "good/only-good: success" in ok.stdout
+    both = await ainvoke(db_url, "runs", "wait", "shared")
+    assert both.exit_code == 2, both.output
+    assert "good, other" in both.output
+    assert "deferral runs wait DAG_ID shared" in both.output
+    named = await ainvoke(db_url, "runs", "wait", "other", "shared")
+    assert named.exit_code == 0, named.output
+    assert "other/shared: success" in named.stdout
+    unknown = await ainvoke(db_url, "runs", "wait", "nope")
+    assert unknown.exit_code == 2, unknown.output
+    assert "no run 'nope'" in unknown.output
+    too_many = await ainvoke(db_url, "runs", "wait", "a", "b", "c")
+    assert too_many.exit_code == 2, too_many.output
+    assert "RUN_ID" in too_many.output
+
+
+async def test_dags_list_shows_the_whole_last_run_id(store: Store, db_url: str) -> None:
+    """`dags list` cut the last run's id at the table's width: it is whole, on one line, when
+    the output is not a terminal or with --wide, like every other listing."""
+    with DAG(dag_id="listed_dag") as dag:
+        PythonOperator(task_id="a", python_callable=lambda: 1)
+    async with run_engine(store, dags=[dag]) as engine:
+        await engine.run_dag(dag, LONG_RUN_ID)
+    for args in (("dags", "list"), ("dags", "list", "--wide")):
+        result = await ainvoke(db_url, *args)
+        assert result.exit_code == 0, result.output
+        lines = [line for line in result.stdout.splitlines() if "listed_dag" in line]
+        assert len(lines) == 1, result.stdout
+        assert LONG_RUN_ID in lines[0], result.stdout
+
+
+def _terminal(width: int) -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, force_terminal=True, width=width, color_system=None), buffer
+
+
+def _tasks_table() -> Table:
+    table = Table("dag_id", "run_id", "task_id", "state", "try", "started_at", "result", "error")
+    for task_id, state in (("first", "success"), ("second", "up_for_retry")):
+        table.add_row(
+            "orders",
+            "manual__2026-12-01T11:30:04.846111+00:00",
+            task_id,
+            state,
+            "1",
+            "2026-12-01 11:30:04Z",
+            '{"ok":1}',
+            "",
+        )
+    return table
+
+
+def test_a_table_too_wide_for_the_terminal_shows_each_row_whole() -> None:
+    """In an 80-column terminal `tasks list` kept its ids whole by squeezing every other
+    column to nothing: no state, no result. A table that cannot fit is shown one row at a
+    time, every column named; one that fits stays a table with every column readable."""
+    narrow, text = _terminal(80)
+    print_table(_tasks_table(), wide=False, out=narrow)
+    lines = text.getvalue().splitlines()
+    assert "run_id      manual__2026-12-01T11:30:04.846111+00:00" in lines, text.getvalue()
+    assert "state       success" in lines
+    assert "state       up_for_retry" in lines
+    assert 'result      {"ok":1}' in lines
+    assert all(len(line) <= 80 for line in lines), text.getvalue()
+
+    roomy, text = _terminal(160)
+    print_table(_tasks_table(), wide=False, out=roomy)
+    rows = [line for line in text.getvalue().splitlines() if "manual__" in line]
+    assert len(rows) == 2, text.getvalue()
+    assert "up_for_retry" in rows[1], text.getvalue()
+    assert '{"ok":1}' in rows[1], text.getvalue()
+
+
+async def test_dags_trigger_of_an_existing_run_id_says_how_to_wait_for_it(
+    store: Store, db_url: str
+) -> None:
+    """`dags trigger DAG --run-id R --wait` on a run that exists is refused (exit 2), and the
+    error says how to wait for that run instead."""
+    with DAG(dag_id="again") as dag:
+        PythonOperator(task_id="a", python_callable=lambda: 1)
+    async with run_engine(store, dags=[dag]) as engine:
+        await engine.run_dag(dag, "r 1")
+    result = await ainvoke(db_url, "dags", "trigger", "again", "--run-id", "r 1", "--wait")
+    assert result.exit_code == 2, result.output
+    assert "DAG again already has a run 'r 1'" in result.output
+    assert "to wait for it: deferral runs wait again 'r 1'" in result.output

@@ -138,6 +138,9 @@ async def test_a_triggerer_without_a_dags_folder_warns_and_still_runs(
             log = (logs / "triggerer.log").read_text()
             assert "no DAGs folder" in log
             assert "DEFERRAL_DAGS_FOLDER" in log
+            # Every line names its process, the ones written before the triggerer starts too.
+            warning = next(line for line in log.splitlines() if "no DAGs folder" in line)
+            assert f"triggerer[{proc.pid}]" in warning, warning
             proc.send_signal(signal.SIGTERM)
             assert await anyio.to_thread.run_sync(proc.wait, 30.0) == 0
     finally:
@@ -283,6 +286,38 @@ def _invoke(db_url: str, *args: str, dags: Path | None = None) -> tuple[int, str
     result = CliRunner().invoke(cli, [*args, *(["--dags", str(dags)] if dags else [])], env=env)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     return result.exit_code, result.output
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_an_import_error_traceback_shows_the_dag_files_frames_not_the_engines(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A syntax error's traceback was a screen of dagparse.py, importlib and <frozen ...>
+    frames; it shows the file, its line and the caret, and a runtime error the DAG files'
+    frames only."""
+    caplog.set_level(logging.ERROR, logger="engine.dagbag")
+    broken = write(tmp_path / "broken_syntax.py", "x = 1\nwith open('f') as f\n    pass\n")
+    write(tmp_path / "helper_lib.py", "def f():\n    raise ValueError('in helper')\n")
+    raising = write(tmp_path / "uses_helper.py", "import helper_lib\nhelper_lib.f()\n")
+    bag = DagBag(tmp_path)
+    bag.collect()
+    errors = dict(bag.import_errors)
+    for path in (broken, raising):
+        text = errors[str(path)]
+        assert text.startswith("Traceback (most recent call last):"), text
+        for machinery in ("dagparse.py", "dagbag.py", "importlib", "<frozen"):
+            assert machinery not in text, text
+    assert f'File "{broken}", line 2' in errors[str(broken)]
+    assert "^" in errors[str(broken)]
+    assert errors[str(raising)].splitlines()[1:] == [
+        f'  File "{raising}", line 2, in <module>',
+        "    helper_lib.f()",
+        f'  File "{tmp_path / "helper_lib.py"}", line 2, in f',
+        "    raise ValueError('in helper')",
+        "ValueError: in helper",
+    ]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "dagparse.py" not in logged, logged
 
 
 @pytest.mark.usefixtures("isolated_imports")

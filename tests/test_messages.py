@@ -28,7 +28,7 @@ from engine.testing import run_engine
 from operators.base import BaseOperator, Context, TriggerSerializationError
 from operators.sensors import BaseSensorOperator, SensorTimeout
 from tests.helpers import child_env, claimed_tasks, never_deferral, wait_until
-from tests.triggers_for_tests import NeverTrigger
+from tests.triggers_for_tests import NeverTrigger, RaisingTrigger
 
 pytestmark = pytest.mark.anyio
 
@@ -183,3 +183,67 @@ async def test_ctrl_c_on_dags_trigger_wait_says_the_run_goes_on(
     assert "the run goes on; follow it with: deferral runs wait idle 'r 1'" in text, text
     assert "Aborted" not in text
     assert "Traceback" not in text
+
+
+# -- a task's or a trigger's traceback starts at its own code ------------------------------------
+
+
+def _raises_in_user_code() -> None:
+    raise ValueError("raised by the task's own function")
+
+
+class _DefersToARaisingTrigger(BaseOperator):
+    def execute(self, context: Context) -> None:
+        self.defer(trigger=RaisingTrigger("raised by the trigger"), method_name="execute")
+
+
+ENGINE_DIR = str(Path(__file__).resolve().parents[1] / "engine")
+
+
+def _frames(error: str) -> list[str]:
+    return re.findall(r'^  File "([^"]+)"', error, re.MULTILINE)
+
+
+async def test_a_failed_tasks_traceback_starts_at_the_authors_code(store: Store) -> None:
+    """The stored error began with a screen of worker.py, anyio and asyncio frames above the
+    one frame the DAG author wrote; it starts at the operator's and the author's code (a
+    trigger's, at its run()), the frames below it all kept."""
+    from operators.python import PythonOperator
+
+    with DAG(dag_id="tracebacks") as dag:
+        PythonOperator(task_id="py", python_callable=_raises_in_user_code)
+        _DefersToARaisingTrigger(task_id="trig")
+    async with run_engine(store, dags=[dag]) as engine:
+        await engine.run_dag(dag, "r1")
+    errors = {
+        ti.task_id: ti.error or "" for ti in await store.list_task_instances(dag_id=dag.dag_id)
+    }
+    for error in errors.values():
+        frames = _frames(error)
+        assert error.startswith("Traceback (most recent call last):") or "raised:\n" in error
+        assert frames, error
+        assert not [f for f in frames if f.startswith(ENGINE_DIR)], error
+        assert not [f for f in frames if "anyio" in f or "asyncio" in f], error
+    py = _frames(errors["py"])
+    assert py[0].endswith("operators/python.py"), errors["py"]
+    assert py[-1] == __file__, errors["py"]
+    assert errors["py"].endswith("ValueError: raised by the task's own function")
+    trig = _frames(errors["trig"])
+    assert trig[0].endswith("tests/triggers_for_tests.py"), errors["trig"]
+    assert errors["trig"].endswith("RuntimeError: raised by the trigger")
+
+
+def test_an_engine_error_keeps_its_whole_traceback() -> None:
+    """When no frame is outside the engine (an engine bug), nothing is left out."""
+    from engine.tracebacks import format_user_exception
+
+    fake = str(Path(ENGINE_DIR) / "not_a_module.py")
+    source = (
+        "def f():\n    raise KeyError('engine bug')\n"
+        "try:\n    f()\nexcept KeyError as e:\n    caught = e\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, fake, "exec"), namespace)
+    error = format_user_exception(namespace["caught"])
+    assert _frames(error) == [fake, fake], error
+    assert error.endswith("KeyError: 'engine bug'")

@@ -254,6 +254,9 @@ async def test_one_sigint_to_the_standalone_group_drains_running_work(
     assert named["standalone"] == proc.pid
     assert len(set(named.values())) == len(KINDS)  # one pid each
     assert not setup.lines("cancelling")
+    # The banner is one line (it was wrapped at 80 columns in a pipe), with the whole folder.
+    (banner,) = setup.lines("deferral standalone: scheduler")
+    assert banner.endswith(f"DAGs from {setup.dags}. Ctrl-C: stop gracefully; twice: cancel.")
 
 
 async def test_a_second_sigint_cancels_the_drain(store: Store, setup: Setup) -> None:

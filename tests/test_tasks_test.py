@@ -27,6 +27,7 @@ import logging
 from engine import DAG
 from operators.base import BaseOperator
 from operators.python import PythonOperator
+from operators.sensors import TimeDeltaSensor
 from triggers.base import BaseTrigger, TriggerEvent
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ with DAG(dag_id="pipeline"):
     first >> SubmitAndWait(task_id="wait_for_job")
     first >> PythonOperator(task_id="explode", python_callable=explode, retries=3)
     first >> WaitsForever(task_id="forever")
+    first >> TimeDeltaSensor(task_id="short_sensor", delta=0.3, timeout=60, deferrable=True)
 """
 
 
@@ -206,6 +208,15 @@ def test_a_deferral_runs_its_trigger_in_process_and_prints_the_resume(
     ]
     assert order == sorted(order), out
     assert lines[-3:] == ["state: success", "try: 1", 'result: {"loaded":42}']
+
+
+def test_a_sensors_deferral_shows_its_timeout_rounded(admin_url: str, dags: Path) -> None:
+    """A sensor defers with what is left of its timeout, a hair under it: the line said
+    "(timeout 59.9997s)"; it says "(timeout 60s)" (the JSON report keeps the exact value)."""
+    done = tasks_test(admin_url, dags, "pipeline", "short_sensor")
+    assert done.code == 0, done
+    line = next(line for line in done.stdout.splitlines() if line.startswith("deferred on"))
+    assert line.endswith("(timeout 60s)"), done.stdout
 
 
 def test_the_deferral_and_resume_are_in_the_json_report(admin_url: str, dags: Path) -> None:

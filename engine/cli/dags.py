@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -19,11 +20,18 @@ from engine.cli.common import (
     _run,
     _settings,
     check_dags_folder,
-    console,
     err_console,
 )
-from engine.cli.listing import WAIT_EXIT, interrupted_wait, show_outcome, wide_option
+from engine.cli.listing import (
+    WAIT_EXIT,
+    cell,
+    interrupted_wait,
+    print_table,
+    show_outcome,
+    wide_option,
+)
 from engine.dagbag import DagBag, error_summary
+from engine.store import DuplicateRun
 
 if TYPE_CHECKING:
     from engine.client import RunOutcome
@@ -38,8 +46,9 @@ def dags() -> None:
 @dags.command("list")
 @_parse_dags_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
+@wide_option
 @click.pass_context
-def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> None:
+def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool, wide: bool) -> None:
     """List the DAGs known to the database (parsing --dags first, if given)."""
     settings = _settings(ctx).replace(dags_folder=dags_folder)
     check_dags_folder(settings)
@@ -69,13 +78,13 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
         table = Table("dag_id", "tasks", "last run", "state", "file")
         for row in rows:
             table.add_row(
-                row.dag_id,
+                cell(row.dag_id),
                 str(row.tasks),
-                row.last_run_id or "",
-                row.last_run_state or "",
-                row.fileloc,
+                cell(row.last_run_id or ""),
+                cell(row.last_run_state or ""),
+                cell(row.fileloc),
             )
-        console.print(table)
+        print_table(table, wide=wide)
     for path, error in errors.items():
         err_console.print(
             f"[red]DAG file {escape(path)} failed to import[/]: {escape(error_summary(error))}",
@@ -148,6 +157,10 @@ def dags_trigger(
     except (LookupError, ValueError) as exc:
         # Not wrapped: the message names files, which must stay whole to be copied.
         message = str(exc.args[0] if exc.args else exc)
+        if isinstance(exc, DuplicateRun) and run_id:
+            message += (
+                f"; to wait for it: deferral runs wait {shlex.quote(dag_id)} {shlex.quote(run_id)}"
+            )
         err_console.print(f"[red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:

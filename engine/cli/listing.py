@@ -1,7 +1,8 @@
 """How the listing commands show what they list: task instance tables and JSON rows, times,
 durations, values as compact JSON, and trigger kwargs with their secrets masked.
 
-Tables never cut an id. In a terminal a long cell folds onto more lines; with ``--wide``, or
+Tables never cut an id. In a terminal a long cell folds onto more lines, and a table too wide
+to fold readably is shown one row at a time (``column  value`` lines); with ``--wide``, or
 when the output is not a terminal (a pipe, a file: a script reads it), every row is one line
 however long."""
 
@@ -61,23 +62,75 @@ def wide_option(fn: Any) -> Any:
 
 
 #: Columns whose cells a narrow terminal folds last.
-_ID_COLUMNS = frozenset({"id", "dag_id", "run_id", "task_id", "try"})
+_ID_COLUMNS = frozenset({"id", "dag_id", "run_id", "last run", "task_id", "try"})
+#: In a terminal, a column other than an id folds to no fewer characters than this; a table
+#: that cannot fit its ids whole and its other columns so is shown one row at a time instead.
+MIN_FOLDED_CHARS = 10
 
 
-def print_table(table: Table, *, wide: bool) -> None:
-    """Print a table without cutting any cell: folded to the terminal's width, or one line a
-    row with ``wide`` or when stdout is not a terminal."""
-    if wide or not console.is_terminal:
+def _cell_text(value: object) -> str:
+    return value.plain if isinstance(value, Text) else str(value)
+
+
+def _longest_line(values: Sequence[object]) -> int:
+    return max((len(line) for v in values for line in _cell_text(v).splitlines()), default=0)
+
+
+def _fits(table: Table, width: int) -> bool:
+    """Whether ``table`` fits ``width`` with its ids whole and every other column at least
+    :data:`MIN_FOLDED_CHARS` wide (or as wide as its longest line, if less)."""
+    need = 1
+    for column in table.columns:
+        longest = _longest_line([column.header, *column.cells])
+        is_id = str(column.header) in _ID_COLUMNS
+        need += 3 + (longest if is_id else min(longest, MIN_FOLDED_CHARS))
+    return need <= width
+
+
+def _print_records(table: Table, out: Console) -> None:
+    """Each row as a block of ``column  value`` lines (psql's expanded display): nothing is
+    cut or squeezed however narrow the terminal; a long value runs on to the next line."""
+    headers = [str(column.header) for column in table.columns]
+    pad = max(len(h) for h in headers)
+    columns = [list(column.cells) for column in table.columns]
+    for row in range(table.row_count):
+        if row:
+            out.print()
+        for header, cells in zip(headers, columns, strict=True):
+            lines = _cell_text(cells[row]).splitlines() or [""]
+            for i, line in enumerate(lines):
+                label = header if i == 0 else ""
+                out.print(
+                    f"{label:<{pad}}  {line}".rstrip(),
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
+
+
+def print_table(table: Table, *, wide: bool, out: Console | None = None) -> None:
+    """Print a table without cutting any cell: one line a row with ``wide`` or when the output
+    is not a terminal; in a terminal, folded to its width, or, when even folded it would not
+    fit (an 80-column terminal and long run ids), one block of lines per row."""
+    out = console if out is None else out
+    if wide or not out.is_terminal:
         for column in table.columns:
             column.no_wrap = True
             column.overflow = "ignore"
-        Console(width=1_000_000, highlight=False, soft_wrap=False).print(table)
+        if out is console:
+            out = Console(width=1_000_000, highlight=False, soft_wrap=False)
+        out.print(table, width=1_000_000, highlight=False, soft_wrap=False)
+        return
+    if table.row_count and not _fits(table, out.width):
+        _print_records(table, out)
         return
     for column in table.columns:
         column.overflow = "fold"
         # Ids keep their line while other columns can wrap; only then are they folded.
         column.no_wrap = str(column.header) in _ID_COLUMNS
-    console.print(table, highlight=False)
+        if not column.no_wrap:
+            column.min_width = min(_longest_line([column.header, *column.cells]), MIN_FOLDED_CHARS)
+    out.print(table, highlight=False)
 
 
 def cell(value: object) -> Text:

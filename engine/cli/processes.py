@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from engine import logs
 from engine.cli.common import (
@@ -41,7 +43,7 @@ def scheduler(ctx: click.Context, dags_folder: str | None, metrics_port: int | N
     once when `dags trigger` asks for a DAG it does not know)."""
     from engine.app import run_component
 
-    logs.set_process_name("scheduler")  # (its log lines name it from the first one)
+    logs.set_process_name("scheduler")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(dags_folder=dags_folder, metrics_port=metrics_port)
     require_dags_folder(settings, "scheduler")
     _run(run_component, "scheduler", settings)
@@ -58,7 +60,7 @@ def worker(
     """Run a worker: claims and runs task instances in SLOTS slots."""
     from engine.app import run_component
 
-    logs.set_process_name("worker")
+    logs.set_process_name("worker")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, worker_slots=slots, metrics_port=metrics_port
     )
@@ -82,7 +84,7 @@ def triggerer(
     built-in triggers.*) can run there."""
     from engine.app import run_component
 
-    logs.set_process_name("triggerer")
+    logs.set_process_name("triggerer")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, triggerer_capacity=capacity, metrics_port=metrics_port
     )
@@ -135,6 +137,7 @@ def standalone(
 
     logs.set_process_name("standalone")
 
+    logs.set_process_name("standalone")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
         dags_folder=dags_folder,
         worker_slots=slots,
@@ -148,7 +151,10 @@ def standalone(
     console.print(
         f"[bold]deferral standalone[/]: scheduler, worker ({settings.worker_slots} slots), "
         f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
-        f"{settings.dags_folder or '(none)'}. Ctrl-C: stop gracefully; twice: cancel."
+        f"{escape(str(Path(str(settings.dags_folder)).expanduser().resolve()))}. "
+        "Ctrl-C: stop gracefully; twice: cancel.",
+        soft_wrap=True,
+        highlight=False,
     )
     if ports:
         host = settings.metrics_host

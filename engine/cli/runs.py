@@ -80,28 +80,36 @@ def runs_list(
 
 
 @runs.command("wait")
-@click.argument("dag_id", type=TEXT)
-@click.argument("run_id", type=TEXT)
+@click.argument("ids", nargs=-1, type=TEXT, metavar="[DAG_ID] RUN_ID")
 @click.option("--timeout", type=SECONDS, help="Give up after this many seconds (exit 3).")
 @wide_option
 @click.pass_context
-def runs_wait(
-    ctx: click.Context, dag_id: str, run_id: str, timeout: float | None, wide: bool
-) -> None:
-    """Wait for run RUN_ID of DAG_ID to end, then show its tasks (as `dags trigger --wait`
-    does). Ctrl-C stops only the wait: the run goes on.
+def runs_wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, wide: bool) -> None:
+    """Wait for run RUN_ID (of DAG_ID) to end, then show its tasks (as `dags trigger --wait`
+    does). DAG_ID may be left out when only one DAG has a run called RUN_ID. Ctrl-C stops only
+    the wait: the run goes on.
 
     Exit codes: 0 the run succeeded, 1 it failed, 2 no such run, 3 --timeout passed first,
     130 interrupted.
     """
+    if not 1 <= len(ids) <= 2:
+        raise click.UsageError(
+            f"expected RUN_ID or DAG_ID RUN_ID, got {len(ids)} argument(s)", ctx=ctx
+        )
     settings = _settings(ctx)
-    from engine.client import wait_run
+    from engine.client import dag_of_run, wait_run
 
+    run_id = ids[-1]
+    dag_id = ids[0] if len(ids) == 2 else None
     try:
+        if dag_id is None:
+            dag_id = _run(dag_of_run, settings, run_id)
         outcome = _run(wait_run, settings, dag_id, run_id, timeout)
     except LookupError as exc:
         _usage_exit(str(exc.args[0] if exc.args else exc))
     except KeyboardInterrupt:
+        if dag_id is None:
+            raise
         interrupted_wait(dag_id, run_id)
     show_outcome(dag_id, outcome, wide=wide)
     sys.exit(WAIT_EXIT.get(outcome.state, 3))

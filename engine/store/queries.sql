@@ -405,6 +405,10 @@ WHERE dag_id = $1 AND state = 'success' AND logical_date < $2
 ORDER BY logical_date DESC
 LIMIT 1;
 
+-- name: dags_of_run_id
+-- The DAGs that have a run with id $1 (a run id is unique within its DAG only).
+SELECT dag_id FROM deferral_dag_runs WHERE run_id = $1 ORDER BY dag_id;
+
 -- name: count_task_states
 -- How many task instances are in each state (of one run, or all).
 SELECT state, count(*) AS n FROM deferral_task_instances

@@ -48,6 +48,7 @@ __all__ = [
     "CHANNEL_TASKS",
     "CHANNEL_TRIGGERS",
     "DagRunNotFound",
+    "DuplicateRun",
     "Listener",
     "Store",
     "UnknownDag",
@@ -105,6 +106,10 @@ def _struct(record: asyncpg.Record, type_: type[T]) -> T:
 
 class UnknownDag(LookupError):
     """No DAG with that id has been recorded (its file was never parsed)."""
+
+
+class DuplicateRun(ValueError):
+    """The DAG already has a run of that id."""
 
 
 class DagRunNotFound(LookupError):
@@ -277,7 +282,7 @@ class Store(StatusReads):
                 self._q["create_dag_run"], dag_id, run_id, logical_date, conf or {}
             )
         except asyncpg.UniqueViolationError:
-            raise ValueError(f"DAG {dag_id} already has a run {run_id!r}") from None
+            raise DuplicateRun(f"DAG {dag_id} already has a run {run_id!r}") from None
         if row is None:
             raise UnknownDag(
                 f"unknown DAG {dag_id!r}: no DAG file with that dag_id has been parsed "
@@ -354,6 +359,11 @@ class Store(StatusReads):
             self._q["prev_success_interval_start"], dag_id, logical_date
         )
         return start
+
+    async def dags_of_run_id(self, run_id: str) -> list[str]:
+        """The DAG ids that have a run called ``run_id`` (usually one, or none)."""
+        rows = await self._pool.fetch(self._q["dags_of_run_id"], run_id)
+        return [r["dag_id"] for r in rows]
 
     async def count_task_states(self, dag_run_pk: int | None = None) -> dict[str, int]:
         rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)

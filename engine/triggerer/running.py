@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 
 from engine import logs, usercode
 from engine.store import TriggerOutcome
+from engine.tracebacks import format_user_exception
 from engine.triggerer.held import Held
 from engine.triggerer.shared import Shared
 from triggers.base import (
@@ -97,8 +97,7 @@ class TriggerRunner:
             outcome = _failed(
                 trigger_id,
                 held,
-                f"trigger {held.classpath} raised:\n"
-                + "".join(traceback.format_exception(exc)).rstrip(),
+                f"trigger {held.classpath} raised:\n" + format_user_exception(exc),
             )
         finally:
             if outcome is not None:
@@ -124,7 +123,7 @@ class TriggerRunner:
             log.error(
                 "cleanup of %s raised %s",
                 held.classpath,
-                "".join(traceback.format_exception(exc)).rstrip(),
+                format_user_exception(exc),
             )
 
     @staticmethod
