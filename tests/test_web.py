@@ -279,7 +279,7 @@ async def test_bad_query_parameters_are_a_400_page_never_a_500(
     ):
         text = await page(client, "/triggers?" + query, 400)
         assert name in text, query
-        assert "<h1>Bad request</h1>" in text, query
+        assert "<h1>Bad Request</h1>" in text, query
     for path in (
         "/dag?" + q(dag_id="d\x00"),
         "/run?" + q(dag_id=DAG_ID, run_id="r\x00"),
@@ -366,6 +366,13 @@ async def test_actions_need_the_token(scene: Scene, acting: TestClient[Any, Any]
         assert response.status == 403
     assert (await scene.store.task_try(DAG_ID, "r1", "a")).state == "failed"  # type: ignore[union-attr]
     assert await scene.store.list_audit() == []
+    # Refused as a page of the site (a browser's form post lands on it), the token not echoed.
+    response = await acting.post("/actions/clear", data=_task_form("a", token="wrong-t0ken"))
+    text = await response.text()
+    assert response.content_type == "text/html"
+    assert "<h1>Forbidden</h1>" in text
+    assert "DEFERRAL_WEBSERVER_TOKEN" in text
+    assert "wrong-t0ken" not in text
     # A GET never acts.
     assert (await acting.get("/actions/clear")).status == 405
 

@@ -73,6 +73,13 @@ def _unreachable(request: web.Request, exc: BaseException) -> web.Response:
     return _render(request, "error.html", context, 503)
 
 
+def _refused(request: web.Request, exc: web.HTTPClientError) -> web.Response:
+    """A 4xx (bad parameter, no token, unknown thing, conflict) as a page of the site saying
+    why, with its status: a browser user sees where they are, not a bare line of text."""
+    message = exc.text or exc.reason
+    return _render(request, "error.html", {"title": exc.reason, "message": message}, exc.status)
+
+
 def _page(fn: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
@@ -80,9 +87,8 @@ def _page(fn: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
                 template, context = await fn(request, request.app[STORE])
         except views.NotFound as exc:
             return _render(request, "error.html", {"title": "Not found", "message": str(exc)}, 404)
-        except web.HTTPBadRequest as exc:
-            message = exc.text or "bad request"
-            return _render(request, "error.html", {"title": "Bad request", "message": message}, 400)
+        except web.HTTPClientError as exc:
+            return _refused(request, exc)
         except TRANSIENT_ERRORS as exc:
             return _unreachable(request, exc)
         return _render(request, template, context)
@@ -173,11 +179,13 @@ async def _index(request: web.Request) -> web.StreamResponse:
 def _action(fn: Action) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
         form = await request.post()
-        if not authorized(request, form, request.app[TOKEN]):
-            raise web.HTTPForbidden(text="a valid token is required (DEFERRAL_WEBSERVER_TOKEN)")
         try:
+            if not authorized(request, form, request.app[TOKEN]):
+                raise web.HTTPForbidden(text="a valid token is required (DEFERRAL_WEBSERVER_TOKEN)")
             with anyio.fail_after(DB_WAIT_S):
                 return await fn(request, request.app[STORE], form, who(request))
+        except web.HTTPClientError as exc:
+            return _refused(request, exc)
         except TRANSIENT_ERRORS as exc:
             return _unreachable(request, exc)
 
