@@ -516,6 +516,23 @@ def test_the_page_binds_to_loopback_by_default() -> None:
     assert (settings.webserver_host, settings.webserver_port) == ("127.0.0.1", 8793)
 
 
+async def test_an_address_that_cannot_be_bound_names_the_flag_to_change(store: Store) -> None:
+    from engine.config import ConfigError
+    from engine.web.server import WebServer
+
+    with pytest.raises(ConfigError, match="--host") as bad_host:
+        await WebServer(store, host="no-such-host.invalid", port=0).start()
+    assert "--port" not in str(bad_host.value)
+    taken = WebServer(store, host="127.0.0.1", port=0)
+    await taken.start()
+    try:
+        with pytest.raises(ConfigError, match="--port"):
+            await WebServer(store, host="127.0.0.1", port=taken.port).start()
+    finally:
+        taken.stop()
+        await taken.run()
+
+
 async def test_a_running_scheduler_is_in_the_fleet_until_it_stops(store: Store) -> None:
     from engine.testing import run_engine
 
