@@ -68,7 +68,8 @@ def _unreachable(request: web.Request, exc: BaseException) -> web.Response:
     """The database is stopped or out of reach: an error page (503) that says so, never a
     500: the page is for finding out what is wrong."""
     log.warning("%s %s: the database cannot be reached: %r", request.method, request.path, exc)
-    message = f"the database cannot be reached ({type(exc).__name__}: {exc}); retrying on reload"
+    detail = str(exc) or f"no answer in {DB_WAIT_S:g} s"
+    message = f"the database cannot be reached ({type(exc).__name__}: {detail}); reload to retry"
     context = {"title": "Database unreachable", "message": message}
     return _render(request, "error.html", context, 503)
 
