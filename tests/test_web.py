@@ -4,6 +4,7 @@ id, a run's conf, a trigger's kwargs, an error, a log line)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
 from collections.abc import AsyncIterator
@@ -53,8 +54,8 @@ class Scene:
 @pytest.fixture
 async def scene(store: Store) -> Scene:
     """A DAG (a >> b, c) whose id holds a script tag; a run with a script in its conf; a failed
-    (with a script in its error), b pending, c deferred on a trigger with a script and a
-    secret in its kwargs, held by a triggerer."""
+    (with a script in its error and in a rendered field, a secret in another), b pending, c
+    deferred on a trigger with a script and a secret in its kwargs, held by a triggerer."""
     with DAG(dag_id="web") as dag:
         a = PythonOperator(task_id="a", python_callable=_noop)
         a >> PythonOperator(task_id="b", python_callable=_noop)
@@ -80,6 +81,9 @@ async def scene(store: Store) -> Scene:
             method_kwargs=encode_value({}),
             timeout_s=3600.0,
         ),
+    )
+    await store.set_rendered_fields(
+        ids["a"], worker, 1, {"bash_command": f"echo {XSS}", "env": {"PASSWORD": "rendered-secret"}}
     )
     await store.finish_tasks(
         [
@@ -214,6 +218,19 @@ async def test_task_try_page_of_a_failed_task_shows_the_error_and_log_lines_esca
     assert f"because {ESCAPED}" in text
 
 
+async def test_task_try_page_shows_the_rendered_fields_escaped_and_masked(
+    client: TestClient[Any, Any],
+) -> None:
+    text = await page(client, "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id="a"))
+    rendered = text[text.index('id="rendered-fields"') :]
+    assert f"<dt>bash_command</dt><dd><pre>echo {ESCAPED}</pre>" in rendered
+    assert "&#34;PASSWORD&#34;: &#34;***&#34;" in rendered
+    assert "rendered-secret" not in text
+    # A task that rendered nothing has no such section.
+    text = await page(client, "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id="b"))
+    assert "rendered-fields" not in text
+
+
 async def test_triggers_page_filters_counts_and_oldest_waits(
     scene: Scene, client: TestClient[Any, Any]
 ) -> None:
@@ -243,6 +260,74 @@ async def test_unknown_things_are_404_with_the_name_escaped(client: TestClient[A
     await page(client, "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id=XSS), 404)
     await page(client, "/pools", 404)  # no pools in this build
     await page(client, "/run?" + q(dag_id=DAG_ID), 400)
+
+
+async def test_bad_query_parameters_are_a_400_page_never_a_500(
+    client: TestClient[Any, Any],
+) -> None:
+    """Values the database cannot take (NaN, infinity, an age or an id past its ranges, a NUL)
+    are the caller's mistake: 400 with an HTML page naming the parameter."""
+    for query, name in (
+        (q(min_age_s="nan"), "min_age_s"),
+        (q(min_age_s="inf"), "min_age_s"),
+        (q(min_age_s="1e309"), "min_age_s"),
+        (q(min_age_s="1e12"), "min_age_s"),
+        (q(min_age_s="-5"), "min_age_s"),
+        (q(triggerer="99999999999999999999"), "triggerer"),
+        (q(triggerer="-1"), "triggerer"),
+        (q(classpath="a\x00b"), "classpath"),
+    ):
+        text = await page(client, "/triggers?" + query, 400)
+        assert name in text, query
+        assert "<h1>Bad Request</h1>" in text, query
+    for path in (
+        "/dag?" + q(dag_id="d\x00"),
+        "/run?" + q(dag_id=DAG_ID, run_id="r\x00"),
+        "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id="\x00"),
+        "/run?" + q(dag_id=DAG_ID, run_id=" "),
+    ):
+        await page(client, path, 400)
+
+
+async def test_a_stopped_database_shows_an_error_page_not_a_crash(
+    scene: Scene, db_url: str
+) -> None:
+    """The page reaches the database through a proxy; closing the proxy cuts every connection
+    and refuses new ones, as a stopped server does: each page answers 503 saying so."""
+    from engine.keys import Keyring
+    from tests.conftest import TEST_FERNET_KEY
+    from tests.pg_proxy import PgProxy
+
+    proxy = PgProxy(db_url)
+    async with contextlib.AsyncExitStack() as outage:
+        await outage.enter_async_context(proxy.running())
+        far = await Store.connect(
+            proxy.url, pool_size=2, migrate=False, keyring=Keyring([TEST_FERNET_KEY])
+        )
+        try:
+            async with TestClient(TestServer(make_app(far, token=TOKEN))) as c:
+                await page(c, "/fleet")
+                await outage.aclose()  # the database is gone
+                for path in (
+                    "/fleet",
+                    "/dags",
+                    "/run?" + q(dag_id=DAG_ID, run_id="r1"),
+                    "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id="c"),
+                    "/triggers",
+                    "/audit",
+                ):
+                    text = await page(c, path, 503)
+                    assert "the database cannot be reached" in text, path
+                response = await c.post(
+                    "/actions/clear", data=_task_form("a", token=TOKEN), allow_redirects=False
+                )
+                assert response.status == 503
+                assert "the database cannot be reached" in await response.text()
+                # The server itself goes on.
+                assert (await c.get("/static/live.js")).status == 200
+        finally:
+            await far.close()
+    assert (await scene.store.task_try(DAG_ID, "r1", "a")).state == "failed"  # type: ignore[union-attr]
 
 
 async def test_the_live_script_and_the_root_are_served(client: TestClient[Any, Any]) -> None:
@@ -281,6 +366,13 @@ async def test_actions_need_the_token(scene: Scene, acting: TestClient[Any, Any]
         assert response.status == 403
     assert (await scene.store.task_try(DAG_ID, "r1", "a")).state == "failed"  # type: ignore[union-attr]
     assert await scene.store.list_audit() == []
+    # Refused as a page of the site (a browser's form post lands on it), the token not echoed.
+    response = await acting.post("/actions/clear", data=_task_form("a", token="wrong-t0ken"))
+    text = await response.text()
+    assert response.content_type == "text/html"
+    assert "<h1>Forbidden</h1>" in text
+    assert "DEFERRAL_WEBSERVER_TOKEN" in text
+    assert "wrong-t0ken" not in text
     # A GET never acts.
     assert (await acting.get("/actions/clear")).status == 405
 
@@ -363,6 +455,28 @@ async def test_cancel_a_trigger_fails_its_waiting_tasks(
     assert (audit.action, audit.target) == ("cancel_trigger", f"trigger {scene.trigger_id}")
 
 
+async def test_actions_with_bad_fields_are_400_and_an_unknown_trigger_404_unaudited(
+    scene: Scene, acting: TestClient[Any, Any]
+) -> None:
+    for path, data in (
+        ("/actions/cancel-trigger", {"trigger_id": "99999999999999999999"}),
+        ("/actions/cancel-trigger", {"trigger_id": "-3"}),
+        ("/actions/cancel-trigger", {"trigger_id": "x"}),
+        ("/actions/mark", _task_form("a\x00", state="success")),
+        ("/actions/clear", {**_task_form("a"), "run_id": "r\x00"}),
+    ):
+        response = await acting.post(path, data={**data, "token": TOKEN}, allow_redirects=False)
+        assert response.status == 400, (path, data)
+    response = await acting.post(
+        "/actions/cancel-trigger",
+        data={"trigger_id": str(scene.trigger_id + 1000), "token": TOKEN},
+        allow_redirects=False,
+    )
+    assert response.status == 404
+    assert await scene.store.list_audit() == []
+    assert (await scene.store.task_try(DAG_ID, "r1", "c")).state == "deferred"  # type: ignore[union-attr]
+
+
 async def test_pause_is_not_offered_without_schedules(
     scene: Scene, acting: TestClient[Any, Any]
 ) -> None:
@@ -400,6 +514,23 @@ def test_the_page_binds_to_loopback_by_default() -> None:
 
     settings = load_settings({})
     assert (settings.webserver_host, settings.webserver_port) == ("127.0.0.1", 8793)
+
+
+async def test_an_address_that_cannot_be_bound_names_the_flag_to_change(store: Store) -> None:
+    from engine.config import ConfigError
+    from engine.web.server import WebServer
+
+    with pytest.raises(ConfigError, match="--host") as bad_host:
+        await WebServer(store, host="no-such-host.invalid", port=0).start()
+    assert "--port" not in str(bad_host.value)
+    taken = WebServer(store, host="127.0.0.1", port=0)
+    await taken.start()
+    try:
+        with pytest.raises(ConfigError, match="--port"):
+            await WebServer(store, host="127.0.0.1", port=taken.port).start()
+    finally:
+        taken.stop()
+        await taken.run()
 
 
 async def test_a_running_scheduler_is_in_the_fleet_until_it_stops(store: Store) -> None:

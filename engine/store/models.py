@@ -459,6 +459,9 @@ class TaskTry(msgspec.Struct, frozen=True, kw_only=True):
     triggerer_hostname: str | None
     triggerer_pid: int | None
     db_now: dt.datetime
+    #: What the templated fields rendered to at the start of the latest try (field → value);
+    #: None when nothing was rendered.
+    rendered_fields: dict[str, Any] | None = None
 
 
 class TriggerListing(msgspec.Struct, frozen=True, kw_only=True):

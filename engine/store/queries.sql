@@ -927,7 +927,8 @@ WHERE ti.dag_run_id = $1
 ORDER BY ti.id;
 
 -- name: task_try
--- One task instance by DAG, run and task id, with its trigger and the triggerer holding it.
+-- One task instance by DAG, run and task id, with its trigger and the triggerer holding it,
+-- and what its templated fields rendered to.
 -- (next_kwargs, result and the trigger's kwargs are encrypted: the store opens them.)
 SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number,
        ti.retries, ti.priority, ti.pool, ti.trigger_rule, ti.upstream, ti.worker_id,
@@ -937,7 +938,7 @@ SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_
        t.classpath AS trigger_classpath, t.kwargs AS trigger_kwargs,
        t.triggerer_id, t.created_at AS trigger_created_at,
        tr.hostname AS triggerer_hostname, tr.pid AS triggerer_pid,
-       now() AS db_now
+       now() AS db_now, ti.rendered_fields
 FROM deferral_task_instances ti
 LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id AND ti.state = 'deferred'
 LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id

@@ -39,6 +39,8 @@ def _field(form: Any, name: str) -> str:
     value = form.get(name)
     if not isinstance(value, str) or not value:
         raise web.HTTPBadRequest(text=f"missing form field {name!r}")
+    if "\x00" in value:  # no database text can hold it
+        raise web.HTTPBadRequest(text=f"form field {name!r} holds a NUL character")
     return value
 
 
@@ -102,6 +104,13 @@ async def cancel_trigger(
         trigger_id = int(raw)
     except ValueError:
         raise web.HTTPBadRequest(text="trigger_id must be a number") from None
+    if not 0 < trigger_id < 2**63:
+        raise web.HTTPBadRequest(text="trigger_id must be a trigger's id (a positive number)")
+    # Nothing to cancel is not an action taken: no audit row saying it was.
+    if await store.get_trigger(trigger_id) is None:
+        raise web.HTTPNotFound(
+            text=f"no trigger {trigger_id} (it fired, timed out or was cancelled)"
+        )
     moved = await store.cancel_trigger(trigger_id, who=actor)
     await _settled(store, moved)
     raise _back(form, "/triggers")

@@ -3,20 +3,33 @@ token, the actions (POST)."""
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
+import anyio
 import jinja2
 from aiohttp import web
 
 from engine import __version__
+from engine.retry import TRANSIENT_ERRORS
 from engine.store import Store
 from engine.web import hooks, views
 from engine.web.actions import ACTION_ROUTES, Action, authorized, who
 from engine.web.render import environment
 
 __all__ = ["make_app"]
+
+log = logging.getLogger(__name__)
+
+#: How long a page or an action may wait on the database before it answers 503.
+DB_WAIT_S = 15.0
+#: The largest id a query parameter may name (PostgreSQL's bigint).
+MAX_ID = 2**63 - 1
+#: The largest age filter (a century): beyond it the database's timestamps overflow.
+MAX_AGE_S = 100 * 365.25 * 86400
 
 STORE: web.AppKey[Store] = web.AppKey("store", Store)
 ENV: web.AppKey[jinja2.Environment] = web.AppKey("env", jinja2.Environment)
@@ -51,22 +64,53 @@ def _render(
     )
 
 
+def _unreachable(request: web.Request, exc: BaseException) -> web.Response:
+    """The database is stopped or out of reach: an error page (503) that says so, never a
+    500: the page is for finding out what is wrong."""
+    log.warning("%s %s: the database cannot be reached: %r", request.method, request.path, exc)
+    detail = str(exc) or f"no answer in {DB_WAIT_S:g} s"
+    message = f"the database cannot be reached ({type(exc).__name__}: {detail}); reload to retry"
+    context = {"title": "Database unreachable", "message": message}
+    return _render(request, "error.html", context, 503)
+
+
+def _refused(request: web.Request, exc: web.HTTPClientError) -> web.Response:
+    """A 4xx (bad parameter, no token, unknown thing, conflict) as a page of the site saying
+    why, with its status: a browser user sees where they are, not a bare line of text."""
+    message = exc.text or exc.reason
+    return _render(request, "error.html", {"title": exc.reason, "message": message}, exc.status)
+
+
 def _page(fn: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
-            template, context = await fn(request, request.app[STORE])
+            with anyio.fail_after(DB_WAIT_S):
+                template, context = await fn(request, request.app[STORE])
         except views.NotFound as exc:
             return _render(request, "error.html", {"title": "Not found", "message": str(exc)}, 404)
+        except web.HTTPClientError as exc:
+            return _refused(request, exc)
+        except TRANSIENT_ERRORS as exc:
+            return _unreachable(request, exc)
         return _render(request, template, context)
 
     return handler
 
 
+def _text(request: web.Request, name: str) -> str | None:
+    """A query parameter's text (None when absent or blank); a NUL, which no database text
+    can hold, is a bad request."""
+    value = request.query.get(name, "").strip()
+    if "\x00" in value:
+        raise web.HTTPBadRequest(text=f"query parameter {name!r} holds a NUL character")
+    return value or None
+
+
 def _param(request: web.Request, name: str) -> str:
-    value = request.query.get(name)
-    if not value:
+    value = _text(request, name)
+    if value is None:
         raise web.HTTPBadRequest(text=f"missing query parameter {name!r}")
-    return value
+    return request.query[name]
 
 
 async def _fleet(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
@@ -94,18 +138,24 @@ async def _task(request: web.Request, store: Store) -> tuple[str, dict[str, Any]
 
 
 def _number(request: web.Request, name: str, kind: type[int] | type[float]) -> Any:
-    raw = request.query.get(name, "").strip()
-    if not raw:
+    """A numeric query parameter (None when absent): a non-negative number the database can
+    hold, or a bad request naming it."""
+    raw = _text(request, name)
+    if raw is None:
         return None
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
         raise web.HTTPBadRequest(text=f"{name} must be a number") from None
+    top = MAX_ID if kind is int else MAX_AGE_S
+    if not (math.isfinite(value) and 0 <= value <= top):
+        raise web.HTTPBadRequest(text=f"{name} must be a number from 0 to {top:g}")
+    return value
 
 
 async def _triggers(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
     flt = views.TriggerFilter(
-        classpath=request.query.get("classpath", "").strip() or None,
+        classpath=_text(request, "classpath"),
         triggerer=_number(request, "triggerer", int),
         min_age_s=_number(request, "min_age_s", float),
     )
@@ -130,9 +180,15 @@ async def _index(request: web.Request) -> web.StreamResponse:
 def _action(fn: Action) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
         form = await request.post()
-        if not authorized(request, form, request.app[TOKEN]):
-            raise web.HTTPForbidden(text="a valid token is required (DEFERRAL_WEBSERVER_TOKEN)")
-        return await fn(request, request.app[STORE], form, who(request))
+        try:
+            if not authorized(request, form, request.app[TOKEN]):
+                raise web.HTTPForbidden(text="a valid token is required (DEFERRAL_WEBSERVER_TOKEN)")
+            with anyio.fail_after(DB_WAIT_S):
+                return await fn(request, request.app[STORE], form, who(request))
+        except web.HTTPClientError as exc:
+            return _refused(request, exc)
+        except TRANSIENT_ERRORS as exc:
+            return _unreachable(request, exc)
 
     return handler
 

@@ -4,7 +4,9 @@ the same signals and supervisor requests."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import sys
 
 import anyio
@@ -55,10 +57,17 @@ class WebServer:
             await web.TCPSite(runner, self.host, self.port).start()
         except OSError as exc:
             await runner.cleanup()
+            # An address this machine does not have (or a name that does not resolve) is the
+            # host's fault; anything else (in use, not allowed) the port's.
+            bad_host = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+            hint = (
+                "choose another address (--host, setting webserver_host)"
+                if bad_host
+                else "choose another port (--port, setting webserver_port)"
+            )
             raise ConfigError(
                 f"the status page cannot listen on {self.host}:{self.port} "
-                f"({exc.strerror or exc}); "
-                "choose another port (--port, setting webserver_port)"
+                f"({exc.strerror or exc}); {hint}"
             ) from None
         self._runner = runner
         if runner.addresses:

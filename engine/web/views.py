@@ -21,6 +21,7 @@ from engine.store.models import (
     GridCell,
     OldestWait,
     SchedulerRow,
+    TaskTry,
     TriggerClassCount,
     TriggerListing,
     WorkerRow,
@@ -389,10 +390,11 @@ async def task_page(store: Store, dag_id: str, run_id: str, task_id: str) -> dic
     }
 
 
-def _rendered(ti: Any) -> list[tuple[str, str]]:
-    """The task's rendered template fields (none in this build: the field is here for them)."""
-    rendered: dict[str, Any] | None = getattr(ti, "rendered_fields", None)
-    return [(k, pretty(masked(v))) for k, v in (rendered or {}).items()]
+def _rendered(ti: TaskTry) -> list[tuple[str, str]]:
+    """What the task's templated fields rendered to at the start of its latest try, secrets
+    masked: text as it is (a command reads as one), other values as JSON."""
+    shown = {k: masked(v) for k, v in (ti.rendered_fields or {}).items()}
+    return [(k, v if isinstance(v, str) else pretty(v)) for k, v in shown.items()]
 
 
 def _deadline(at: dt.datetime | None, kind: str | None, now: dt.datetime) -> str:
