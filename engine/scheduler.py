@@ -1,5 +1,8 @@
-"""The scheduler: housekeeping that no single completion does.
+"""The scheduler: creates runs from schedules, and the housekeeping no single completion does.
 
+* creates the runs of scheduled DAGs when their data interval ends (:mod:`engine.dagruns`:
+  one indexed look for due DAGs, woken at the earliest due time), and starts queued runs as
+  max_active_runs lets them;
 * ends DAG runs whose tasks are all finished (woken when a leaf task finishes);
 * resolves pending tasks that no completion resolved (a backstop);
 * reaps task instances whose worker stopped heartbeating (retries apply);
@@ -21,11 +24,13 @@ import logging
 import math
 import time
 import uuid
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
 from engine.dagbag import DagBag
+from engine.dagruns import create_due_runs, record_dags
 from engine.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.store import CHANNEL_FINISHED, Listener, Store
 from engine.store.downstream import resolve_all_pending, settle
@@ -50,14 +55,15 @@ CHANNEL_DAG_RESCANNED = "deferral_dag_rescanned"
 RESCAN_ANSWER_S = 3.0
 #: How long it then waits for the rescan to end.
 RESCAN_DONE_S = 120.0
+#: The shortest wait between passes when a scheduled run is due (another scheduler may be
+#: creating it right now).
+MIN_WAIT_S = 0.01
 
 
 async def sync_dags(store: Store, dagbag: DagBag) -> int:
-    """Parse the DAGs folder and record every DAG's structure; returns how many."""
+    """Parse the DAGs folder and record every DAG's structure and schedule; returns how many."""
     dags = await anyio.to_thread.run_sync(dagbag.collect)
-    for dag in dags.values():
-        await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), dag.description)
-    return len(dags)
+    return await record_dags(store, dags.values())
 
 
 async def request_rescan(
@@ -123,6 +129,8 @@ class Scheduler:
         self._contact_lost = False
         #: Housekeeping passes completed (for tests and introspection).
         self.housekeeping_passes = 0
+        #: Scheduled runs this scheduler created.
+        self.runs_created = 0
 
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` (which then returns at once) and more than once;
@@ -153,6 +161,7 @@ class Scheduler:
                         self.contact_since = await self.store.now()
                         self._contact_lost = False
                     await self.finish_runs()
+                    await self.create_runs()
                     now = time.monotonic()
                     if now - last_housekeeping >= self.interval_s:
                         last_housekeeping = now
@@ -170,7 +179,7 @@ class Scheduler:
                     await backoff.wait("scheduler pass", exc)
                     continue
                 backoff.reset()
-                await self._wake.wait(self.interval_s)
+                await self._wake.wait(await self._until_next_pass())
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
@@ -216,8 +225,30 @@ class Scheduler:
             log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
 
     async def finish_runs(self) -> None:
-        for run in await self.store.finish_dag_runs():
+        ended = await self.store.finish_dag_runs()
+        for run in ended:
             log.info("DAG run %s/%s ended: %s", run.dag_id, run.run_id, run.state)
+        if ended:
+            await self._started(await self.store.start_queued_runs({r.dag_id for r in ended}))
+
+    async def _started(self, started: list[Any]) -> None:
+        for run in started:
+            log.info("DAG run %s/%s started (was queued)", run.dag_id, run.run_id)
+
+    async def create_runs(self) -> int:
+        """Create the runs of the DAGs whose next scheduled run is due."""
+        created = await create_due_runs(self.store)
+        if created:
+            log.info("created %d scheduled run(s)", created)
+        self.runs_created += created
+        return created
+
+    async def _until_next_pass(self) -> float:
+        """Seconds to wait: the pass interval, or less when a scheduled run is due sooner."""
+        next_in = await self.store.next_due_in()
+        if next_in is None:
+            return self.interval_s
+        return min(self.interval_s, max(next_in, MIN_WAIT_S))
 
     async def housekeeping(self) -> None:
         zombies = await self.store.reap_zombie_tasks(
@@ -252,4 +283,7 @@ class Scheduler:
                 log.info("dropped %d trigger(s) nobody waits on", orphans)
         if zombies or late or resolved:
             await self.finish_runs()
+        # The backstop for queued runs whose admission was missed (a scheduler that stopped
+        # between ending a run and starting the next).
+        await self._started(await self.store.start_queued_runs())
         self.housekeeping_passes += 1

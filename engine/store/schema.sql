@@ -13,8 +13,28 @@ CREATE TABLE deferral_dags (
     -- One object a task: task_id, upstream, trigger_rule, retries, ... (engine.dag.DAG.serialize_tasks)
     tasks       jsonb NOT NULL,
     description text,
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    -- The schedule (added by migration 0007). engine.timetables: {"kind": "none"|"once"|
+    -- "cron"|"delta", ...}; schedule: as written, for display (null: none).
+    timetable   jsonb NOT NULL DEFAULT '{"kind": "none"}'::jsonb,
+    schedule    text,
+    start_date  timestamptz,
+    end_date    timestamptz,
+    catchup     boolean NOT NULL DEFAULT false,
+    max_active_runs integer NOT NULL DEFAULT 16 CHECK (max_active_runs >= 1),
+    is_paused   boolean NOT NULL DEFAULT false,
+    params      jsonb NOT NULL DEFAULT '{}'::jsonb,
+    tags        text[] NOT NULL DEFAULT '{}',
+    -- the next scheduled run: its logical date and interval, and when it may be created
+    -- (null: none). Set whenever the scheduler creates runs of the DAG or its schedule changes.
+    next_dagrun timestamptz,
+    next_dagrun_data_interval_start timestamptz,
+    next_dagrun_data_interval_end timestamptz,
+    next_dagrun_create_after timestamptz
 );
+-- The scheduler's one look for due DAGs.
+CREATE INDEX deferral_dags_due ON deferral_dags (next_dagrun_create_after)
+    WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL;
 
 CREATE TABLE deferral_dag_runs (
     id           bigserial PRIMARY KEY,
@@ -23,11 +43,24 @@ CREATE TABLE deferral_dag_runs (
     logical_date timestamptz NOT NULL,
     conf         jsonb NOT NULL DEFAULT '{}'::jsonb,
     state        text NOT NULL DEFAULT 'running'
-                 CHECK (state IN ('running', 'success', 'failed')),
+                 CHECK (state IN ('queued', 'running', 'success', 'failed')),
     created_at   timestamptz NOT NULL DEFAULT now(),
     ended_at     timestamptz,
+    -- added by migration 0007: how the run came to be, its data interval, and when it left
+    -- 'queued' (its task instances were created then)
+    run_type     text NOT NULL DEFAULT 'manual'
+                 CHECK (run_type IN ('scheduled', 'manual', 'backfill')),
+    data_interval_start timestamptz,
+    data_interval_end   timestamptz,
+    started_at   timestamptz,
     UNIQUE (dag_id, run_id)
 );
+-- One scheduled or backfill run per interval, whatever number of schedulers or backfills.
+CREATE UNIQUE INDEX deferral_dag_runs_interval ON deferral_dag_runs (dag_id, logical_date)
+    WHERE run_type IN ('scheduled', 'backfill');
+-- Runs not ended yet, per DAG, oldest first (admission behind max_active_runs).
+CREATE INDEX deferral_dag_runs_active ON deferral_dag_runs (dag_id, logical_date)
+    WHERE state IN ('queued', 'running');
 
 CREATE TABLE deferral_workers (
     id           bigserial PRIMARY KEY,
