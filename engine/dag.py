@@ -11,7 +11,14 @@ from typing import Any
 
 import msgspec
 
-from engine.timetables import ScheduleError, Timetable, dag_timezone, make_timetable, to_aware
+from engine.timetables import (
+    ScheduleError,
+    Timetable,
+    dag_timezone,
+    dump_with_timezone,
+    make_timetable,
+    to_aware,
+)
 from operators.base import BaseOperator, DagLike, dag_context
 
 __all__ = ["DAG", "DagCycleError", "dags_of_module", "forget_module"]
@@ -174,7 +181,7 @@ class DAG:
     def serialize_schedule(self) -> dict[str, Any]:
         """What the store keeps of the DAG's schedule, to create its runs without it."""
         return {
-            "timetable": self.timetable.dump(),
+            "timetable": dump_with_timezone(self.timetable, self.timezone),
             "schedule": None if self.schedule is None else self.timetable.summary,
             "start_date": self.start_date,
             "end_date": self.end_date,

@@ -229,7 +229,9 @@ class Scheduler:
         for run in ended:
             log.info("DAG run %s/%s ended: %s", run.dag_id, run.run_id, run.state)
         if ended:
-            await self._started(await self.store.start_queued_runs({r.dag_id for r in ended}))
+            await self._started(
+                await self.store.start_queued_runs(sorted({r.dag_id for r in ended}))
+            )
 
     async def _started(self, started: list[Any]) -> None:
         for run in started:

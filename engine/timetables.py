@@ -42,8 +42,10 @@ __all__ = [
     "ScheduleError",
     "Timetable",
     "dag_timezone",
+    "dump_with_timezone",
     "load_timetable",
     "make_timetable",
+    "stored_timezone",
     "to_aware",
 ]
 
@@ -160,7 +162,11 @@ class Timetable:
         while info is not None:
             yield info
             info = self.next_dagrun_info(
-                last=info.data_interval, earliest=earliest, latest=latest, catchup=True, now=earliest
+                last=info.data_interval,
+                earliest=earliest,
+                latest=latest,
+                catchup=True,
+                now=earliest,
             )
 
     def dump(self) -> dict[str, Any]:
@@ -377,6 +383,17 @@ def make_timetable(schedule: object, tz: dt.tzinfo = UTC) -> Timetable:
         "schedule must be None, a cron expression, a preset (@once, @hourly, @daily, "
         f"@weekly, @monthly, @yearly) or a datetime.timedelta, got {schedule!r}"
     )
+
+
+def stored_timezone(data: dict[str, Any] | None) -> dt.tzinfo:
+    """The DAG's time zone as stored next to its timetable (``"timezone"``; UTC if none)."""
+    name = (data or {}).get("timezone")
+    return UTC if not name else _tz_from_name(str(name))
+
+
+def dump_with_timezone(timetable: Timetable, tz: dt.tzinfo) -> dict[str, Any]:
+    """What the store keeps of a DAG's schedule: the timetable and the DAG's time zone."""
+    return {**timetable.dump(), "timezone": _tz_name(tz)}
 
 
 def load_timetable(data: dict[str, Any] | None) -> Timetable:

@@ -120,6 +120,18 @@ class InvalidDeferral(ValueError):
     """A deferral (or reschedule) the worker will not store: it fails its task, no retry."""
 
 
+def add_run_fields(context: Context, ti: ClaimedTask, dag: object) -> Context:
+    """What a task's context says of its run beyond ids and dates: ``params`` (the DAG's,
+    overridden by the run's ``conf``, as Airflow does), the data interval and the run type."""
+    params = dict(getattr(dag, "params", None) or {})
+    params.update(ti.conf)
+    context["params"] = params
+    context["data_interval_start"] = ti.data_interval_start
+    context["data_interval_end"] = ti.data_interval_end
+    context["run_type"] = ti.run_type
+    return context
+
+
 class Worker:
     """Claims and runs task instances; ``slots`` of them at a time."""
 
@@ -358,8 +370,8 @@ class Worker:
                 self._wake.set()
                 self._idle.set()
 
-    def _context(self, ti: ClaimedTask) -> Context:
-        return Context(
+    def _context(self, ti: ClaimedTask, op: BaseOperator | None = None) -> Context:
+        context = Context(
             dag_id=ti.dag_id,
             run_id=ti.run_id,
             task_id=ti.task_id,
@@ -371,6 +383,7 @@ class Worker:
             claimed_at=ti.db_now,
             default_deferrable=self.default_deferrable,
         )
+        return add_run_fields(context, ti, None if op is None else op.dag)
 
     def _remaining_s(self, ti: ClaimedTask) -> float | None:
         if ti.execution_timeout_s is None:
@@ -380,7 +393,7 @@ class Worker:
 
     async def _call(self, op: BaseOperator, ti: ClaimedTask) -> Any:
         usercode.enter_user_code()  # tasks an async execute starts cannot end the process
-        context = self._context(ti)
+        context = self._context(ti, op)
         kwargs: dict[str, Any] = {}
         if ti.next_method:
             fn = getattr(op, ti.next_method, None)

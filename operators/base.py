@@ -94,6 +94,13 @@ class Context(TypedDict, total=False):
     #: The engine's ``default_deferrable`` setting: whether operators that can defer and were
     #: not told (``deferrable=None``) do. The runtime hands it over here, at run time.
     default_deferrable: bool
+    #: The DAG's ``params``, overridden by the run's ``conf``.
+    params: dict[str, Any]
+    #: The run's data interval ``[start, end)`` (``logical_date`` is its start for a
+    #: scheduled run) and how the run came to be: ``scheduled``, ``manual`` or ``backfill``.
+    data_interval_start: dt.datetime | None
+    data_interval_end: dt.datetime | None
+    run_type: str
 
 
 class DagLike(Protocol):
@@ -279,12 +286,12 @@ def _with_default_args(init: Callable[..., None]) -> Callable[..., None]:
         if "_passed_args" in self.__dict__:
             init(self, *args, **kwargs)
             return
-        #: The arguments the task was given itself (``default_args`` do not override them).
-        self._passed_args = frozenset(kwargs)
+        # The arguments the task was given itself (``default_args`` do not override them).
+        self.__dict__["_passed_args"] = frozenset(kwargs)
         dag = kwargs.get("dag") or current_dag()
         defaults = getattr(dag, "default_args", None)
         if defaults:
-            accepted = _accepted_args(type(self))
+            accepted = _accepted_args(type(self))  # type: ignore[arg-type]
             for name, value in defaults.items():
                 if name not in kwargs and name in accepted:
                     kwargs[name] = value

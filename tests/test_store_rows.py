@@ -235,7 +235,10 @@ async def _schedule_calls(s: Any) -> None:
     manual = msgspec.structs.replace(runs[0], run_id="m1", run_type="manual")
     assert (await s.create_queued_run(manual))[1] == "queued"
     assert [r.state for r in await s.runs_at(dag.dag_id, [day])] == ["running", "queued"]
-    assert await s.last_scheduled_interval(dag.dag_id) == (following, following + dt.timedelta(days=1))
+    assert await s.last_scheduled_interval(dag.dag_id) == (
+        following,
+        following + dt.timedelta(days=1),
+    )
     assert await s.reset_dag_runs([r.id for r in await s.runs_at(dag.dag_id, [day])]) == []
     assert await s.set_dag_paused(dag.dag_id, True)
     assert len(await s.list_runs(dag_id=dag.dag_id, state="queued")) == 2

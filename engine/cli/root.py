@@ -87,7 +87,7 @@ def cli(
 
 
 def _add_commands() -> None:
-    from engine.cli import dags, db, demo, keys, processes, tasks, triggers
+    from engine.cli import dags, db, demo, keys, processes, runs, tasks, triggers
 
     for command in (
         processes.scheduler,
@@ -95,6 +95,7 @@ def _add_commands() -> None:
         processes.triggerer,
         processes.standalone,
         dags.dags,
+        runs.runs,
         tasks.tasks,
         triggers.triggers,
         db.db,

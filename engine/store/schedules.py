@@ -67,9 +67,7 @@ class ScheduleStore:
 
     # -- the next run of each DAG ----------------------------------------------------------
 
-    async def last_scheduled_interval(
-        self, dag_id: str
-    ) -> tuple[dt.datetime, dt.datetime] | None:
+    async def last_scheduled_interval(self, dag_id: str) -> tuple[dt.datetime, dt.datetime] | None:
         row = await self._pool.fetchrow(self._q["last_scheduled_interval"], dag_id)
         if row is None or row["start"] is None or row["end"] is None:
             return None
