@@ -48,18 +48,25 @@ async def wait_for_run(
         await listener.close()
 
 
-async def _create(store: Store, run: NewRun) -> str:
+async def _create(store: Store, run: NewRun) -> tuple[str, str]:
     """Create a manual run behind max_active_runs, its interval inferred from the DAG's
-    schedule; returns its state (running or queued)."""
-    start, end = await manual_data_interval(store, run.dag_id, run.logical_date)
-    run = msgspec.structs.replace(run, data_interval_start=start, data_interval_end=end)
+    schedule (a naive logical date is in the DAG's time zone; no run id: ``manual__<logical
+    date>``); returns its run id and state (running or queued)."""
+    when, start, end = await manual_data_interval(store, run.dag_id, run.logical_date)
+    run = msgspec.structs.replace(
+        run,
+        run_id=run.run_id or f"manual__{when.isoformat()}",
+        logical_date=when,
+        data_interval_start=start,
+        data_interval_end=end,
+    )
     created = await store.create_queued_run(run)
     if created is None:
         raise UnknownDag(f"unknown DAG {run.dag_id!r}")
-    return created[1]
+    return run.run_id, created[1]
 
 
-async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> str:
+async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> tuple[str, str]:
     dag_id = run.dag_id
     try:
         return await _create(store, run)
@@ -108,17 +115,16 @@ async def trigger_dag(
             )
             await sync_dags(store, bag)
         when = logical_date or await store.now()
-        run_id = run_id or f"manual__{when.isoformat()}"
         new = NewRun(
             dag_id=dag_id,
-            run_id=run_id,
+            run_id=run_id or "",
             logical_date=when,
             data_interval_start=when,
             data_interval_end=when,
             run_type="manual",
             conf=conf or {},
         )
-        state = await _create_run(store, bag, new)
+        run_id, state = await _create_run(store, bag, new)
         if not wait:
             return RunOutcome(run_id=run_id, state=state, tasks=[])
         state = await wait_for_run(store, dag_id, run_id, timeout_s)

@@ -17,7 +17,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.store.schedules import NewRun, NextRun
-from engine.timetables import DagRunInfo, DataInterval, Timetable, load_timetable
+from engine.timetables import (
+    DagRunInfo,
+    DataInterval,
+    Timetable,
+    load_timetable,
+    stored_timezone,
+    to_aware,
+)
 
 if TYPE_CHECKING:
     from engine.dag import DAG
@@ -184,13 +191,15 @@ async def create_due_runs(store: Store, *, batch: int = DUE_BATCH) -> int:
 
 async def manual_data_interval(
     store: Store, dag_id: str, logical_date: dt.datetime
-) -> tuple[dt.datetime, dt.datetime]:
-    """The data interval of a manual run at ``logical_date``, inferred from the DAG's
-    schedule as Airflow does (the last complete interval before it, for a cron schedule)."""
+) -> tuple[dt.datetime, dt.datetime, dt.datetime]:
+    """A manual run's logical date (aware: a naive one is in the DAG's time zone) and its
+    data interval, inferred from the DAG's schedule as Airflow does (the last complete
+    interval before it, for a cron schedule)."""
     dag = await store.get_dag(dag_id)
-    timetable = load_timetable(dag.timetable if dag is not None else None)
-    interval = timetable.infer_manual_data_interval(logical_date)
-    return interval.start, interval.end
+    stored = dag.timetable if dag is not None else None
+    when = to_aware(logical_date, stored_timezone(stored))
+    interval = load_timetable(stored).infer_manual_data_interval(when)
+    return when, interval.start, interval.end
 
 
 def backfill_infos(

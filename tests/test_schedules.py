@@ -4,6 +4,7 @@ max_active_runs, pause, manual and backfill runs, ExternalTaskSensor between sch
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from typing import Any
 
 import anyio
@@ -79,7 +80,8 @@ async def test_no_run_starts_after_the_end_date(store: Store) -> None:
     runs = await runs_of(store, dag.dag_id)
     assert [r.logical_date for r in runs] == [today - 6 * DAY, today - 5 * DAY, today - 4 * DAY]
     stored = await store.get_dag(dag.dag_id)
-    assert stored is not None and stored.next_dagrun_create_after is None
+    assert stored is not None
+    assert stored.next_dagrun_create_after is None
 
 
 async def test_paused_dags_get_no_scheduled_runs_until_unpaused(store: Store) -> None:
@@ -104,7 +106,8 @@ async def test_a_changed_schedule_is_picked_up(store: Store) -> None:
         PythonOperator(task_id="t", python_callable=_noop)
     await record_dags(store, [dag])
     stored = await store.get_dag("changes")
-    assert stored is not None and stored.next_dagrun is not None
+    assert stored is not None
+    assert stored.next_dagrun is not None
     assert stored.next_dagrun.hour == 12
 
 
@@ -122,8 +125,9 @@ async def test_runs_beyond_max_active_runs_wait_queued_and_never_overlap(store: 
 
         await wait_until(all_done, what="the four runs to succeed")
     runs = await runs_of(store, dag.dag_id)
-    for earlier, later in zip(runs, runs[1:], strict=False):
-        assert earlier.ended_at is not None and later.started_at is not None
+    for earlier, later in itertools.pairwise(runs):
+        assert earlier.ended_at is not None
+        assert later.started_at is not None
         assert earlier.ended_at <= later.started_at, "two runs overlapped"
 
 
@@ -246,7 +250,7 @@ async def test_params_are_overridden_by_conf_and_the_context_has_the_interval(
     async with run_engine(store, dags=[dag]) as engine:
         run = NewRun(dag_id="params", run_id="m", logical_date=moment, data_interval_start=moment,
                      data_interval_end=moment, run_type="manual", conf={"limit": 3})  # fmt: skip
-        assert await _create(store, run) == "running"
+        assert await _create(store, run) == ("m", "running")
         out = await engine.finish("params", "m")
     assert decode_value(out["t"]["result"]) == {
         "params": {"region": "eu", "limit": 3},
@@ -285,5 +289,6 @@ async def test_external_task_sensor_lines_up_with_the_other_dags_scheduled_runs(
         await wait_until(both_done, what="the scheduled runs of both DAGs to succeed")
     consumer = await runs_of(store, "consumer")
     producer = {r.logical_date for r in await runs_of(store, "producer")}
-    assert consumer and all(r.run_type == "scheduled" for r in consumer)
+    assert consumer
+    assert all(r.run_type == "scheduled" for r in consumer)
     assert {r.logical_date - dt.timedelta(hours=1) for r in consumer} <= producer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import zoneinfo
 
 import pytest
@@ -248,11 +249,12 @@ def test_catchup_intervals_are_contiguous_and_catchup_off_gives_the_last_of_them
     runs = catchup_runs(timetable, begin, now=now)
     for run in runs:
         assert begin <= run.start < run.end <= now
-    for earlier, later in zip(runs, runs[1:], strict=False):
+    for earlier, later in itertools.pairwise(runs):
         assert earlier.end == later.start
     # Without catchup: the last of those, if any ended by now.
     latest = timetable.next_dagrun_info(
         last=None, earliest=begin, latest=None, catchup=False, now=now
     )
     if runs:
-        assert latest is not None and latest.data_interval == runs[-1]
+        assert latest is not None
+        assert latest.data_interval == runs[-1]
