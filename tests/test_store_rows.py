@@ -242,3 +242,5 @@ async def _schedule_calls(s: Any) -> None:
     assert await s.reset_dag_runs([r.id for r in await s.runs_at(dag.dag_id, [day])]) == []
     assert await s.set_dag_paused(dag.dag_id, True)
     assert len(await s.list_runs(dag_id=dag.dag_id, state="queued")) == 2
+    assert await s.count_dags() == 2
+    assert await s.schedule_delays(day, day + dt.timedelta(days=3)) != []

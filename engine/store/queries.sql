@@ -917,3 +917,15 @@ RETURNING ti.id,
           + (o.new_event IS NOT NULL AND ti.next_event IS NOT DISTINCT FROM o.new_event)::int
           + (o.new_result IS NOT NULL AND ti.result IS NOT DISTINCT FROM o.new_result)::int
           AS rewritten;
+
+-- name: count_dags
+-- How many DAGs are recorded.
+SELECT count(*) AS n FROM deferral_dags;
+
+-- name: schedule_delays
+-- Seconds from interval end to creation of the scheduled runs whose interval ended in
+-- [$1, $2) (the schedule benchmark; Airflow's dagrun.schedule_delay).
+SELECT EXTRACT(EPOCH FROM created_at - data_interval_end)::double precision AS delay
+FROM deferral_dag_runs
+WHERE run_type = 'scheduled' AND data_interval_end >= $1 AND data_interval_end < $2
+ORDER BY delay;

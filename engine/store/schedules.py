@@ -174,3 +174,13 @@ class ScheduleStore:
     ) -> list[RunRow]:
         rows = await self._pool.fetch(self._q["list_runs"], dag_id, state, limit)
         return msgspec.convert([dict(r) for r in rows], list[RunRow])
+
+    async def count_dags(self) -> int:
+        n: int = await self._pool.fetchval(self._q["count_dags"])
+        return n
+
+    async def schedule_delays(self, since: dt.datetime, until: dt.datetime) -> list[float]:
+        """Interval end -> run created, in seconds, of the scheduled runs whose interval
+        ended in ``[since, until)``."""
+        rows = await self._pool.fetch(self._q["schedule_delays"], since, until)
+        return [float(r["delay"]) for r in rows]
