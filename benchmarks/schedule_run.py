@@ -129,7 +129,8 @@ async def _run(
         deadline = time.monotonic() + 600
         while await store.count_dags() < n:
             if time.monotonic() > deadline or scheduler.poll() is not None:
-                raise SystemExit(f"the scheduler did not record the DAGs; see {work}")
+                log = (work / "scheduler.log").read_text(errors="replace")[-3000:]
+                raise SystemExit(f"the scheduler did not record the DAGs:\n{log}")
             await asyncio.sleep(0.2)
         begin = await store.now()
         cpu0 = {"scheduler": _cpu_s(scheduler.pid), "worker": _cpu_s(worker.pid)}
