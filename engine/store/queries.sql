@@ -550,7 +550,7 @@ GROUP BY state ORDER BY state;
 -- name: work_left
 -- What an engine has left to do now (engine.testing's drain): task instances runnable now or
 -- queued or running, deferrals whose deadline is due or whose trigger no triggerer has claimed
--- yet, and runs whose tasks are all finished but which are not ended yet.
+-- yet, and runs whose tasks are all finished but which are not ended yet, or that wait queued.
 SELECT
     (SELECT count(*) FROM deferral_task_instances
      WHERE (state IN ('scheduled', 'up_for_retry', 'up_for_reschedule') AND run_after <= now())
@@ -561,10 +561,10 @@ SELECT
        AND (ti.trigger_timeout_at <= now() OR t.id IS NULL OR t.triggerer_id IS NULL))
         AS deferred_due,
     (SELECT count(*) FROM deferral_dag_runs r
-     WHERE r.state = 'running' AND NOT EXISTS (
+     WHERE r.state = 'queued' OR (r.state = 'running' AND NOT EXISTS (
          SELECT 1 FROM deferral_task_instances ti
          WHERE ti.dag_run_id = r.id
-           AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed')))
+           AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed'))))
         AS runs_to_end;
 
 -- name: register_triggerer
