@@ -292,3 +292,22 @@ async def test_external_task_sensor_lines_up_with_the_other_dags_scheduled_runs(
     assert consumer
     assert all(r.run_type == "scheduled" for r in consumer)
     assert {r.logical_date - dt.timedelta(hours=1) for r in consumer} <= producer
+
+
+async def test_the_scheduler_loop_creates_each_run_as_its_interval_ends(store: Store) -> None:
+    start = await store.now()
+    with DAG("every_second", schedule=dt.timedelta(seconds=1), start_date=start,
+             catchup=True) as dag:  # fmt: skip
+        PythonOperator(task_id="t", python_callable=_noop)
+    async with run_engine(store, dags=[dag], poll_interval_s=5.0):
+
+        async def three_done() -> bool:
+            runs = await runs_of(store, dag.dag_id)
+            return sum(r.state == "success" for r in runs) >= 3
+
+        await wait_until(three_done, what="three scheduled runs to succeed")
+    runs = await runs_of(store, dag.dag_id)
+    assert runs[0].logical_date == start
+    for run in runs:
+        assert run.data_interval_end == run.data_interval_start + dt.timedelta(seconds=1)
+        assert run.created_at >= run.data_interval_end  # never before its interval ended
