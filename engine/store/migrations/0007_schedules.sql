@@ -43,3 +43,15 @@ CREATE UNIQUE INDEX deferral_dag_runs_interval ON deferral_dag_runs (dag_id, log
 -- Runs not ended yet, per DAG, oldest first (admission behind max_active_runs).
 CREATE INDEX deferral_dag_runs_active ON deferral_dag_runs (dag_id, logical_date)
     WHERE state IN ('queued', 'running');
+
+-- The view for readers outside the engine gains the run's type and data interval (appended:
+-- its other columns keep their order).
+CREATE OR REPLACE VIEW deferral_run_states AS
+SELECT r.id AS run_seq, r.dag_id, r.run_id, r.logical_date, r.state, r.created_at, r.ended_at,
+       (SELECT COALESCE(jsonb_object_agg(ti.task_id, ti.state), '{}'::jsonb)
+        FROM deferral_task_instances ti
+        WHERE ti.dag_run_id = r.id) AS task_states,
+       r.run_type, r.data_interval_start, r.data_interval_end
+FROM deferral_dag_runs r;
+COMMENT ON VIEW deferral_run_states IS
+    'One row per DAG run: run_seq (newer runs are higher), dag_id, run_id, logical_date, state, created_at, ended_at, task_states ({task_id: state}), run_type, data_interval_start, data_interval_end. Read only; the interface for readers outside the engine.';
