@@ -122,9 +122,12 @@ class InvalidDeferral(ValueError):
 
 def add_run_fields(context: Context, ti: ClaimedTask, dag: object) -> Context:
     """What a task's context says of its run beyond ids and dates: ``params`` (the DAG's,
-    overridden by the run's ``conf``, as Airflow does), the data interval and the run type."""
+    each overridden by the run's ``conf`` key of the same name), the data interval and the run
+    type."""
     params = dict(getattr(dag, "params", None) or {})
-    params.update(ti.conf)
+    conf = ti.conf or {}
+    for key in params.keys() & conf.keys():
+        params[key] = conf[key]
     context["params"] = params
     context["data_interval_start"] = ti.data_interval_start
     context["data_interval_end"] = ti.data_interval_end

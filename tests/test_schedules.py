@@ -248,8 +248,15 @@ async def test_params_are_overridden_by_conf_and_the_context_has_the_interval(
         PythonOperator(task_id="t", python_callable=_returns_params)
     moment = dt.datetime(2024, 3, 5, 7, tzinfo=dt.UTC)
     async with run_engine(store, dags=[dag]) as engine:
-        run = NewRun(dag_id="params", run_id="m", logical_date=moment, data_interval_start=moment,
-                     data_interval_end=moment, run_type="manual", conf={"limit": 3})  # fmt: skip
+        run = NewRun(
+            dag_id="params",
+            run_id="m",
+            logical_date=moment,
+            data_interval_start=moment,
+            data_interval_end=moment,
+            run_type="manual",
+            conf={"limit": 3, "x": 1},  # x is no param: it stays in conf only
+        )
         assert await _create(store, run) == ("m", "running")
         out = await engine.finish("params", "m")
     assert decode_value(out["t"]["result"]) == {

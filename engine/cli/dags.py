@@ -129,7 +129,8 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
 @click.option(
     "--conf",
     type=TEXT,
-    help="JSON object handed to tasks as context['conf']; its keys override the DAG's params.",
+    help="JSON object handed to tasks as context['conf']; a key overrides the DAG's param of "
+    "the same name.",
 )
 @click.option(
     "--wait",
