@@ -9,7 +9,7 @@ import click
 
 __all__ = ["SCENARIOS", "bench"]
 
-#: Scenario modules, imported to register their commands.
+#: Scenario modules, imported to register their commands (then ``plots``: ``bench plot``).
 SCENARIOS = ("waits", "fleet", "schedule")
 
 
@@ -21,3 +21,5 @@ def bench() -> None:
 for _name in SCENARIOS:
     if importlib.util.find_spec(f"benchmarks.{_name}") is not None:
         importlib.import_module(f"benchmarks.{_name}")
+
+importlib.import_module("benchmarks.plots")

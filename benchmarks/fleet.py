@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from benchmarks.cli import bench
+from benchmarks.plots import require_matplotlib
 
 __all__ = ["fleet"]
 
@@ -61,12 +62,7 @@ def fleet(**options: Any) -> None:
     plot = options.pop("plot")
     out = options.pop("out")
     if plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise click.UsageError(
-                "--plot needs matplotlib: pip install 'deferral[plot]'"
-            ) from None
+        require_matplotlib()  # now, not after the run
     mode = options.pop("mode")
     modes = list(MODES) if mode == "all" else [mode]
     result = run_fleet(modes=modes, **options)

@@ -404,7 +404,7 @@ def run_fleet(
         result["modes"][mode] = anyio.run(
             one, backend="asyncio", backend_options={"use_uvloop": True}
         )
-        console.log(f"{mode}: makespan {result['modes'][mode]['makespan_s']} s")
+        console.print(f"{mode}: makespan {result['modes'][mode]['makespan_s']} s")
     return result
 
 

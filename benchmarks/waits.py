@@ -27,6 +27,7 @@ from typing import Any
 import click
 
 from benchmarks.cli import bench
+from benchmarks.plots import require_matplotlib
 
 __all__ = ["waits"]
 
@@ -52,7 +53,11 @@ __all__ = ["waits"]
 @click.option("--lease-s", type=float, help="Triggerer lease (default: the setting).")
 @click.option("--kill-one", is_flag=True, help="SIGKILL one triggerer half way through.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG here.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Write a PNG here (needs the 'plot' extra; `bench plot` draws a saved --out JSON).",
+)
 @click.option("--keep-db", is_flag=True, help="Do not drop the benchmark database.")
 @click.option(
     "--synchronous-commit/--no-synchronous-commit",
@@ -75,6 +80,8 @@ def waits(**options: Any) -> None:
 
     if options["kill_one"] and options["k"] < 2:
         raise click.UsageError("--kill-one needs --triggerers 2 or more")
+    if options["plot"]:
+        require_matplotlib()  # now, not after a run of minutes
     result = run_waits(**options)
     text = json.dumps(result, indent=2)
     if options["out"]:

@@ -617,14 +617,11 @@ def _table(result: dict[str, Any]) -> None:
 
 
 def _plot(path: str, journal: Path, result: dict[str, Any]) -> None:
-    try:
-        import matplotlib
+    import matplotlib  # checked before the run (benchmarks.plots.require_matplotlib)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        console.print("[yellow]--plot needs matplotlib (pip install deferral[plot])[/]")
-        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rows = [line.split() for line in _journal_lines(journal)]
     if not rows:
         return

@@ -79,6 +79,7 @@ def make_triggerer(store: Store, settings: Settings) -> Triggerer:
         cancel_blocking_after=settings.triggerer_cancel_blocking_after,
         max_block_s=settings.triggerer_max_block_s,
         allow=trigger_allow_list(settings),
+        dags_folder=settings.dags_folder,
     )
 
 

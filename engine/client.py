@@ -16,7 +16,7 @@ from engine.store import CHANNEL_RUNS, Store, TaskInstance, UnknownDag, open_sto
 from engine.store.schedules import NewRun
 from engine.wakeup import Wakeup
 
-__all__ = ["RunOutcome", "trigger_dag", "wait_for_run"]
+__all__ = ["RunOutcome", "trigger_dag", "wait_for_run", "wait_run"]
 
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,8 +127,26 @@ async def trigger_dag(
         run_id, state = await _create_run(store, bag, new)
         if not wait:
             return RunOutcome(run_id=run_id, state=state, tasks=[])
-        state = await wait_for_run(store, dag_id, run_id, timeout_s)
-        tasks = await store.list_task_instances(dag_id=dag_id, run_id=run_id)
-        return RunOutcome(run_id=run_id, state=state, tasks=tasks)
+        return await _wait_outcome(store, dag_id, run_id, timeout_s)
     finally:
         await store.close()
+
+
+async def wait_run(
+    settings: Settings, dag_id: str, run_id: str, timeout_s: float | None = None
+) -> RunOutcome:
+    """Wait for an existing run to end (``running``: ``timeout_s`` passed first); returns its
+    state and task instances. Raises LookupError when there is no such run."""
+    store = await open_store(settings)
+    try:
+        return await _wait_outcome(store, dag_id, run_id, timeout_s)
+    finally:
+        await store.close()
+
+
+async def _wait_outcome(
+    store: Store, dag_id: str, run_id: str, timeout_s: float | None
+) -> RunOutcome:
+    state = await wait_for_run(store, dag_id, run_id, timeout_s)
+    tasks = await store.list_task_instances(dag_id=dag_id, run_id=run_id)
+    return RunOutcome(run_id=run_id, state=state, tasks=tasks)

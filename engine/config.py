@@ -95,6 +95,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: How late a deferral deadline may be before the scheduler ends it (no triggerer alive).
     timeout_backstop_grace_s: float = 5.0
 
+    #: Where ``deferral webserver`` (the status page) listens; any other address than the
+    #: loopback one exposes it to the network.
+    webserver_host: str = "127.0.0.1"
+    webserver_port: int = 8793
+
     #: Sensors defer by default (``deferrable=None``), like Airflow's ``default_deferrable``.
     #: The worker hands it to operators at run time, in ``context["default_deferrable"]``.
     default_deferrable: bool = False
@@ -135,6 +140,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                     "setting trigger_allow: every pattern must be a non-empty string without "
                     f"surrounding spaces, got {pattern!r}"
                 )
+        if not 0 <= self.webserver_port <= 65535:
+            raise ConfigError(
+                f"setting webserver_port must be 0-65535, got {self.webserver_port!r}"
+            )
         if self.log_format not in ("text", "json"):
             raise ConfigError(
                 f"setting log_format must be 'text' or 'json', not {self.log_format!r}"

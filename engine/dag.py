@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -39,6 +40,10 @@ def forget_module(module_name: str) -> None:
     _by_module.pop(module_name, None)
 
 
+#: A folder, or several.
+_Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
 class DagCycleError(ValueError):
     """The task graph has a cycle."""
 
@@ -57,6 +62,9 @@ class DAG:
     time zone is ``start_date``'s (naive: UTC). ``default_args`` apply to every task of the
     DAG unless the task passes the argument itself; ``params`` are defaults that a run's
     ``conf`` overrides, handed to tasks as ``context["params"]``.
+
+    Template files (a templated field ending in an operator's ``template_ext``) are looked up
+    in the DAG file's folder, then in the folders of ``template_searchpath``.
     """
 
     def __init__(
@@ -74,6 +82,7 @@ class DAG:
         tags: Iterable[str] = (),
         description: str | None = None,
         fileloc: str | None = None,
+        template_searchpath: _Paths | None = None,
     ) -> None:
         if not isinstance(dag_id, str) or not _DAG_ID.match(dag_id):
             raise ValueError(
@@ -109,6 +118,10 @@ class DAG:
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"DAG {dag_id}: params must be JSON data: {exc}") from None
         self.tags = sorted({str(tag) for tag in tags})
+        if isinstance(template_searchpath, str | os.PathLike):
+            template_searchpath = [template_searchpath]
+        #: Folders searched for template files after the DAG file's own folder.
+        self.template_searchpath: list[str] = [os.fspath(p) for p in template_searchpath or ()]
         self.tasks: dict[str, BaseOperator] = {}
         self._tokens: list[Token[DagLike | None]] = []
         caller = sys._getframe(1).f_globals

@@ -277,11 +277,15 @@ def _locate(request: Request) -> Any:
 
 
 def _call(request: Request) -> Any:
+    from engine import templating
     from triggers.base import decode_value
 
     op = _locate(request)
     fn = getattr(op, request.method) if request.method else op.execute
-    context = decode_value(request.context)
+    context = templating.restore_context(decode_value(request.context), op)
+    # The worker rendered the same fields from the same values (and stored them): render
+    # them again here, on this process's copy of the operator.
+    templating.prepare(op).render(context)
     kwargs = decode_value(request.kwargs)
     if inspect.iscoroutinefunction(fn):
         return asyncio.run(fn(context, **kwargs))

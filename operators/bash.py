@@ -39,7 +39,14 @@ class BashOperator(BaseOperator):
     (:data:`KEPT_ENV` and ``LC_*``), the worker's variables named in ``pass_env``, then
     ``env``; with ``append_env=False``, ``env`` alone. ``DEFERRAL_DAG_ID``,
     ``DEFERRAL_RUN_ID`` and ``DEFERRAL_TASK_ID`` are always set.
+
+    ``bash_command`` and ``env`` are templated; a ``bash_command`` ending in ``.sh`` or
+    ``.bash`` names a script in the DAG's folder (or ``template_searchpath``), rendered and run
+    (end it with a space to run such a command as it is).
     """
+
+    template_fields = ("bash_command", "env")
+    template_ext = (".sh", ".bash")
 
     def __init__(
         self,

@@ -18,8 +18,12 @@ __all__ = ["PythonOperator", "PythonSensor"]
 
 class PythonOperator(BaseOperator):
     """Calls ``python_callable(*op_args, **op_kwargs)`` in a worker thread; its return value is
-    the task's result. Parameters named like context entries (``logical_date``, ``run_id``,
-    ``conf``, ...) receive them."""
+    the task's result. Parameters named like context entries (``ds``, ``logical_date``,
+    ``data_interval_start``, ``run_id``, ``params``, ...) receive them; ``**kwargs`` receives
+    them all. ``op_args``, ``op_kwargs`` and ``templates_dict`` are templated; the callable
+    gets ``templates_dict`` rendered by asking for a parameter of that name."""
+
+    template_fields = ("templates_dict", "op_args", "op_kwargs")
 
     def __init__(
         self,
@@ -27,6 +31,7 @@ class PythonOperator(BaseOperator):
         python_callable: Callable[..., Any],
         op_args: Sequence[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
+        templates_dict: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -40,6 +45,8 @@ class PythonOperator(BaseOperator):
         self.python_callable = python_callable
         self.op_args = list(op_args or ())
         self.op_kwargs = dict(op_kwargs or {})
+        self.templates_dict = None if templates_dict is None else dict(templates_dict)
 
     def execute(self, context: Context) -> Any:
-        return call_with_context(self.python_callable, self.op_args, self.op_kwargs, context)
+        with_templates: Context = {**context, "templates_dict": self.templates_dict}
+        return call_with_context(self.python_callable, self.op_args, self.op_kwargs, with_templates)

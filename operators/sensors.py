@@ -195,10 +195,16 @@ class BaseSensorOperator(BaseOperator):
         return interval
 
     def _timed_out(self, elapsed_s: float) -> None:
-        message = f"sensor timed out after {elapsed_s:.1f}s (timeout {self.timeout_s:.1f}s)"
+        message = (
+            f"sensor timed out after {elapsed_s:.1f}s: its timeout of {self.timeout_s:.1f}s "
+            "(counted from its first try) passed before the condition was true"
+        )
         if self.soft_fail:
-            raise SkipTask(message)
-        raise SensorTimeout(message)
+            raise SkipTask(f"{message}; skipped (soft_fail)")
+        raise SensorTimeout(
+            f"{message}; not retried, on purpose: a sensor's timeout ends it whatever retries "
+            "are left (retries are for errors)"
+        )
 
     def _poke_once(self, context: Context) -> Any:
         result = self.poke(context)
@@ -293,6 +299,8 @@ class FileSensor(BaseSensorOperator):
     """Waits until ``filepath`` (a path or glob; ``**`` with ``recursive``) matches a file;
     the result is the sorted list of matches."""
 
+    template_fields = ("filepath",)
+
     def __init__(self, *, filepath: str, recursive: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.filepath = filepath
@@ -306,15 +314,20 @@ class FileSensor(BaseSensorOperator):
 
 
 class HttpSensor(BaseSensorOperator):
-    """Waits until ``url`` answers with one of ``expected_status`` and ``response_check``
-    accepts the :class:`~triggers.http.HttpResponse`. ``response_check`` is an import path
+    """Waits until ``endpoint`` answers with one of ``expected_status`` and ``response_check``
+    accepts the :class:`~triggers.http.HttpResponse`. ``endpoint`` is a URL, or a path
+    relative to the URL of the connection ``conn_id``; ``url`` is another name for it.
+    ``endpoint``, ``headers`` and ``data`` are templated. ``response_check`` is an import path
     (or a module-level function, turned into one); a lambda or closure works in poke and
     reschedule mode only, since a triggerer cannot import it."""
+
+    template_fields = ("endpoint", "headers", "data")
 
     def __init__(
         self,
         *,
-        url: str,
+        endpoint: str | None = None,
+        url: str | None = None,
         method: str = "GET",
         headers: dict[str, str] | None = None,
         data: str | None = None,
@@ -325,15 +338,17 @@ class HttpSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.request: dict[str, Any] = {
-            "url": url,
-            "method": method,
-            "headers": dict(headers or {}),
-            "data": data,
-            "expected_status": list(expected_status),
-            "conn_id": conn_id,
-            "request_timeout": request_timeout,
-        }
+        if (endpoint is None) == (url is None):
+            raise ValueError(
+                f"task {self.task_id}: give HttpSensor one endpoint (or url, its other name)"
+            )
+        self.endpoint: str = endpoint if endpoint is not None else url  # type: ignore[assignment]
+        self.method = method
+        self.headers = dict(headers or {})
+        self.data = data
+        self.expected_status = list(expected_status)
+        self.conn_id = conn_id
+        self.request_timeout = request_timeout
         self.check_fn: Callable[[HttpResponse], Any] | None = None
         self.check_path: str | None = None
         if isinstance(response_check, str) or response_check is None:
@@ -351,7 +366,17 @@ class HttpSensor(BaseSensorOperator):
         return self.check_fn is None or self.check_path is not None
 
     def _trigger(self) -> HttpTrigger:
-        return HttpTrigger(response_check=self.check_path, **self.request, **self.trigger_kwargs())
+        return HttpTrigger(
+            url=self.endpoint,
+            method=self.method,
+            headers=self.headers,
+            data=self.data,
+            expected_status=self.expected_status,
+            conn_id=self.conn_id,
+            request_timeout=self.request_timeout,
+            response_check=self.check_path,
+            **self.trigger_kwargs(),
+        )
 
     def poke(self, context: Context) -> Any:
         trigger = self._trigger()
@@ -377,7 +402,12 @@ def _import_path_of(fn: Callable[..., Any]) -> str | None:
 
 class SqlSensor(BaseSensorOperator):
     """Waits until the first cell of the first row of ``sql`` is truthy, on the database
-    ``conn`` (a URL or a connection id); the result is that cell."""
+    ``conn`` (a URL or a connection id); the result is that cell. ``sql`` and ``parameters``
+    are templated; an ``sql`` ending in ``.sql`` names a file in the DAG's folder (or
+    ``template_searchpath``), read and rendered."""
+
+    template_fields = ("sql", "parameters")
+    template_ext = (".sql",)
 
     def __init__(
         self, *, conn: str, sql: str, parameters: Sequence[Any] = (), **kwargs: Any
@@ -399,7 +429,10 @@ class ExternalTaskSensor(BaseSensorOperator):
     A state in ``failed_states`` fails the sensor (skips it with ``soft_fail``). When no
     external run exists at that date the log says so at once, with the nearest dates that do
     exist; ``check_existence=True`` fails the sensor instead of waiting.
+    ``external_dag_id`` and ``external_task_id`` are templated.
     """
+
+    template_fields = ("external_dag_id", "external_task_id")
 
     def __init__(
         self,
@@ -459,7 +492,10 @@ class PythonSensor(BaseSensorOperator):
     result, unless it is ``True``). Poke and reschedule mode run the callable on the worker;
     ``deferrable=True`` needs ``async_check``, an import path to an ``async def`` taking
     ``**op_kwargs`` that the triggerer awaits instead (a sync callable would block its loop).
+    ``op_args`` and ``op_kwargs`` are templated.
     """
+
+    template_fields = ("op_args", "op_kwargs")
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -38,6 +39,13 @@ async def wait_until(
 def fired_summary(fired: FiredTriggers) -> tuple[set[int], int]:
     """What ``Store.fire_triggers`` wrote: the accepted trigger ids, how many tasks moved."""
     return set(fired.accepted), len(fired.moved)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def utcnow() -> dt.datetime:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from tests.helpers import child_env
+from tests.helpers import child_env, free_port
 
 __all__ = ["STOP_GRACE_S", "Children", "explained", "process_env"]
 
@@ -64,7 +64,12 @@ class Children:
 def process_env(db_url: str, tmp_path: Path, dags: Path | None = None) -> dict[str, str]:
     # (The default allow-list: tests that run triggers from tests/ add TEST_TRIGGER_ALLOW.)
     env = child_env(
-        test_triggers=False, DATABASE_URL=db_url, HOME=str(tmp_path / "home"), LOG_LEVEL="INFO"
+        test_triggers=False,
+        DATABASE_URL=db_url,
+        HOME=str(tmp_path / "home"),
+        LOG_LEVEL="INFO",
+        # (standalone's status page: a port of its own, tests run side by side)
+        WEBSERVER_PORT=str(free_port()),
     )
     if dags is not None:
         env["DEFERRAL_DAGS_FOLDER"] = str(dags)

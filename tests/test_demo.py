@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -36,4 +37,13 @@ def test_the_demo_runs_to_success_and_prints_its_summary(admin_url: str, tmp_pat
     assert re.search(r"tasks success\s*\S\s*44\b", out), out
     assert "peak waits held by the triggerer" in out
     assert "peak worker slots held by waiting tasks after that" in out
-    assert (tmp_path / "demo.log").exists()
+    log = (tmp_path / "demo.log").read_text()
+    for kind in ("scheduler", "worker", "triggerer"):
+        assert f" {kind}[" in log, log  # every process wrote its lines there
+    # It ends by naming its DAG file and what to do next.
+    tail = " ".join(out[out.index("The demo DAG is") :].split())
+    assert str(tmp_path / "demo_dags" / "deferral_demo.py") in tail, tail
+    assert "docs/tutorial.md" in tail, tail
+    assert "deferral standalone --dags FOLDER" in tail, tail
+    # The database's password is not printed.
+    assert urlsplit(admin_url).password is None or urlsplit(admin_url).password not in out

@@ -6,6 +6,7 @@ import msgspec
 
 from engine.config import Settings
 from engine.states import TRANSITIONS
+from engine.templating import TEMPLATE_VARIABLES
 from tests.helpers import REPO_ROOT
 
 
@@ -31,3 +32,11 @@ def test_the_cli_reference_is_generated_from_the_current_commands() -> None:
     module = runpy.run_path(str(REPO_ROOT / "tools" / "gen_cli_reference.py"), run_name="check")
     text = (REPO_ROOT / "docs/reference/cli.md").read_text()
     assert text == module["render"](), "run: python tools/gen_cli_reference.py"
+
+
+def test_the_template_reference_lists_every_variable_and_macro() -> None:
+    text = (REPO_ROOT / "docs/reference/templates.md").read_text()
+    macros = ["macros.ds_add", "macros.ds_format", "macros.datetime", "macros.timedelta"]
+    missing = [name for name in [*TEMPLATE_VARIABLES, *macros] if f"| `{name}" not in text]
+    assert not missing, missing
+    assert "reference/templates.md" in (REPO_ROOT / "docs/index.md").read_text()

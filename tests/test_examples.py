@@ -119,3 +119,24 @@ async def test_the_harness_example_runs(store: Store, tmp_path: Path) -> None:
     import engine_in_a_test
 
     await engine_in_a_test.check_pipeline(store, tmp_path / "ready")
+
+
+def test_the_async_trigger_tests_of_the_how_to_pass() -> None:
+    """docs/examples/_tests/test_job_trigger.py, run by pytest as a user would run it: async
+    tests on anyio's plugin, the anyio_backend fixture, a trigger's log records."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         str(EXAMPLES / "_tests" / "test_job_trigger.py")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 passed" in done.stdout, done.stdout
+
+
+def test_the_example_dags_folder_skips_the_tests_folder() -> None:
+    bag = DagBag(EXAMPLES)
+    assert not any("_tests" in str(path) for path in bag.files())

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import logging
+import re
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -71,3 +73,47 @@ def test_formatters_print_the_bound_ids(fmt: str) -> None:
         assert (doc["msg"], doc["trigger"], doc["classpath"]) == ("fired", 42, "a.B")
     else:
         assert "[trigger=42 classpath=a.B] fired" in line
+
+
+def _lines(level: str, emit: Callable[[], None]) -> list[str]:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = {name: logging.getLogger(name).level for name in logs.LIBRARY_LOGGERS}
+    logs.configure_logging(level, "text")
+    handler = next(h for h in root.handlers if getattr(h, "_deferral", False))
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+    try:
+        emit()
+    finally:
+        root.removeHandler(handler)
+        for name, old in saved.items():
+            logging.getLogger(name).setLevel(old)
+    return stream.getvalue().splitlines()
+
+
+def test_text_lines_name_no_source_file_or_line() -> None:
+    def emit() -> None:
+        logging.getLogger("engine.worker").info("claimed 3 task(s)")
+        logging.getLogger("engine.triggerer").error("it failed")
+
+    lines = _lines("INFO", emit)
+    assert len(lines) == 2, lines
+    assert lines[0].endswith(" engine.worker claimed 3 task(s)"), lines
+    for line in lines:
+        assert not re.search(r"\w+\.py:\d+", line), line
+
+
+def test_library_lines_below_warning_are_left_out_except_at_debug() -> None:
+    def emit() -> None:
+        for name in ("asyncpg.pool", "aiohttp.client", "matplotlib.font_manager", "asyncio"):
+            logging.getLogger(name).info("library chatter from %s", name)
+        logging.getLogger("asyncpg").warning("a library warning")
+        logging.getLogger("mydags.orders").info("user code speaks")
+
+    lines = _lines("INFO", emit)
+    assert not [line for line in lines if "library chatter" in line], lines
+    assert any("a library warning" in line for line in lines), lines
+    assert any("user code speaks" in line for line in lines), lines
+    debug = _lines("DEBUG", emit)
+    assert len([line for line in debug if "library chatter" in line]) == 4, debug

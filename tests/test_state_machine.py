@@ -37,6 +37,7 @@ from engine import DAG
 from engine.keys import Keyring
 from engine.states import (
     DEADLINE_KINDS,
+    RUN_STATES,
     STATES,
     TASK_OUTCOME_KINDS,
     TRANSITIONS,
@@ -126,7 +127,8 @@ async def test_the_database_checks_the_same_sets(store: Store, db_url: str) -> N
             r["conname"]: _check_values(r["def"])
             for r in await conn.fetch(
                 "SELECT conname, pg_get_constraintdef(oid) AS def FROM pg_constraint "
-                "WHERE conrelid = 'deferral_task_instances'::regclass AND contype = 'c'"
+                "WHERE conrelid IN ('deferral_task_instances'::regclass, "
+                "'deferral_dag_runs'::regclass) AND contype = 'c'"
             )
         }
     finally:
@@ -137,6 +139,7 @@ async def test_the_database_checks_the_same_sets(store: Store, db_url: str) -> N
     }
     assert checks["deferral_task_instances_state_check"] == STATES
     assert checks["deferral_task_instances_deadline_kind_check"] == DEADLINE_KINDS
+    assert checks["deferral_dag_runs_state_check"] == RUN_STATES
 
 
 @pytest.mark.anyio

@@ -26,15 +26,15 @@ from engine.config import load_settings
 from engine.dagbag import DagBag
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
-from tests.helpers import WAIT_S, child_env, wait_until
+from tests.helpers import WAIT_S, child_env, free_port, wait_until
 from tests.triggers_for_tests import release_file
 from triggers.base import decode_value
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
-KINDS = ("standalone", "scheduler", "worker", "triggerer")
+KINDS = ("standalone", "scheduler", "worker", "triggerer", "webserver")
 #: A log line's process: ``kind[pid]``.
-LABEL = re.compile(r"\b(standalone|scheduler|worker|triggerer)\[(\d+)\]")
+LABEL = re.compile(r"\b(standalone|scheduler|worker|triggerer|webserver)\[(\d+)\]")
 
 # The task ``slow`` runs until the test creates its file: a task that takes as long as the
 # test needs. ``wait`` defers on a trigger that never fires, so the triggerer holds it.
@@ -91,6 +91,8 @@ class Setup:
             HOME=str(tmp_path / "home"),
             LOG_LEVEL="INFO",
             DAGS_FOLDER=str(self.dags),
+            # standalone's status page, on a port of its own (tests run side by side)
+            WEBSERVER_PORT=str(free_port()),
         )
         self.cwd = tmp_path
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -228,10 +230,12 @@ async def test_one_sigint_to_the_standalone_group_drains_running_work(
             gone = setup.lines(f"{_label('standalone', pids)} engine.standalone")
             return all(
                 any(f"{_label(kind, pids)} stopped" in line for line in gone)
-                for kind in ("scheduler", "triggerer")
+                for kind in ("scheduler", "triggerer", "webserver")
             )
 
-        await wait_until(others_gone, what="standalone to see the scheduler and triggerer exit")
+        await wait_until(
+            others_gone, what="standalone to see the scheduler, triggerer and webserver exit"
+        )
         # The running task was not cancelled: it runs on, its worker waits for it.
         assert (await _ti(store, "drain", "slow")).state == "running"
         assert proc.poll() is None
@@ -248,7 +252,7 @@ async def test_one_sigint_to_the_standalone_group_drains_running_work(
     assert [t.triggerer_id for t in await store.list_triggers()] == [None]
     named = _stopping_lines(setup)
     assert named["standalone"] == proc.pid
-    assert len(set(named.values())) == len(KINDS)  # four processes, four pids
+    assert len(set(named.values())) == len(KINDS)  # one pid each
     assert not setup.lines("cancelling")
 
 
@@ -264,7 +268,7 @@ async def test_a_second_sigint_cancels_the_drain(store: Store, setup: Setup) -> 
         assert await _exit_code(proc) == 0
 
     named = _stopping_lines(setup)
-    for kind in ("scheduler", "worker", "triggerer"):
+    for kind in ("scheduler", "worker", "triggerer", "webserver"):
         with pytest.raises(ProcessLookupError):
             os.kill(named[kind], 0)
     # (The scheduler and the triggerer may have stopped already; the worker was draining.)

@@ -158,6 +158,8 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     by_name = {ti.task_id: ti for ti in claimed}
     assert set(by_name) == {"a", "c", "d"}
     assert len(await s.unacknowledged_claims(worker, [by_name["a"].id])) == 2
+    assert await s.set_rendered_fields(by_name["a"].id, worker, 1, {"cmd": "echo 2026"})
+    assert await s.prev_success_interval_start("rows", now) is None
     assert await s.reschedule_task(by_name["d"].id, worker, now + dt.timedelta(hours=1))
     assert await s.defer_task(by_name["c"].id, worker, _deferral(None))
     done = TaskOutcome(ti_id=by_name["a"].id, worker_id=worker, try_number=1, kind="success")
@@ -169,6 +171,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert (await s.count_task_states(run_pk))["scheduled"] == 1
     assert (await s.work_left()).runnable == 1
     assert len(await s.list_task_instances(dag_id="rows")) == 4
+    assert [r.run_id for r in await s.list_dag_runs(dag_id="rows")] == ["r1"]
 
     triggerer = await s.register_triggerer("test", 1, 10, 60.0)
     assert await s.renew_triggerer_lease(triggerer, 60.0) == 0
@@ -178,6 +181,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert await s.count_unowned_triggers() == 0
     assert [w.waiting for w in await s.trigger_waiters([trigger.id])] == [1]
     assert [t.waiting for t in await s.list_triggers()] == [1]
+    assert (await s.get_trigger(trigger.id)).tasks[0].task_id == "c"
     assert [t.held for t in await s.list_triggerers()] == [1]
     event = TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="event")
     fired = await s.fire_triggers(triggerer, [event])
@@ -187,7 +191,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert await s.defer_task(b.id, worker, _deferral(0.0))
     (late,) = await s.claim_triggers(triggerer, 10)
     (timed_out,) = await s.timeout_deferrals([late.id])
-    assert timed_out.id == b.id
+    assert (timed_out.id, timed_out.trigger_id) == (b.id, late.id)
     assert await s.delete_owned_triggers(triggerer, [late.id]) == {late.id}
     assert await s.release_triggers(triggerer, []) == set()
     assert await s.release_triggerer(triggerer) == 0
@@ -200,6 +204,30 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert {z.state for z in zombies} <= {"up_for_retry", "failed"}
     assert await s.finish_dag_runs([run_pk]) == []
     assert (await s.rotate_keys())["unreadable"] == 0
+
+    # The status page (engine/store/status.py).
+    scheduler = await s.register_scheduler()
+    assert await s.heartbeat_scheduler(scheduler) == scheduler
+    fleet = await s.fleet()
+    assert fleet.workers == []  # reaped above
+    assert [x.id for x in fleet.schedulers] == [scheduler]
+    await s.unregister_scheduler(scheduler)
+    assert [d.dag_id for d in await s.dags_overview()] == ["rows"]
+    (summary,) = await s.dag_runs("rows")
+    assert len(await s.run_task_grid(summary.id)) == 4
+    a_try = await s.task_try("rows", "r1", "a")
+    assert a_try is not None
+    assert a_try.state == "success"
+    assert isinstance(await s.triggers_page(classpath="Never"), list)
+    assert isinstance(await s.trigger_class_counts(), list)
+    assert isinstance(await s.oldest_waits(), list)
+    assert [m.state for m in await s.clear_task(a_try.id, who="t", target="a")] == ["scheduled"]
+    assert [m.state for m in await s.mark_task(a_try.id, "failed", who="t", target="a")] == [
+        "failed"
+    ]
+    assert await s.cancel_trigger(-1, who="t") == []
+    await s.record_audit("t", "look", "rows")
+    assert len(await s.list_audit()) == 4
     await s.unregister_worker(worker)
     await _schedule_calls(s)
 

@@ -252,3 +252,26 @@ async def test_a_trigger_that_raises_returns_or_hangs_in_cleanup_affects_only_it
         tis = await parts.tis("isolation")
     assert "the remote service said no" in tis["raises"].error
     assert "returned without yielding an event" in tis["silent"].error
+
+
+async def test_the_status_page_sees_the_loop_blocked_and_by_which_trigger_class(
+    store: Store,
+) -> None:
+    """The triggerer writes its loop's health with its lease renewals (no statement of its
+    own): the blocks seen, the longest one's trigger class, the p99 of its lag."""
+    with DAG(dag_id="health") as dag:
+        WaitOn(task_id="w", trigger="BlockingTrigger", trigger_kwargs={"block_s": 0.3, "times": 0})
+    async with engine_parts(store, blocked_loop_s=0.08, lease_s=1.5) as parts:
+        await parts.start(dag)
+
+        async def recorded() -> bool:
+            fleet = await store.fleet()
+            return bool(fleet.triggerers) and fleet.triggerers[0].blocked_loops > 0
+
+        await wait_until(recorded, what="the triggerer's row to count a blocked loop")
+        (row,) = (await store.fleet()).triggerers
+    assert row.worst_blocker == "tests.triggerer_support.BlockingTrigger"
+    assert row.worst_block_ms is not None
+    assert row.worst_block_ms > 80
+    assert row.loop_lag_p99_ms is not None
+    assert row.version == "0.1.0"

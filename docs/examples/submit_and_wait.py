@@ -48,6 +48,7 @@ class JobDoneTrigger(BaseTrigger):
                     yield TriggerEvent({"job_id": self.job_id, "output": job["output"]})
                     return
                 if job["state"] == "failed":
+                    self.log.warning("job %s failed", self.job_id)  # names the trigger id
                     yield TaskFailedEvent(f"job {self.job_id} failed")  # no worker hop
                     return
                 await asyncio.sleep(self.poll_interval)

@@ -23,9 +23,11 @@ from engine.cli.common import (
     console,
     err_console,
 )
+from engine.cli.listing import WAIT_EXIT, interrupted_wait, show_outcome, wide_option
 from engine.dagbag import DagBag, error_summary
 
 if TYPE_CHECKING:
+    from engine.client import RunOutcome
     from engine.store.models import DagSummary
 
 
@@ -140,6 +142,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool) -> Non
 @click.option(
     "--timeout", type=SECONDS, help="With --wait: give up after this many seconds (exit 3)."
 )
+@wide_option
 @click.pass_context
 def dags_trigger(
     ctx: click.Context,
@@ -150,6 +153,7 @@ def dags_trigger(
     conf: str | None,
     wait: bool,
     timeout: float | None,
+    wide: bool,
 ) -> None:
     """Create a manual run of DAG_ID. It waits as queued while the DAG has max_active_runs
     runs running.
@@ -158,8 +162,12 @@ def dags_trigger(
     from it is reported with the files that failed to import. Without one, a DAG the database
     does not know yet makes the running scheduler rescan its folder at once.
 
+    With --wait, Ctrl-C stops only the wait: the run goes on, and `deferral runs wait DAG_ID
+    RUN_ID` follows it again.
+
     Exit codes: 0 the run was created (with --wait: it succeeded), 1 it failed, 2 it could
-    not be created (unknown DAG, duplicate run id, bad --conf), 3 --timeout passed first.
+    not be created (unknown DAG, duplicate run id, bad --conf), 3 --timeout passed first,
+    130 interrupted while waiting.
     """
     settings = _settings(ctx).replace(dags_folder=dags_folder)
     check_dags_folder(settings)
@@ -172,26 +180,27 @@ def dags_trigger(
     problem = _json_text_problem(conf_obj)
     if problem:
         raise click.BadParameter(f"a string in it {problem}", param_hint="--conf")
-    from engine.client import trigger_dag
+    from engine.client import trigger_dag, wait_run
 
+    # Created first, then waited for: a Ctrl-C once the run exists names the run to follow.
+    created: RunOutcome | None = None
     try:
-        outcome = _run(trigger_dag, settings, dag_id, run_id, conf_obj, wait, timeout, logical_date)
+        created = _run(trigger_dag, settings, dag_id, run_id, conf_obj, False, None, logical_date)
+        if not wait:
+            show_outcome(dag_id, created)
+            return
+        outcome = _run(wait_run, settings, dag_id, created.run_id, timeout)
     except (LookupError, ValueError) as exc:
         # Not wrapped: the message names files, which must stay whole to be copied.
         message = str(exc.args[0] if exc.args else exc)
         err_console.print(f"[red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    console.print(f"run [bold]{dag_id}/{outcome.run_id}[/]: {outcome.state}")
-    if outcome.tasks:
-        table = Table("task_id", "state", "try", "error")
-        for task in outcome.tasks:
-            error = (task.error or "").strip().splitlines()
-            table.add_row(
-                task.task_id, task.state, str(task.try_number), error[-1] if error else ""
-            )
-        console.print(table)
-    if wait:
-        sys.exit({"success": 0, "failed": 1}.get(outcome.state, 3))
+    except KeyboardInterrupt:
+        if created is None or not wait:
+            raise
+        interrupted_wait(dag_id, created.run_id)
+    show_outcome(dag_id, outcome, wide=wide)
+    sys.exit(WAIT_EXIT.get(outcome.state, 3))
 
 
 def _set_paused(ctx: click.Context, dag_id: str, paused: bool) -> None:

@@ -74,19 +74,36 @@ def triggerer(ctx: click.Context, dags_folder: str | None, capacity: int | None)
 @_dags_option
 @click.option("--slots", type=click.IntRange(min=1), help="Worker slots (default 16).")
 @click.option("--capacity", type=click.IntRange(min=1), help="Triggerer capacity (default 1000).")
+@click.option(
+    "--webserver-port",
+    type=click.IntRange(min=1, max=65535),
+    help="Port of the status page (default 8793, setting webserver_port; it listens on "
+    "webserver_host, 127.0.0.1 by default).",
+)
+@click.option("--no-webserver", is_flag=True, help="Do not start the status page.")
 @click.pass_context
 def standalone(
-    ctx: click.Context, dags_folder: str | None, slots: int | None, capacity: int | None
+    ctx: click.Context,
+    dags_folder: str | None,
+    slots: int | None,
+    capacity: int | None,
+    webserver_port: int | None,
+    no_webserver: bool,
 ) -> None:
-    """Scheduler, worker and triggerer (one process each) on one machine.
+    """Scheduler, worker and triggerer (one process each) on one machine, and the status
+    page (read-only; `deferral webserver` for actions) as a fourth process.
 
     Ctrl-C (or SIGTERM) once: stop gracefully (running tasks finish within
     worker_shutdown_grace_s, triggers are released); twice: cancel; three times: kill.
     """
     from engine.standalone import run_standalone
+    from engine.web.server import status_url
 
     settings = _settings(ctx).replace(
-        dags_folder=dags_folder, worker_slots=slots, triggerer_capacity=capacity
+        dags_folder=dags_folder,
+        worker_slots=slots,
+        triggerer_capacity=capacity,
+        webserver_port=webserver_port,
     )
     require_dags_folder(settings, "standalone")
     _run(migrate, settings)
@@ -95,4 +112,7 @@ def standalone(
         f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
         f"{settings.dags_folder or '(none)'}. Ctrl-C: stop gracefully; twice: cancel."
     )
-    sys.exit(run_standalone(settings))
+    if not no_webserver:
+        url = status_url(settings.webserver_host, settings.webserver_port)
+        console.print(f"[bold]status page[/]: {url}", highlight=False, soft_wrap=True)
+    sys.exit(run_standalone(settings, webserver=not no_webserver))

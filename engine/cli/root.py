@@ -87,7 +87,20 @@ def cli(
 
 
 def _add_commands() -> None:
-    from engine.cli import dags, db, demo, keys, processes, runs, tasks, triggers
+    from engine.cli import (
+        dags,
+        db,
+        demo,
+        keys,
+        processes,
+        runs,
+        tasks,
+        tasks_test,
+        triggers,
+        webserver,
+    )
+
+    tasks.tasks.add_command(tasks_test.tasks_test)
 
     for command in (
         processes.scheduler,
@@ -101,6 +114,7 @@ def _add_commands() -> None:
         db.db,
         demo.demo,
         keys.keys,
+        webserver.webserver,
     ):
         cli.add_command(command)
 

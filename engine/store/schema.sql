@@ -14,7 +14,7 @@ CREATE TABLE deferral_dags (
     tasks       jsonb NOT NULL,
     description text,
     updated_at  timestamptz NOT NULL DEFAULT now(),
-    -- The schedule (added by migration 0007). engine.timetables: {"kind": "none"|"once"|
+    -- The schedule (added by migration 0009). engine.timetables: {"kind": "none"|"once"|
     -- "cron"|"delta", ...}; schedule: as written, for display (null: none).
     timetable   jsonb NOT NULL DEFAULT '{"kind": "none"}'::jsonb,
     schedule    text,
@@ -46,7 +46,7 @@ CREATE TABLE deferral_dag_runs (
                  CHECK (state IN ('queued', 'running', 'success', 'failed')),
     created_at   timestamptz NOT NULL DEFAULT now(),
     ended_at     timestamptz,
-    -- added by migration 0007: how the run came to be, its data interval, and when it left
+    -- added by migration 0009: how the run came to be, its data interval, and when it left
     -- 'queued' (its task instances were created then)
     run_type     text NOT NULL DEFAULT 'manual'
                  CHECK (run_type IN ('scheduled', 'manual', 'backfill')),
@@ -55,6 +55,9 @@ CREATE TABLE deferral_dag_runs (
     started_at   timestamptz,
     UNIQUE (dag_id, run_id)
 );
+-- the latest successful run before a date (prev_data_interval_start_success); added by 0007
+CREATE INDEX deferral_dag_runs_success ON deferral_dag_runs (dag_id, logical_date)
+    WHERE state = 'success';
 -- One scheduled or backfill run per interval, whatever number of schedulers or backfills.
 CREATE UNIQUE INDEX deferral_dag_runs_interval ON deferral_dag_runs (dag_id, logical_date)
     WHERE run_type IN ('scheduled', 'backfill');
@@ -68,7 +71,9 @@ CREATE TABLE deferral_workers (
     pid          integer NOT NULL,
     slots        integer NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
-    heartbeat_at timestamptz NOT NULL DEFAULT now()
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    -- the engine's version (added by 0008)
+    version      text
 );
 
 CREATE TABLE deferral_triggerers (
@@ -80,8 +85,36 @@ CREATE TABLE deferral_triggerers (
     heartbeat_at     timestamptz NOT NULL DEFAULT now(),
     lease_expires_at timestamptz NOT NULL,
     -- holds the session advisory lock (74657202, id): reaped as soon as nobody holds it
-    session_locked   boolean NOT NULL DEFAULT false
+    session_locked   boolean NOT NULL DEFAULT false,
+    -- added by 0008, written with the lease renewal: the engine's version, the p99 of the
+    -- loop's lag over its recent watchdog ticks, the blocks seen and the longest one's trigger
+    version          text,
+    loop_lag_p99_ms  double precision,
+    blocked_loops    integer NOT NULL DEFAULT 0,
+    worst_blocker    text,
+    worst_block_ms   double precision
 );
+
+-- The running schedulers (added by 0008): a row each, kept by its housekeeping pass.
+CREATE TABLE deferral_schedulers (
+    id           bigserial PRIMARY KEY,
+    hostname     text NOT NULL,
+    pid          integer NOT NULL,
+    version      text,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per action taken from the status page (added by 0008).
+CREATE TABLE deferral_audit (
+    id      bigserial PRIMARY KEY,
+    at      timestamptz NOT NULL DEFAULT now(),
+    who     text NOT NULL,
+    action  text NOT NULL,
+    target  text NOT NULL,
+    detail  jsonb NOT NULL DEFAULT '{}'::jsonb
+);
+CREATE INDEX deferral_audit_at ON deferral_audit (at);
 
 CREATE TABLE deferral_triggers (
     id           bigserial PRIMARY KEY,
@@ -141,6 +174,11 @@ CREATE TABLE deferral_task_instances (
     deadline_kind             text
                               CHECK (deadline_kind IN (
                                   'trigger_timeout', 'execution_timeout', 'sensor_timeout')),
+    -- the error of the try before the current one (a new try clears error); added by 0006
+    previous_error            text,
+    -- what the templated fields rendered to at the start of the latest try (field → value);
+    -- null when nothing was rendered; added by 0007
+    rendered_fields           jsonb,
     UNIQUE (dag_run_id, task_id)
 );
 CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)
@@ -176,7 +214,7 @@ $$;
 -- code outside the engine that reads its tables (triggers.external_task, dashboards), so the
 -- tables underneath can change without breaking it. One row per DAG run; columns are listed
 -- in docs/reference/triggers-and-sensors.md. task_states is computed only when selected.
--- Added by migration 0004; run_type and the data interval by 0007.
+-- Added by migration 0004; run_type and the data interval by 0009.
 CREATE VIEW deferral_run_states AS
 SELECT r.id AS run_seq, r.dag_id, r.run_id, r.logical_date, r.state, r.created_at, r.ended_at,
        (SELECT COALESCE(jsonb_object_agg(ti.task_id, ti.state), '{}'::jsonb)

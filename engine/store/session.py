@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from engine.store.models import TriggerOutcome
+from engine import __version__
+from engine.store.models import TriggererHealth, TriggerOutcome
 from engine.store.queries import load_queries
 from engine.store.store import _storable_text
 
@@ -59,6 +60,7 @@ class TriggererSession:
             pid,
             capacity,
             lease_s,
+            __version__,
             timeout=self.timeout_s,
         )
         assert row is not None
@@ -74,10 +76,21 @@ class TriggererSession:
     async def unlock(self, triggerer_id: int) -> None:
         await self._c().fetchval(self._q["unlock_triggerer"], triggerer_id, timeout=self.timeout_s)
 
-    async def renew(self, triggerer_id: int, lease_s: float) -> int | None:
-        """Extend the lease; the triggers it owns, or None when the registration is gone."""
+    async def renew(
+        self, triggerer_id: int, lease_s: float, health: TriggererHealth | None = None
+    ) -> int | None:
+        """Extend the lease (and record the loop's ``health`` for the status page, in the same
+        statement); the triggers it owns, or None when the registration is gone."""
+        h = health or TriggererHealth()
         row = await self._c().fetchrow(
-            self._q["renew_triggerer_lease"], triggerer_id, lease_s, timeout=self.timeout_s
+            self._q["renew_triggerer_lease"],
+            triggerer_id,
+            lease_s,
+            h.loop_lag_p99_ms,
+            None if health is None else h.blocked_loops,
+            h.worst_blocker,
+            h.worst_block_ms,
+            timeout=self.timeout_s,
         )
         return None if row is None else int(row["owned"])
 

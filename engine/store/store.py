@@ -12,6 +12,7 @@ import anyio
 import asyncpg
 import msgspec
 
+from engine import __version__
 from engine.crashpoints import crash_point
 from engine.keys import Keyring, UnreadableValue
 from engine.retry import with_db_retry
@@ -21,6 +22,7 @@ from engine.store.models import (
     ClaimedTrigger,
     Dag,
     DagRun,
+    DagRunSummary,
     DagSummary,
     Deferral,
     EndedRun,
@@ -38,6 +40,7 @@ from engine.store.models import (
 )
 from engine.store.queries import load_queries, migrations
 from engine.store.schedules import ScheduleStore
+from engine.store.status import StatusReads
 
 __all__ = [
     "CHANNEL_DEADLINES",
@@ -124,9 +127,10 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store(ScheduleStore):
+class Store(ScheduleStore, StatusReads):
     """A pool of connections and one method per named query (or per transaction of them).
-    The statements of schedules and run admission are in :mod:`engine.store.schedules`."""
+    The statements of schedules and run admission are in :mod:`engine.store.schedules`; the
+    status page's reads and actions in engine/store/status.py."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
         self._pool = pool
@@ -364,6 +368,33 @@ class Store(ScheduleStore):
                 row["result"] = None
         return _from_dicts(listed, TaskInstance)
 
+    async def list_dag_runs(
+        self, *, dag_id: str | None = None, state: str | None = None, limit: int = 10_000
+    ) -> list[DagRunSummary]:
+        """Runs, newest first, with how many task instances are in each state."""
+        rows = await self._pool.fetch(self._q["list_dag_runs"], dag_id, state, limit)
+        return _structs(rows, DagRunSummary)
+
+    async def set_rendered_fields(
+        self, ti_id: int, worker_id: int, try_number: int, rendered: dict[str, Any]
+    ) -> bool:
+        """Keep what the templated fields of a running try rendered to (JSON-ready values);
+        False if the worker no longer holds that try (nothing is written)."""
+        row = await self._pool.fetchrow(
+            self._q["set_rendered_fields"], ti_id, worker_id, try_number, rendered
+        )
+        return row is not None
+
+    async def prev_success_interval_start(
+        self, dag_id: str, logical_date: dt.datetime
+    ) -> dt.datetime | None:
+        """The data interval start of the latest successful run of ``dag_id`` before
+        ``logical_date``; None when there is none."""
+        start: dt.datetime | None = await self._pool.fetchval(
+            self._q["prev_success_interval_start"], dag_id, logical_date
+        )
+        return start
+
     async def count_task_states(self, dag_run_pk: int | None = None) -> dict[str, int]:
         rows = await self._pool.fetch(self._q["count_task_states"], dag_run_pk)
         return {r["state"]: r["n"] for r in rows}
@@ -376,7 +407,9 @@ class Store(ScheduleStore):
     # -- workers -------------------------------------------------------------------------
 
     async def register_worker(self, hostname: str, pid: int, slots: int) -> int:
-        worker_id: int = await self._pool.fetchval(self._q["register_worker"], hostname, pid, slots)
+        worker_id: int = await self._pool.fetchval(
+            self._q["register_worker"], hostname, pid, slots, __version__
+        )
         return worker_id
 
     async def unregister_worker(self, worker_id: int) -> None:
@@ -492,13 +525,15 @@ class Store(ScheduleStore):
         self, hostname: str, pid: int, capacity: int, lease_s: float
     ) -> int:
         triggerer_id: int = await self._pool.fetchval(
-            self._q["register_triggerer"], hostname, pid, capacity, lease_s
+            self._q["register_triggerer"], hostname, pid, capacity, lease_s, __version__
         )
         return triggerer_id
 
     async def renew_triggerer_lease(self, triggerer_id: int, lease_s: float) -> int | None:
         """Extend the lease; returns how many triggers it owns, or None if the lease was lost."""
-        row = await self._pool.fetchrow(self._q["renew_triggerer_lease"], triggerer_id, lease_s)
+        row = await self._pool.fetchrow(
+            self._q["renew_triggerer_lease"], triggerer_id, lease_s, None, None, None, None
+        )
         return None if row is None else int(row["owned"])
 
     async def owned_triggers(self, triggerer_id: int) -> dict[int, int]:
@@ -643,8 +678,31 @@ class Store(ScheduleStore):
             rows = await conn.fetch(self._q["delete_owned_triggers"], triggerer_id, ids)
         return {r["id"] for r in rows}
 
-    async def list_triggers(self, limit: int = 10_000) -> list[TriggerRow]:
-        return _structs(await self._pool.fetch(self._q["list_triggers"], limit), TriggerRow)
+    async def list_triggers(
+        self, limit: int = 10_000, *, tasks_per_trigger: int = 5
+    ) -> list[TriggerRow]:
+        """Triggers with their kwargs (decrypted) and the first ``tasks_per_trigger`` task
+        instances waiting on each (``waiting`` counts them all)."""
+        rows = await self._pool.fetch(self._q["list_triggers"], limit, tasks_per_trigger)
+        return _from_dicts(self._open_listed(rows), TriggerRow)
+
+    async def get_trigger(self, trigger_id: int) -> TriggerRow | None:
+        """One trigger with its kwargs (decrypted) and every task instance waiting on it;
+        None when there is no such trigger (it fired, or nobody waits on it any more)."""
+        row = await self._pool.fetchrow(self._q["get_trigger"], trigger_id)
+        return None if row is None else _from_dicts(self._open_listed([row]), TriggerRow)[0]
+
+    def _open_listed(self, rows: Sequence[asyncpg.Record]) -> list[dict[str, Any]]:
+        """Rows of triggers with their kwargs decrypted (None where no configured key opens
+        them: one unreadable trigger must not hide the others)."""
+        listed = [dict(r) for r in rows]
+        for row in listed:
+            try:
+                row["kwargs"] = self.keyring.decrypt(row["kwargs"])
+            except UnreadableValue as exc:
+                log.warning("trigger %s: kwargs not shown: %s", row["id"], exc)
+                row["kwargs"] = None
+        return listed
 
     async def list_triggerers(self) -> list[TriggererRow]:
         return _structs(await self._pool.fetch(self._q["list_triggerers"]), TriggererRow)

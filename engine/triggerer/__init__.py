@@ -16,7 +16,8 @@ CancelledError of its own, ...) fails that trigger's tasks and nothing else. Eve
 here survives any database error, backing off (jittered) and carrying on.
 
 One module per part: ``facade`` (``Triggerer``: wiring, ``run``/``stop``), ``held`` (the set
-of held triggers and the invariant that ties it to the database), ``claims``, ``running``
+of held triggers and the invariant that ties it to the database), ``claims``, ``classes`` (trigger
+classes by classpath, imported again when their file in the DAGs folder changes), ``running``
 (one trigger's task and outcome), ``deadlines``, ``ownership`` (the lease, as the loop sees
 it), ``blocking`` (the blocked-loop policy) and ``shared`` (what the parts share).
 """

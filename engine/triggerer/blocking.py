@@ -21,6 +21,7 @@ import logging
 
 from engine.lease import LeaseKeeper
 from engine.store import TriggerOutcome
+from engine.store.models import TriggererHealth
 from engine.triggerer.held import Held
 from engine.triggerer.running import trigger_of
 from engine.triggerer.shared import Shared
@@ -49,6 +50,10 @@ class BlockPolicy:
         self._lease: LeaseKeeper | None = None
         self.blocks: list[BlockReport] = []
         self._counts: dict[int, int] = {}
+        #: For the status page (read by the lease thread; each a single attribute write here):
+        #: the blocks that ended, and the longest one's trigger class and length.
+        self.blocked_loops = 0
+        self.worst_block: tuple[str, float] | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop, lease: LeaseKeeper) -> None:
         """Before the watchdog starts: the loop to hop to, the lease thread that writes."""
@@ -126,6 +131,9 @@ class BlockPolicy:
             if of is not None and held is not None
             else _culprit(report.task_name)
         )
+        self._count_block(
+            report, held.classpath if held is not None else _culprit(report.task_name)
+        )
         if not report.stable:
             # Different tasks were running each time the watchdog looked: the loop was busy
             # (many callbacks at once, a garbage collection), not blocked by one trigger.
@@ -155,6 +163,22 @@ class BlockPolicy:
                 f"{count} time(s) (last for {report.duration_s:.3f}s at {report.location})"
             )
             self._cancel_blocker(trigger_id, held, reason)
+
+    def _count_block(self, report: BlockReport, culprit: str) -> None:
+        self.blocked_loops += 1
+        worst = self.worst_block
+        if worst is None or report.duration_s > worst[1]:
+            self.worst_block = (culprit if report.stable else "(many callbacks)", report.duration_s)
+
+    def health(self, lag_p99_s: float | None) -> TriggererHealth:
+        """What the lease renewal records for the status page (called on the lease thread)."""
+        worst = self.worst_block
+        return TriggererHealth(
+            loop_lag_p99_ms=None if lag_p99_s is None else lag_p99_s * 1000,
+            blocked_loops=self.blocked_loops,
+            worst_blocker=None if worst is None else worst[0],
+            worst_block_ms=None if worst is None else worst[1] * 1000,
+        )
 
     def _cancel_blocker(self, trigger_id: int, held: Held, reason: str) -> None:
         """End a repeat offender; its tasks fail with the reason."""

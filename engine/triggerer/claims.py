@@ -18,6 +18,7 @@ from engine.crashpoints import crash_point
 from engine.retry import Backoff
 from engine.security.allow import check_classpath, check_import_paths
 from engine.store import ClaimedTrigger, TriggerOutcome
+from engine.triggerer.classes import TriggerClasses
 from engine.triggerer.deadlines import Deadlines
 from engine.triggerer.running import TriggerRunner
 from engine.triggerer.shared import Shared
@@ -25,7 +26,6 @@ from triggers.base import (
     BaseTrigger,
     TriggerSerializationError,
     decode_value,
-    import_trigger_class,
     rebuild_trigger,
 )
 
@@ -51,6 +51,7 @@ class Claimer:
         claim_batch: int,
         poll_interval_s: float,
         allow: Callable[[str], bool] | None,
+        classes: TriggerClasses | None = None,
     ) -> None:
         self._shared = shared
         self._runner = runner
@@ -62,7 +63,7 @@ class Claimer:
         self.claiming = False
         #: One string object per classpath, shared by every trigger of that class.
         self._classpaths: dict[str, str] = {}
-        self._classes: dict[str, type[BaseTrigger]] = {}
+        self._classes = classes if classes is not None else TriggerClasses()
 
     async def run(self) -> None:
         """Claim until the triggerer stops."""
@@ -126,16 +127,20 @@ class Claimer:
             self._shared.freeze()
 
     async def _import_new_classes(self, rows: list[ClaimedTrigger]) -> None:
-        """Import the trigger classes not seen yet in a thread: a first import (aiohttp's,
-        say) can take a good part of a second, which would stall every held trigger."""
-        for classpath in {row.classpath for row in rows} - self._classes.keys():
+        """Import the trigger classes not seen yet (or whose file in the DAGs folder changed) in
+        a thread: a first import (aiohttp's, say) can take a good part of a second, which would
+        stall every held trigger."""
+        classpaths = {row.classpath for row in rows}
+        self._classes.check(classpaths)
+        for classpath in classpaths:
+            if classpath in self._classes:
+                continue
             if self._allow is not None and not self._allow(classpath):
                 continue
             try:
-                cls = await anyio.to_thread.run_sync(import_trigger_class, classpath)
+                await anyio.to_thread.run_sync(self._classes.load, classpath)
             except TriggerSerializationError:
                 continue  # _start reports it, for each trigger of that classpath
-            self._classes[classpath] = cls
 
     def _rebuild(self, classpath: str, kwargs: dict[str, Any]) -> BaseTrigger:
         """``rebuild_trigger``, importing and checking each class once per triggerer."""
@@ -143,7 +148,7 @@ class Claimer:
             check_classpath(self._allow, classpath)  # before the import
         cls = self._classes.get(classpath)
         if cls is None:
-            cls = self._classes[classpath] = import_trigger_class(classpath)
+            cls = self._classes.load(classpath)
         if self._allow is not None:
             check_import_paths(self._allow, classpath, cls, kwargs)  # before __init__ imports
         return rebuild_trigger(classpath, kwargs, cls)

@@ -75,10 +75,17 @@ class Deadlines:
         )
         await settle(store, rows)
         for row in rows:
+            classpath = row.classpath
+            if classpath is None and row.trigger_id is not None:
+                held = held_set.get(row.trigger_id)
+                classpath = held.classpath if held is not None else None
             log.warning(
-                "task instance %s timed out waiting on trigger %s (now %s)",
+                "task instance %s (%s) timed out waiting on trigger %s (%s): its deadline "
+                "passed before the trigger fired; now %s",
                 row.id,
+                row.task_id,
                 row.trigger_id,
+                classpath or "classpath unknown",
                 row.state,
             )
         unused = self._rearm(

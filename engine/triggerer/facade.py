@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -29,6 +30,7 @@ from engine.lease import LeaseKeeper
 from engine.store import CHANNEL_DEADLINES, CHANNEL_TRIGGERS, Listener, Store
 from engine.triggerer.blocking import BlockPolicy
 from engine.triggerer.claims import Claimer
+from engine.triggerer.classes import TriggerClasses
 from engine.triggerer.deadlines import Deadlines
 from engine.triggerer.held import Held
 from engine.triggerer.ownership import Ownership, ensure_listening
@@ -42,7 +44,10 @@ log = logging.getLogger("engine.triggerer")
 
 
 class Triggerer:
-    """Runs up to ``capacity`` trigger coroutines on one event loop; see the package docstring."""
+    """Runs up to ``capacity`` trigger coroutines on one event loop; see the package docstring.
+
+    ``dags_folder``: trigger modules in it are imported again when their file changes
+    (:mod:`engine.triggerer.classes`); None watches nothing."""
 
     def __init__(
         self,
@@ -57,6 +62,7 @@ class Triggerer:
         cancel_blocking_after: int = 0,
         max_block_s: float = DEFAULT_TRIGGERER_MAX_BLOCK_S,
         allow: Callable[[str], bool] | None = None,
+        dags_folder: str | os.PathLike[str] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -78,6 +84,7 @@ class Triggerer:
             claim_batch=claim_batch,
             poll_interval_s=poll_interval_s,
             allow=allow,
+            classes=TriggerClasses(dags_folder),
         )
         self._ownership = Ownership(
             shared,
@@ -150,7 +157,9 @@ class Triggerer:
             limit_s=self.max_block_s,
             on_limit=self._blocking.on_limit,
         )
-        lease = self._ownership.keeper(watchdog.lag_s)
+        lease = self._ownership.keeper(
+            watchdog.lag_s, lambda: self._blocking.health(watchdog.lag_p99_s())
+        )
         self._blocking.attach(shared.loop, lease)
         listener = self.store.listener(CHANNEL_TRIGGERS, CHANNEL_DEADLINES)
         listener.on_notify(self._on_notify)

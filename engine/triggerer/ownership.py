@@ -21,6 +21,7 @@ import anyio
 from engine.lease import LeaseKeeper
 from engine.retry import Backoff
 from engine.store import Listener
+from engine.store.models import TriggererHealth
 from engine.triggerer.held import Verdict
 from engine.triggerer.shared import Shared
 
@@ -52,7 +53,11 @@ class Ownership:
         self.max_block_s = max_block_s
         self._claiming = claiming
 
-    def keeper(self, loop_lag_s: Callable[[], float]) -> LeaseKeeper:
+    def keeper(
+        self,
+        loop_lag_s: Callable[[], float],
+        health: Callable[[], TriggererHealth] | None = None,
+    ) -> LeaseKeeper:
         """The lease thread for this triggerer (not started)."""
         loop = self._shared.loop
         assert loop is not None
@@ -70,6 +75,7 @@ class Ownership:
             # more, then lapses, letting the triggers go to others if the loop is blocked
             # for good.
             max_unresponsive_s=self.max_block_s + 2 * self.lease_s,
+            health=health,
         )
 
     def registered(self, triggerer_id: int) -> None:

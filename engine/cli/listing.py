@@ -1,0 +1,259 @@
+"""How the listing commands show what they list: task instance tables and JSON rows, times,
+durations, values as compact JSON, and trigger kwargs with their secrets masked.
+
+Tables never cut an id. In a terminal a long cell folds onto more lines; with ``--wide``, or
+when the output is not a terminal (a pipe, a file: a script reads it), every row is one line
+however long."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+import msgspec
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from engine.cli.common import console, decode_result, err_console
+from engine.states import RUN_STATES, STATES
+
+if TYPE_CHECKING:
+    from engine.client import RunOutcome
+    from engine.store.models import TaskInstance
+
+#: Shown instead of a value whose key looks secret.
+MASK = "***"
+#: A key whose lower-cased name contains one of these holds a secret.
+SECRET_KEY_PARTS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "credential",
+    "private_key",
+    "cookie",
+)
+#: The longest result or error a table shows in a terminal without --wide (JSON has it all).
+CELL_CHARS = 60
+
+#: ``--state`` of the task listings: one of the task instance states (engine/states.py); any
+#: other value is a usage error that lists them.
+TASK_STATE = click.Choice(sorted(STATES))
+#: ``--state`` of the run listings.
+RUN_STATE = click.Choice(sorted(RUN_STATES))
+
+
+def wide_option(fn: Any) -> Any:
+    return click.option(
+        "--wide",
+        is_flag=True,
+        help="One line per row however long (the default when the output is not a terminal).",
+    )(fn)
+
+
+#: Columns whose cells a narrow terminal folds last.
+_ID_COLUMNS = frozenset({"id", "dag_id", "run_id", "task_id", "try"})
+
+
+def print_table(table: Table, *, wide: bool) -> None:
+    """Print a table without cutting any cell: folded to the terminal's width, or one line a
+    row with ``wide`` or when stdout is not a terminal."""
+    if wide or not console.is_terminal:
+        for column in table.columns:
+            column.no_wrap = True
+            column.overflow = "ignore"
+        Console(width=1_000_000, highlight=False, soft_wrap=False).print(table)
+        return
+    for column in table.columns:
+        column.overflow = "fold"
+        # Ids keep their line while other columns can wrap; only then are they folded.
+        column.no_wrap = str(column.header) in _ID_COLUMNS
+    console.print(table, highlight=False)
+
+
+def cell(value: object) -> Text:
+    """A table cell showing ``value`` as it is (no rich markup is interpreted in it)."""
+    return Text("" if value is None else str(value))
+
+
+def clip(text: str, *, wide: bool) -> str:
+    if wide or not console.is_terminal or len(text) <= CELL_CHARS:
+        return text
+    return text[: CELL_CHARS - 1] + "…"
+
+
+def fmt_time(value: dt.datetime | None) -> str:
+    """A time in UTC to the second (``2026-12-01 11:05:07Z``: a narrow column wraps it at the
+    space)."""
+    if value is None:
+        return ""
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def last_line(error: str | None) -> str:
+    """The last non-blank line of an error (a traceback's ends with the exception)."""
+    lines = [line for line in (error or "").strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _default(value: Any) -> Any:
+    return str(value)
+
+
+def compact_json(value: Any) -> str:
+    """A value as compact JSON (what ``--json`` shows, on one line)."""
+    return msgspec.json.encode(value, enc_hook=_default).decode()
+
+
+def jsonable(value: Any) -> Any:
+    """A decoded value as plain JSON data (whatever msgspec cannot encode becomes a string)."""
+    return msgspec.json.decode(compact_json(value))
+
+
+def is_secret_key(key: object) -> bool:
+    lowered = str(key).lower()
+    return any(part in lowered for part in SECRET_KEY_PARTS)
+
+
+def mask_secrets(value: Any) -> Any:
+    """``value`` with every value whose key looks secret (``password``, ``token``,
+    ``Authorization``, ... at any depth: headers included) replaced by ``***``."""
+    if isinstance(value, dict):
+        return {k: MASK if is_secret_key(k) else mask_secrets(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [mask_secrets(v) for v in value]
+    return value
+
+
+def masked_kwargs(raw: bytes | None) -> Any:
+    """Stored trigger kwargs (decrypted, still encoded) as JSON data with secrets masked; None
+    when no configured key opens them."""
+    if raw is None:
+        return None
+    return mask_secrets(jsonable(decode_result(raw)))
+
+
+# -- task instances ----------------------------------------------------------------------------
+
+
+class ListedTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance in ``tasks list --json`` and ``runs wait --json``.
+
+    ``started_at``: the start of the first try, kept across deferrals, resumes, reschedules and
+    retries; ``try_started_at``: of the current try; ``duration_s``: from ``started_at`` to
+    ``ended_at`` (to now while not ended); ``error``: the current try's (None until it fails:
+    the try before's is ``previous_error``); ``retry_at``: when an ``up_for_retry`` or
+    ``up_for_reschedule`` task runs again."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    state: str
+    try_number: int
+    result: Any
+    error: str | None
+    trigger_id: int | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    retry_at: dt.datetime | None
+    try_started_at: dt.datetime | None
+    duration_s: float | None
+    previous_error: str | None
+    #: What the templated fields rendered to at the start of the latest try; None: nothing.
+    rendered: dict[str, Any] | None = None
+
+
+def listed_task(row: TaskInstance) -> ListedTask:
+    return ListedTask(
+        dag_id=row.dag_id,
+        run_id=row.run_id,
+        task_id=row.task_id,
+        state=row.state,
+        try_number=row.try_number,
+        result=jsonable(decode_result(row.result)),
+        error=row.error,
+        trigger_id=row.trigger_id,
+        started_at=row.first_try_at,
+        ended_at=row.ended_at,
+        retry_at=row.retry_at,
+        try_started_at=row.try_started_at,
+        duration_s=row.duration_s,
+        previous_error=row.previous_error,
+        rendered=row.rendered_fields,
+    )
+
+
+def state_cell(task: ListedTask) -> str:
+    if task.retry_at is None:
+        return task.state
+    when = "retry at" if task.state == "up_for_retry" else "next check at"
+    return f"{task.state} ({when} {fmt_time(task.retry_at)})"
+
+
+def task_table(tasks: Sequence[ListedTask], *, with_run: bool, wide: bool) -> Table:
+    """The task instances as a table: ids whole; state (with when a retry is due); try; first
+    try's start; duration; result as compact JSON; the current try's error (its last line)."""
+    heads = ["dag_id", "run_id"] if with_run else []
+    table = Table(*heads, "task_id", "state", "try", "started_at", "duration", "result", "error")
+    for task in tasks:
+        ids = [cell(task.dag_id), cell(task.run_id)] if with_run else []
+        result = "" if task.result is None else compact_json(task.result)
+        table.add_row(
+            *ids,
+            cell(task.task_id),
+            cell(state_cell(task)),
+            cell(task.try_number),
+            cell(fmt_time(task.started_at)),
+            cell(fmt_duration(task.duration_s)),
+            cell(clip(result, wide=wide)),
+            cell(clip(last_line(task.error), wide=wide)),
+        )
+    return table
+
+
+def show_outcome(dag_id: str, outcome: RunOutcome, *, wide: bool = False) -> None:
+    """A run's state and its tasks table (``dags trigger --wait``, ``runs wait``)."""
+    console.print(f"run [bold]{escape(dag_id)}/{escape(outcome.run_id)}[/]: {outcome.state}")
+    if outcome.tasks:
+        listed = [listed_task(task) for task in outcome.tasks]
+        print_table(task_table(listed, with_run=False, wide=wide), wide=wide)
+
+
+#: The exit code of a wait for a run, by the state it ended in (``running``: it timed out).
+WAIT_EXIT = {"success": 0, "failed": 1, "running": 3}
+
+
+def interrupted_wait(dag_id: str, run_id: str) -> NoReturn:
+    """Ctrl-C while waiting for a run: the run is not stopped; say how to follow it, exit 130
+    (the shell's code for SIGINT)."""
+    err_console.print(
+        f"interrupted (only the wait stopped): the run goes on; follow it with: "
+        f"deferral runs wait {shlex.quote(dag_id)} {shlex.quote(run_id)}",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
+    sys.exit(130)

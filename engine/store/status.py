@@ -1,0 +1,177 @@
+"""The store's part for the status page (engine/web/) and the schedulers' registry: reads of
+the fleet, DAGs, runs, task tries and triggers, and the page's actions, each written to the
+audit table. Mixed into :class:`engine.store.store.Store`; none of it is on a hot path."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import msgspec
+
+from engine import __version__
+from engine.keys import Keyring, UnreadableValue
+from engine.store.models import (
+    AuditRow,
+    Backlog,
+    DagOverview,
+    Fleet,
+    FleetTriggerer,
+    GridCell,
+    MovedTask,
+    OldestWait,
+    RunSummary,
+    SchedulerRow,
+    TaskTry,
+    TriggerClassCount,
+    TriggerListing,
+    WorkerRow,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["StatusReads"]
+
+log = logging.getLogger(__name__)
+
+
+def _rows(records: Sequence[asyncpg.Record], type_: type[Any]) -> list[Any]:
+    return msgspec.convert([dict(r) for r in records], list[type_])  # type: ignore[valid-type]
+
+
+class StatusReads:
+    """Store methods for the status page. Expects the Store's pool, queries and keyring."""
+
+    _pool: asyncpg.Pool
+    _q: dict[str, str]
+    keyring: Keyring
+
+    # -- the schedulers' registry ----------------------------------------------------------
+
+    async def register_scheduler(self) -> int:
+        scheduler_id: int = await self._pool.fetchval(
+            self._q["register_scheduler"], socket.gethostname(), os.getpid(), __version__
+        )
+        return scheduler_id
+
+    async def heartbeat_scheduler(self, scheduler_id: int) -> int:
+        """Keep the scheduler's row (inserted again if it was removed); returns its id."""
+        new_id: int = await self._pool.fetchval(
+            self._q["heartbeat_scheduler"],
+            scheduler_id,
+            socket.gethostname(),
+            os.getpid(),
+            __version__,
+        )
+        return new_id
+
+    async def unregister_scheduler(self, scheduler_id: int) -> None:
+        await self._pool.execute(self._q["unregister_scheduler"], scheduler_id)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def fleet(self) -> Fleet:
+        async with self._pool.acquire() as conn:
+            schedulers = await conn.fetch(self._q["fleet_schedulers"])
+            workers = await conn.fetch(self._q["fleet_workers"])
+            triggerers = await conn.fetch(self._q["fleet_triggerers"])
+            backlog = await conn.fetchrow(self._q["fleet_backlog"])
+        assert backlog is not None
+        return Fleet(
+            schedulers=_rows(schedulers, SchedulerRow),
+            workers=_rows(workers, WorkerRow),
+            triggerers=_rows(triggerers, FleetTriggerer),
+            backlog=msgspec.convert(dict(backlog), Backlog),
+        )
+
+    async def dags_overview(self, runs: int = 10) -> list[DagOverview]:
+        return _rows(await self._pool.fetch(self._q["dags_overview"], runs), DagOverview)
+
+    async def dag_runs(self, dag_id: str, limit: int = 25) -> list[RunSummary]:
+        return _rows(await self._pool.fetch(self._q["dag_runs"], dag_id, limit), RunSummary)
+
+    async def run_task_grid(self, dag_run_pk: int) -> list[GridCell]:
+        return _rows(await self._pool.fetch(self._q["run_task_grid"], dag_run_pk), GridCell)
+
+    async def task_try(self, dag_id: str, run_id: str, task_id: str) -> TaskTry | None:
+        """One task instance in full, its encrypted values opened (None where no key does)."""
+        record = await self._pool.fetchrow(self._q["task_try"], dag_id, run_id, task_id)
+        if record is None:
+            return None
+        row = dict(record)
+        for name in ("next_kwargs", "result", "trigger_kwargs"):
+            try:
+                row[name] = self.keyring.decrypt_opt(row[name])
+            except UnreadableValue as exc:
+                log.warning("task instance %s: %s not shown: %s", row["id"], name, exc)
+                row[name] = None
+        return msgspec.convert(row, TaskTry)
+
+    async def triggers_page(
+        self,
+        *,
+        classpath: str | None = None,
+        triggerer_id: int | None = None,
+        min_age_s: float | None = None,
+        limit: int = 200,
+    ) -> list[TriggerListing]:
+        """Triggers, oldest first, filtered by a classpath substring, an owner (0: unowned)
+        and a minimum age."""
+        rows = await self._pool.fetch(
+            self._q["triggers_page"], classpath, triggerer_id, min_age_s, limit
+        )
+        return _rows(rows, TriggerListing)
+
+    async def trigger_class_counts(self) -> list[TriggerClassCount]:
+        return _rows(await self._pool.fetch(self._q["trigger_class_counts"]), TriggerClassCount)
+
+    async def oldest_waits(self, limit: int = 20) -> list[OldestWait]:
+        return _rows(await self._pool.fetch(self._q["oldest_waits"], limit), OldestWait)
+
+    async def list_audit(self, limit: int = 100) -> list[AuditRow]:
+        return _rows(await self._pool.fetch(self._q["list_audit"], limit), AuditRow)
+
+    # -- the page's actions: each one and its audit row in one transaction ------------------
+
+    async def _audited(
+        self, who: str, action: str, target: str, detail: dict[str, Any], query: str, *args: Any
+    ) -> list[MovedTask]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(self._q[query], *args)
+            await conn.execute(self._q["record_audit"], who, action, target, detail)
+        return _rows(rows, MovedTask)
+
+    async def clear_task(self, ti_id: int, *, who: str, target: str) -> list[MovedTask]:
+        """Back to scheduled with the try number kept (Airflow's clear); audited. Nothing
+        moves while the task is queued or running."""
+        return await self._audited(who, "clear", target, {"ti": ti_id}, "clear_task", ti_id)
+
+    async def mark_task(self, ti_id: int, state: str, *, who: str, target: str) -> list[MovedTask]:
+        """End a task instance as ``success`` or ``failed``; audited. The caller settles its
+        downstream tasks (engine/store/downstream.py)."""
+        error = f"marked failed by {who} from the status page" if state == "failed" else None
+        return await self._audited(
+            who, f"mark_{state}", target, {"ti": ti_id}, "mark_task", ti_id, state, error
+        )
+
+    async def cancel_trigger(self, trigger_id: int, *, who: str) -> list[MovedTask]:
+        """Fail the task instances waiting on a trigger and drop it; audited."""
+        message = f"cancelled by {who} from the status page"
+        return await self._audited(
+            who,
+            "cancel_trigger",
+            f"trigger {trigger_id}",
+            {"trigger": trigger_id},
+            "cancel_trigger",
+            trigger_id,
+            message,
+        )
+
+    async def record_audit(
+        self, who: str, action: str, target: str, detail: dict[str, Any] | None = None
+    ) -> None:
+        await self._pool.execute(self._q["record_audit"], who, action, target, detail or {})

@@ -1,0 +1,116 @@
+"""The status page's actions: POST only, offered only with ``--enable-actions``, each one
+authorized by the token (``Authorization: Bearer <token>`` or a ``token`` form field; never a
+cookie, so another site cannot make a browser send it) and written to ``deferral_audit``."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from engine.store import Store
+from engine.store.downstream import settle
+from engine.store.models import MovedTask
+from engine.web import hooks
+from engine.web.views import dag_url, task_url
+
+__all__ = ["ACTION_ROUTES", "TOKEN_ENV", "authorized"]
+
+#: The environment variable that holds the actions' token.
+TOKEN_ENV = "DEFERRAL_WEBSERVER_TOKEN"
+
+Action = Callable[[web.Request, Store, Any, str], Awaitable[web.StreamResponse]]
+
+
+def authorized(request: web.Request, form: Any, token: str) -> bool:
+    header = request.headers.get("Authorization", "")
+    given = header[len("Bearer ") :] if header.startswith("Bearer ") else str(form.get("token", ""))
+    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def who(request: web.Request) -> str:
+    """Who took an action: the remote address (the audit's ``who``)."""
+    return request.remote or "unknown"
+
+
+def _field(form: Any, name: str) -> str:
+    value = form.get(name)
+    if not isinstance(value, str) or not value:
+        raise web.HTTPBadRequest(text=f"missing form field {name!r}")
+    return value
+
+
+def _back(form: Any, default: str) -> web.HTTPSeeOther:
+    """Back to the page the action came from (a local path only), or ``default``."""
+    target = form.get("next")
+    # A path on this site only: "//host" and "/\\host" would leave it.
+    if not (isinstance(target, str) and target[:1] == "/" and target[1:2] not in ("/", "\\")):
+        target = default
+    return web.HTTPSeeOther(target)
+
+
+async def _task(store: Store, form: Any) -> tuple[int, str, str]:
+    dag_id, run_id, task_id = (_field(form, n) for n in ("dag_id", "run_id", "task_id"))
+    ti = await store.task_try(dag_id, run_id, task_id)
+    if ti is None:
+        raise web.HTTPNotFound(text=f"no task {task_id!r} in run {run_id!r} of DAG {dag_id!r}")
+    return ti.id, f"{dag_id}/{run_id}/{task_id}", task_url(dag_id, run_id, task_id)
+
+
+async def _settled(store: Store, moved: list[MovedTask]) -> None:
+    await settle(store, moved, woke=any(m.state == "scheduled" for m in moved))
+
+
+async def clear(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
+    ti_id, target, page = await _task(store, form)
+    moved = await store.clear_task(ti_id, who=actor, target=target)
+    if not moved:
+        raise web.HTTPConflict(text=f"task {target} is queued or running: not cleared")
+    await _settled(store, moved)
+    raise _back(form, page)
+
+
+async def mark(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
+    state = _field(form, "state")
+    if state not in ("success", "failed"):
+        raise web.HTTPBadRequest(text="state must be success or failed")
+    ti_id, target, page = await _task(store, form)
+    moved = await store.mark_task(ti_id, state, who=actor, target=target)
+    await _settled(store, moved)
+    raise _back(form, page)
+
+
+async def pause(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
+    dag_id = _field(form, "dag_id")
+    paused = _field(form, "paused") in ("1", "true", "yes", "on")
+    done = await hooks.set_dag_paused(store, dag_id, paused)
+    if done is None:
+        raise web.HTTPNotFound(text="this build cannot pause DAGs (no schedules)")
+    if not done:
+        raise web.HTTPNotFound(text=f"no DAG {dag_id!r}")
+    await store.record_audit(actor, "pause" if paused else "unpause", dag_id)
+    raise _back(form, dag_url(dag_id))
+
+
+async def cancel_trigger(
+    request: web.Request, store: Store, form: Any, actor: str
+) -> web.StreamResponse:
+    raw = _field(form, "trigger_id")
+    try:
+        trigger_id = int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(text="trigger_id must be a number") from None
+    moved = await store.cancel_trigger(trigger_id, who=actor)
+    await _settled(store, moved)
+    raise _back(form, "/triggers")
+
+
+#: Path → action.
+ACTION_ROUTES: dict[str, Action] = {
+    "/actions/clear": clear,
+    "/actions/mark": mark,
+    "/actions/pause": pause,
+    "/actions/cancel-trigger": cancel_trigger,
+}

@@ -1,0 +1,99 @@
+"""Running the status page: ``deferral webserver`` and the webserver child of ``deferral
+standalone``. A component like the engine's processes (``run`` / ``stop``), so it stops on
+the same signals and supervisor requests."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import anyio
+from aiohttp import web
+from anyio.abc import TaskStatus
+
+from engine import logs
+from engine.config import ConfigError, Settings
+from engine.runner import exit_without_threads, serve, supervisor_fd
+from engine.store import Store, open_store
+from engine.web.app import make_app
+
+__all__ = ["WebServer", "run_webserver", "status_url"]
+
+log = logging.getLogger(__name__)
+
+
+def status_url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+class WebServer:
+    """The status page on ``store``, listening on ``host:port`` (port 0: any free one; the
+    bound one is ``port`` once started)."""
+
+    def __init__(self, store: Store, *, host: str, port: int, token: str | None = None) -> None:
+        self.store = store
+        self.host = host
+        self.port = port
+        self.token = token
+        self._stopped = anyio.Event()
+        self._stopping = False
+        self._runner: web.AppRunner | None = None
+
+    def stop(self) -> None:
+        """Graceful stop; safe before ``run`` and more than once."""
+        self._stopping = True
+        self._stopped.set()
+
+    async def start(self) -> None:
+        """Listen (ConfigError, naming the setting, when the address cannot be bound)."""
+        if self._runner is not None:
+            return
+        runner = web.AppRunner(make_app(self.store, token=self.token), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(
+                f"the status page cannot listen on {self.host}:{self.port} "
+                f"({exc.strerror or exc}); "
+                "choose another port (--port, setting webserver_port)"
+            ) from None
+        self._runner = runner
+        if runner.addresses:
+            self.port = int(runner.addresses[0][1])
+        url = status_url(self.host, self.port)
+        log.info("status page at %s (%s)", url, "actions enabled" if self.token else "read-only")
+        print(f"deferral webserver: {url}", file=sys.stderr, flush=True)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self.start()
+            task_status.started()
+            if not self._stopping:
+                await self._stopped.wait()
+        finally:
+            runner, self._runner = self._runner, None
+            if runner is not None:
+                with anyio.move_on_after(5, shield=True):
+                    await runner.cleanup()
+
+
+async def run_webserver(settings: Settings, token: str | None) -> None:
+    """``deferral webserver``: until signalled (or, started by ``spawn``, until its supervisor
+    asks)."""
+    logs.set_process_name("webserver")
+    supervisor = supervisor_fd()
+    store = await open_store(settings)
+    try:
+        server = WebServer(
+            store, host=settings.webserver_host, port=settings.webserver_port, token=token
+        )
+        await server.start()
+        cancelled = await serve([server], supervisor=supervisor)
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            await store.close()
+    if cancelled:
+        exit_without_threads()
