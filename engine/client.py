@@ -10,8 +10,10 @@ import msgspec
 
 from engine.config import Settings
 from engine.dagbag import NO_FOLDER_HINT, DagBag
+from engine.dagruns import manual_data_interval
 from engine.scheduler import request_rescan, sync_dags
 from engine.store import CHANNEL_RUNS, Store, TaskInstance, UnknownDag, open_store
+from engine.store.schedules import NewRun
 from engine.wakeup import Wakeup
 
 __all__ = ["RunOutcome", "trigger_dag", "wait_for_run", "wait_run"]
@@ -38,7 +40,7 @@ async def wait_for_run(
                 run = await store.get_dag_run(dag_id, run_id)
                 if run is None:
                     raise LookupError(f"no run {run_id!r} of DAG {dag_id!r}")
-                if run.state != "running":
+                if run.state not in ("running", "queued"):
                     return run.state
                 await wake.wait(poll_s)
         return "running"
@@ -46,17 +48,28 @@ async def wait_for_run(
         await listener.close()
 
 
-async def _create_run(
-    store: Store,
-    bag: DagBag | None,
-    dag_id: str,
-    run_id: str,
-    now: dt.datetime,
-    conf: dict[str, Any] | None,
-) -> None:
+async def _create(store: Store, run: NewRun) -> tuple[str, str]:
+    """Create a manual run behind max_active_runs, its interval inferred from the DAG's
+    schedule (a naive logical date is in the DAG's time zone; no run id: ``manual__<logical
+    date>``); returns its run id and state (running or queued)."""
+    when, start, end = await manual_data_interval(store, run.dag_id, run.logical_date)
+    run = msgspec.structs.replace(
+        run,
+        run_id=run.run_id or f"manual__{when.isoformat()}",
+        logical_date=when,
+        data_interval_start=start,
+        data_interval_end=end,
+    )
+    created = await store.create_queued_run(run)
+    if created is None:
+        raise UnknownDag(f"unknown DAG {run.dag_id!r}")
+    return run.run_id, created[1]
+
+
+async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> tuple[str, str]:
+    dag_id = run.dag_id
     try:
-        await store.create_dag_run(dag_id, run_id, logical_date=now, conf=conf)
-        return
+        return await _create(store, run)
     except UnknownDag:
         if bag is not None:
             raise UnknownDag(bag.missing_dag_message(dag_id)) from None
@@ -67,7 +80,7 @@ async def _create_run(
             "folder here"
         ) from None
     try:
-        await store.create_dag_run(dag_id, run_id, logical_date=now, conf=conf)
+        return await _create(store, run)
     except UnknownDag:
         raise UnknownDag(
             f"unknown DAG {dag_id!r}: the running scheduler rescanned its DAGs folder and found "
@@ -83,11 +96,16 @@ async def trigger_dag(
     conf: dict[str, Any] | None = None,
     wait: bool = False,
     timeout_s: float | None = None,
+    logical_date: dt.datetime | None = None,
 ) -> RunOutcome:
     """Create a run of ``dag_id``. With a DAGs folder in the settings, the folder is parsed
     here first; without one, a DAG the database does not know yet makes the running schedulers
     rescan theirs (a new file need not wait for the next scan). Raises LookupError
-    (:class:`UnknownDag`) saying why the DAG is unknown."""
+    (:class:`UnknownDag`) saying why the DAG is unknown.
+
+    ``logical_date`` defaults to now (the database clock); the run's data interval is
+    inferred from the DAG's schedule. The run waits as ``queued`` while the DAG has
+    ``max_active_runs`` runs running."""
     store = await open_store(settings)
     try:
         bag = None
@@ -96,11 +114,19 @@ async def trigger_dag(
                 settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s
             )
             await sync_dags(store, bag)
-        now = await store.now()
-        run_id = run_id or f"manual__{now.isoformat()}"
-        await _create_run(store, bag, dag_id, run_id, now, conf)
+        when = logical_date or await store.now()
+        new = NewRun(
+            dag_id=dag_id,
+            run_id=run_id or "",
+            logical_date=when,
+            data_interval_start=when,
+            data_interval_end=when,
+            run_type="manual",
+            conf=conf or {},
+        )
+        run_id, state = await _create_run(store, bag, new)
         if not wait:
-            return RunOutcome(run_id=run_id, state="running", tasks=[])
+            return RunOutcome(run_id=run_id, state=state, tasks=[])
         return await _wait_outcome(store, dag_id, run_id, timeout_s)
     finally:
         await store.close()

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextvars import Token
 from typing import Any
 
+import msgspec
+
+from engine.timetables import (
+    ScheduleError,
+    Timetable,
+    dag_timezone,
+    dump_with_timezone,
+    make_timetable,
+    to_aware,
+)
 from operators.base import BaseOperator, DagLike, dag_context
 
 __all__ = ["DAG", "DagCycleError", "dags_of_module", "forget_module"]
@@ -37,10 +48,21 @@ class DagCycleError(ValueError):
     """The task graph has a cycle."""
 
 
-class DAG:
-    """``with DAG(dag_id="orders"): a >> b`` declares tasks and their order.
+#: Runs of one DAG (scheduled and manual) that may run at once; more wait as ``queued``.
+DEFAULT_MAX_ACTIVE_RUNS = 16
 
-    Runs are created by ``deferral dags trigger`` (or :meth:`engine.store.Store.create_dag_run`).
+
+class DAG:
+    """``with DAG(dag_id="orders", schedule="0 3 * * *", start_date=...): a >> b`` declares
+    tasks, their order and when runs are created.
+
+    ``schedule``: None (manual runs only: ``deferral dags trigger``), a cron expression, a
+    preset (``@once``, ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``) or a
+    ``datetime.timedelta``; see :mod:`engine.timetables` for the data intervals. The DAG's
+    time zone is ``start_date``'s (naive: UTC). ``default_args`` apply to every task of the
+    DAG unless the task passes the argument itself; ``params`` are defaults that a run's
+    ``conf`` overrides, handed to tasks as ``context["params"]``.
+
     Template files (a templated field ending in an operator's ``template_ext``) are looked up
     in the DAG file's folder, then in the folders of ``template_searchpath``.
     """
@@ -49,6 +71,15 @@ class DAG:
         self,
         dag_id: str,
         *,
+        schedule: str | dt.timedelta | None = None,
+        start_date: dt.datetime | None = None,
+        end_date: dt.datetime | None = None,
+        catchup: bool = False,
+        max_active_runs: int = DEFAULT_MAX_ACTIVE_RUNS,
+        is_paused_upon_creation: bool = False,
+        default_args: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+        tags: Iterable[str] = (),
         description: str | None = None,
         fileloc: str | None = None,
         template_searchpath: _Paths | None = None,
@@ -59,6 +90,34 @@ class DAG:
             )
         self.dag_id = dag_id
         self.description = description
+        for name, value in (("start_date", start_date), ("end_date", end_date)):
+            if value is not None and not isinstance(value, dt.datetime):
+                raise TypeError(f"DAG {dag_id}: {name} must be a datetime, got {value!r}")
+        #: The DAG's time zone: start_date's (naive: UTC); cron is evaluated in it.
+        self.timezone = dag_timezone(start_date)
+        self.start_date = None if start_date is None else to_aware(start_date, self.timezone)
+        self.end_date = None if end_date is None else to_aware(end_date, self.timezone)
+        try:
+            self.timetable: Timetable = make_timetable(schedule, self.timezone)
+        except ScheduleError as exc:
+            raise ScheduleError(f"DAG {dag_id}: schedule: {exc}") from None
+        if self.timetable.periodic and self.start_date is None:
+            raise ValueError(f"DAG {dag_id}: schedule {schedule!r} needs a start_date")
+        self.schedule = schedule
+        self.catchup = bool(catchup)
+        if not isinstance(max_active_runs, int) or max_active_runs < 1:
+            raise ValueError(
+                f"DAG {dag_id}: max_active_runs must be an int >= 1, got {max_active_runs!r}"
+            )
+        self.max_active_runs = max_active_runs
+        self.is_paused_upon_creation = bool(is_paused_upon_creation)
+        self.default_args: dict[str, Any] = dict(default_args or {})
+        self.params: dict[str, Any] = dict(params or {})
+        try:
+            msgspec.json.encode(self.params)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"DAG {dag_id}: params must be JSON data: {exc}") from None
+        self.tags = sorted({str(tag) for tag in tags})
         if isinstance(template_searchpath, str | os.PathLike):
             template_searchpath = [template_searchpath]
         #: Folders searched for template files after the DAG file's own folder.
@@ -131,6 +190,20 @@ class DAG:
             }
             for t in self.tasks.values()
         ]
+
+    def serialize_schedule(self) -> dict[str, Any]:
+        """What the store keeps of the DAG's schedule, to create its runs without it."""
+        return {
+            "timetable": dump_with_timezone(self.timetable, self.timezone),
+            "schedule": None if self.schedule is None else self.timetable.summary,
+            "start_date": self.start_date,
+            "end_date": self.end_date,
+            "catchup": self.catchup,
+            "max_active_runs": self.max_active_runs,
+            "is_paused_upon_creation": self.is_paused_upon_creation,
+            "params": self.params,
+            "tags": self.tags,
+        }
 
     def __repr__(self) -> str:
         return f"<DAG {self.dag_id}: {len(self.tasks)} tasks>"

@@ -28,6 +28,7 @@ import msgspec
 
 from engine.dag import DAG
 from engine.dagbag import DagBag
+from engine.dagruns import record_dags
 from engine.scheduler import Scheduler
 from engine.store import (
     CHANNEL_DEADLINES,
@@ -79,9 +80,10 @@ class LocalEngine:
     # -- runs ------------------------------------------------------------------------------
 
     async def add_dag(self, dag: DAG) -> None:
-        """Make a DAG built in code known to the worker and recorded in the store."""
+        """Make a DAG built in code known to the worker and recorded in the store (with its
+        schedule: the scheduler creates its runs)."""
         self.dagbag.add_dag(dag)
-        await self.store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), None)
+        await record_dags(self.store, [dag])
 
     async def start_run(
         self,
@@ -122,7 +124,7 @@ class LocalEngine:
             if run is None:
                 raise LookupError(f"no run {run_id!r} of DAG {dag_id!r}")
             state = run.state
-            return state != "running"
+            return state not in ("running", "queued")
 
         await self._wait(ended, f"run {dag_id}/{run_id} to end", timeout_s)
         out = await self.task_instances(dag_id, run_id)

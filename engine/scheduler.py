@@ -1,5 +1,8 @@
-"""The scheduler: housekeeping that no single completion does.
+"""The scheduler: creates runs from schedules, and the housekeeping no single completion does.
 
+* creates the runs of scheduled DAGs when their data interval ends (:mod:`engine.dagruns`:
+  one indexed look for due DAGs, woken at the earliest due time), and starts queued runs as
+  max_active_runs lets them;
 * ends DAG runs whose tasks are all finished (woken when a leaf task finishes);
 * resolves pending tasks that no completion resolved (a backstop);
 * reaps task instances whose worker stopped heartbeating (retries apply);
@@ -22,12 +25,14 @@ import logging
 import math
 import time
 import uuid
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
 from engine import metrics as _metrics
 from engine.dagbag import DagBag
+from engine.dagruns import create_due_runs, record_dags
 from engine.health import Check, freshness
 from engine.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.states import STATES
@@ -58,13 +63,15 @@ RESCAN_DONE_S = 120.0
 #: reads every task instance, too much for every pass.
 FLEET_INTERVAL_S = 15.0
 
+#: The shortest wait between passes when a scheduled run is due (another scheduler may be
+#: creating it right now).
+MIN_WAIT_S = 0.01
+
 
 async def sync_dags(store: Store, dagbag: DagBag) -> int:
-    """Parse the DAGs folder and record every DAG's structure; returns how many."""
+    """Parse the DAGs folder and record every DAG's structure and schedule; returns how many."""
     dags = await anyio.to_thread.run_sync(dagbag.collect)
-    for dag in dags.values():
-        await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), dag.description)
-    return len(dags)
+    return await record_dags(store, dags.values())
 
 
 async def request_rescan(
@@ -131,6 +138,8 @@ class Scheduler:
         self._contact_lost = False
         #: Housekeeping passes completed (for tests and introspection).
         self.housekeeping_passes = 0
+        #: Scheduled runs this scheduler created.
+        self.runs_created = 0
         #: This scheduler's row in deferral_schedulers (the status page's fleet), kept by each
         #: housekeeping pass.
         self.id: int | None = None
@@ -169,6 +178,7 @@ class Scheduler:
                         self.contact_since = await self.store.now()
                         self._contact_lost = False
                     await self.finish_runs()
+                    await self.create_runs()
                     now = time.monotonic()
                     if now - last_housekeeping >= self.interval_s:
                         last_housekeeping = now
@@ -187,7 +197,7 @@ class Scheduler:
                     continue
                 backoff.reset()
                 self.pass_at = time.monotonic()
-                await self._wake.wait(self.interval_s)
+                await self._wake.wait(await self._until_next_pass())
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
@@ -236,8 +246,32 @@ class Scheduler:
             log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
 
     async def finish_runs(self) -> None:
-        for run in await self.store.finish_dag_runs():
+        ended = await self.store.finish_dag_runs()
+        for run in ended:
             log.info("DAG run %s/%s ended: %s", run.dag_id, run.run_id, run.state)
+        if ended:
+            await self._started(
+                await self.store.start_queued_runs(sorted({r.dag_id for r in ended}))
+            )
+
+    async def _started(self, started: list[Any]) -> None:
+        for run in started:
+            log.info("DAG run %s/%s started (was queued)", run.dag_id, run.run_id)
+
+    async def create_runs(self) -> int:
+        """Create the runs of the DAGs whose next scheduled run is due."""
+        created = await create_due_runs(self.store)
+        if created:
+            log.info("created %d scheduled run(s)", created)
+        self.runs_created += created
+        return created
+
+    async def _until_next_pass(self) -> float:
+        """Seconds to wait: the pass interval, or less when a scheduled run is due sooner."""
+        next_in = await self.store.next_due_in()
+        if next_in is None:
+            return self.interval_s
+        return min(self.interval_s, max(next_in, MIN_WAIT_S))
 
     async def housekeeping(self) -> None:
         zombies = await self.store.reap_zombie_tasks(
@@ -276,6 +310,9 @@ class Scheduler:
                 log.info("dropped %d trigger(s) nobody waits on", orphans)
         if zombies or late or resolved:
             await self.finish_runs()
+        # The backstop for queued runs whose admission was missed (a scheduler that stopped
+        # between ending a run and starting the next).
+        await self._started(await self.store.start_queued_runs())
         if self.id is not None:
             self.id = await self.store.heartbeat_scheduler(self.id)
         if now - self._fleet_at >= FLEET_INTERVAL_S:

@@ -58,7 +58,7 @@ DeadlineKind = Literal["trigger_timeout", "execution_timeout", "sensor_timeout"]
 DEADLINE_KINDS: frozenset[DeadlineKind] = frozenset(get_args(DeadlineKind))
 
 #: The states of a DAG run (the ``deferral_dag_runs.state`` CHECK constraint lists them).
-RunState = Literal["running", "success", "failed"]
+RunState = Literal["queued", "running", "success", "failed"]
 RUN_STATES: frozenset[RunState] = frozenset(get_args(RunState))
 
 TERMINAL_STATES: frozenset[TaskState] = frozenset(

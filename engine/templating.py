@@ -73,6 +73,7 @@ TEMPLATE_VARIABLES = (
     "data_interval_end",
     PREV_SUCCESS,
     "run_id",
+    "run_type",
     "dag_run",
     "params",
     "task",
@@ -106,15 +107,12 @@ class RunValues(NamedTuple):
 def run_values(ti: ClaimedTask, dag: Any) -> RunValues:
     """The data interval and params of the run ``ti`` belongs to.
 
-    Wired to the run's data interval columns after the schedules change: until the claim
-    returns ``data_interval_start`` / ``data_interval_end``, both ends fall back to the run's
-    ``logical_date``, and ``params`` are the DAG's ``params`` (none until DAGs have them),
-    overridden by the run's ``conf`` keys of the same name (Airflow's default)."""
+    The interval is the run's (``claim_tasks`` returns it; a run without one, from before
+    schedules, falls back to ``[logical_date, logical_date]``); ``params`` are the DAG's
+    ``params``, overridden by the run's ``conf`` keys of the same name (Airflow's default)."""
     logical_date = ti.logical_date
-    # TODO(schedules): wired to the run's data interval columns after the schedules change
-    # (ClaimedTask gains data_interval_start / data_interval_end from claim_tasks; DAG params).
-    start = getattr(ti, "data_interval_start", None) or logical_date
-    end = getattr(ti, "data_interval_end", None) or logical_date
+    start = ti.data_interval_start or logical_date
+    end = ti.data_interval_end or logical_date
     params = dict(getattr(dag, "params", None) or {})
     conf = ti.conf or {}
     for key in params.keys() & conf.keys():
@@ -134,6 +132,8 @@ class DagRunInfo(msgspec.Struct, frozen=True, kw_only=True):
     data_interval_start: dt.datetime
     data_interval_end: dt.datetime
     conf: dict[str, Any]
+    #: ``scheduled``, ``manual`` or ``backfill``.
+    run_type: str = "manual"
 
 
 class TaskInstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,6 +191,7 @@ def build_context(
         "ts_nodash": f"{ds_nodash}T{utc.hour:02d}{utc.minute:02d}{utc.second:02d}",
         "data_interval_start": values.data_interval_start,
         "data_interval_end": values.data_interval_end,
+        "run_type": ti.run_type,
         "dag_run": DagRunInfo(
             dag_id=ti.dag_id,
             run_id=ti.run_id,
@@ -198,6 +199,7 @@ def build_context(
             data_interval_start=values.data_interval_start,
             data_interval_end=values.data_interval_end,
             conf=ti.conf,
+            run_type=ti.run_type,
         ),
         "params": values.params,
         "task": op,

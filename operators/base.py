@@ -13,6 +13,7 @@ import copy
 import copyreg
 import datetime as dt
 import difflib
+import functools
 import inspect
 import logging
 import math
@@ -110,6 +111,8 @@ class Context(TypedDict, total=False):
     macros: Any
     #: PythonOperator's ``templates_dict``, rendered.
     templates_dict: dict[str, Any] | None
+    #: How the run came to be: ``scheduled``, ``manual`` or ``backfill``.
+    run_type: str
 
 
 class DagLike(Protocol):
@@ -264,11 +267,57 @@ def _plain_copy_hooks(cls: type) -> bool:
     )
 
 
+#: Arguments a DAG's ``default_args`` never set.
+_NOT_DEFAULTED = frozenset({"task_id", "dag"})
+
+
+@functools.lru_cache(maxsize=1024)
+def _accepted_args(cls: type) -> frozenset[str]:
+    """The keyword arguments an operator class's ``__init__`` chain accepts by name: each
+    ``__init__`` up the class tree, for as long as they pass ``**kwargs`` on."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        params = inspect.signature(getattr(init, "__wrapped__", init)).parameters.values()
+        names.update(p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return frozenset(names - {"self"} - _NOT_DEFAULTED)
+
+
+def _with_default_args(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap an operator's ``__init__`` so the DAG's ``default_args`` fill in the arguments the
+    caller did not pass (the outermost call only: a subclass calling ``super().__init__``
+    passes them on). The DAG is the ``dag=`` argument or the open ``with DAG(...)``; it is
+    read by attribute, so this contract imports no runtime."""
+
+    @functools.wraps(init)
+    def wrapper(self: BaseOperator, *args: Any, **kwargs: Any) -> None:
+        if "_passed_args" in self.__dict__:
+            init(self, *args, **kwargs)
+            return
+        # The arguments the task was given itself (``default_args`` do not override them).
+        self.__dict__["_passed_args"] = frozenset(kwargs)
+        dag = kwargs.get("dag") or current_dag()
+        defaults = getattr(dag, "default_args", None)
+        if defaults:
+            accepted = _accepted_args(type(self))  # type: ignore[arg-type]
+            for name, value in defaults.items():
+                if name not in kwargs and name in accepted:
+                    kwargs[name] = value
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
 class BaseOperator:
     """Base class of every task.
 
     Subclasses implement ``execute(self, context)``; its return value is the
-    task's result. Settings are keyword-only, as in the rest of the engine.
+    task's result. Settings are keyword-only, as in the rest of the engine. Arguments a
+    task does not pass come from its DAG's ``default_args`` when they name them.
     """
 
     #: Attributes the worker renders with Jinja2 just before the task runs (engine.templating):
@@ -277,6 +326,12 @@ class BaseOperator:
     #: A templated string ending in one of these names a template file, read from the DAG's
     #: folder or its ``template_searchpath`` and rendered.
     template_ext: Sequence[str] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and not hasattr(init, "__wrapped__"):
+            cls.__init__ = _with_default_args(init)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -458,3 +513,6 @@ class BaseOperator:
 
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} {self.task_id}>"
+
+
+BaseOperator.__init__ = _with_default_args(BaseOperator.__init__)  # type: ignore[method-assign]

@@ -70,7 +70,10 @@ TRIGGER_KEYS = {
     "timeout_at",
     "created_at",
 }
-RUN_KEYS = {"dag_id", "run_id", "logical_date", "state", "conf", "created_at", "ended_at", "tasks"}
+RUN_KEYS = {
+    "dag_id", "run_id", "run_type", "logical_date", "data_interval_start", "data_interval_end",
+    "state", "conf", "created_at", "ended_at", "tasks",
+}  # fmt: skip
 
 #: A run id longer than any terminal is wide.
 LONG_RUN_ID = "backfill__2026-12-01T00:00:00+00:00__" + "x" * 120 + "__end"

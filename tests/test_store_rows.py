@@ -25,6 +25,7 @@ from engine.store import (
     TriggerOutcome,
     downstream,
 )
+from engine.store.schedules import NewRun, NextRun
 from engine.store.session import TriggererSession
 from operators.python import PythonOperator
 from tests.triggers_for_tests import NeverTrigger
@@ -228,5 +229,46 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     await s.record_audit("t", "look", "rows")
     assert len(await s.list_audit()) == 4
     await s.unregister_worker(worker)
+    await _schedule_calls(s)
 
     assert set(_public_coroutines(Store)) - _LIFECYCLE - s.called == set()
+
+
+async def _schedule_calls(s: Any) -> None:
+    """The statements of schedules and run admission (engine/store/schedules.py)."""
+    day = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    with DAG(dag_id="rows_sched", schedule="@daily", start_date=day, max_active_runs=1) as dag:
+        PythonOperator(task_id="a", python_callable=_noop)
+    tasks, schedule = dag.serialize_tasks(), dag.serialize_schedule()
+    assert await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule)
+    assert not await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule)
+    assert await s.last_scheduled_interval(dag.dag_id) is None
+    following = day + dt.timedelta(days=1)
+    await s.set_next_dagruns(
+        [NextRun(dag_id=dag.dag_id, logical_date=day, interval_end=following,
+                 create_after=following)]
+    )  # fmt: skip
+    assert await s.next_due_in() < 0
+    runs = [
+        NewRun(dag_id=dag.dag_id, run_id=f"scheduled__{d}", logical_date=d,
+               data_interval_start=d, data_interval_end=d + dt.timedelta(days=1),
+               run_type="scheduled")
+        for d in (day, following)
+    ]  # fmt: skip
+    assert len(await s.insert_runs(runs)) == 2
+    assert await s.insert_runs(runs) == []  # one run per interval
+    started = await s.start_queued_runs([dag.dag_id])
+    assert [r.run_id for r in started] == [runs[0].run_id]
+    assert await s.start_queued_runs() == []  # max_active_runs=1
+    manual = msgspec.structs.replace(runs[0], run_id="m1", run_type="manual")
+    assert (await s.create_queued_run(manual))[1] == "queued"
+    assert [r.state for r in await s.runs_at(dag.dag_id, [day])] == ["running", "queued"]
+    assert await s.last_scheduled_interval(dag.dag_id) == (
+        following,
+        following + dt.timedelta(days=1),
+    )
+    assert await s.reset_dag_runs([r.id for r in await s.runs_at(dag.dag_id, [day])]) == []
+    assert await s.set_dag_paused(dag.dag_id, True)
+    assert len(await s.list_runs(dag_id=dag.dag_id, state="queued")) == 2
+    assert await s.count_dags() == 2
+    assert await s.schedule_delays(day, day + dt.timedelta(days=3)) != []

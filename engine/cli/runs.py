@@ -44,10 +44,12 @@ def runs_list(
     as_json: bool,
     wide: bool,
 ) -> None:
-    """List DAG runs, newest first, with how many of their tasks are in each state.
+    """List DAG runs, newest first: type (scheduled, manual, backfill), logical date, data
+    interval, state, and how many of their tasks are in each state.
 
-    --json keys: dag_id, run_id, logical_date, state, conf, created_at, ended_at, tasks
-    (task instance counts by state).
+    --json keys: dag_id, run_id, run_type, logical_date, data_interval_start,
+    data_interval_end, state, conf, created_at, ended_at, tasks (task instance counts by
+    state).
     """
     settings = _settings(ctx)
 
@@ -64,14 +66,20 @@ def runs_list(
     if as_json:
         _json(rows)
         return
-    table = Table("dag_id", "run_id", "state", "logical_date", "created_at", "ended_at", "tasks")
+    table = Table(
+        "dag_id", "run_id", "run_type", "state", "logical_date", "data_interval_start",
+        "data_interval_end", "created_at", "ended_at", "tasks",
+    )  # fmt: skip
     for row in rows:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(row.tasks.items()))
         table.add_row(
             cell(row.dag_id),
             cell(row.run_id),
+            cell(row.run_type),
             cell(row.state),
             cell(fmt_time(row.logical_date)),
+            cell(fmt_time(row.data_interval_start)),
+            cell(fmt_time(row.data_interval_end)),
             cell(fmt_time(row.created_at)),
             cell(fmt_time(row.ended_at)),
             cell(counts),

@@ -20,6 +20,7 @@ __all__ = [
     "DagRunSummary",
     "DagSummary",
     "Deferral",
+    "DueDag",
     "EndedRun",
     "FinishedTask",
     "FiredTriggers",
@@ -28,6 +29,7 @@ __all__ = [
     "GridCell",
     "MovedTask",
     "OldestWait",
+    "RunRow",
     "RunSquare",
     "RunSummary",
     "SchedulerRow",
@@ -71,6 +73,10 @@ class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
     next_event: bytes | None = None
     #: When the task became runnable; for a resume, when its trigger's event was written.
     run_after: dt.datetime | None = None
+    #: The run's data interval and how it came to be (scheduled, manual, backfill).
+    data_interval_start: dt.datetime | None = None
+    data_interval_end: dt.datetime | None = None
+    run_type: str = "manual"
 
 
 class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,15 +178,46 @@ class DagSummary(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: dt.datetime
     last_run_id: str | None
     last_run_state: str | None
+    is_paused: bool = False
+    schedule: str | None = None
+    #: The next scheduled run's logical date, and when it may be created.
+    next_dagrun: dt.datetime | None = None
+    next_dagrun_create_after: dt.datetime | None = None
+    tags: list[str] = []
 
 
 class Dag(msgspec.Struct, frozen=True, kw_only=True):
-    """A DAG's stored structure (``get_dag``)."""
+    """A DAG's stored structure and schedule (``get_dag``)."""
 
     dag_id: str
     fileloc: str
     tasks: list[dict[str, Any]]
     description: str | None
+    timetable: dict[str, Any] = {}
+    schedule: str | None = None
+    start_date: dt.datetime | None = None
+    end_date: dt.datetime | None = None
+    catchup: bool = False
+    max_active_runs: int = 16
+    is_paused: bool = False
+    params: dict[str, Any] = {}
+    tags: list[str] = []
+    next_dagrun: dt.datetime | None = None
+    next_dagrun_create_after: dt.datetime | None = None
+
+
+class DueDag(msgspec.Struct, frozen=True, kw_only=True):
+    """A DAG whose next scheduled run may be created now (``due_dags``), locked."""
+
+    dag_id: str
+    timetable: dict[str, Any]
+    start_date: dt.datetime | None
+    end_date: dt.datetime | None
+    catchup: bool
+    next_dagrun_data_interval_start: dt.datetime
+    next_dagrun_data_interval_end: dt.datetime
+    next_dagrun_create_after: dt.datetime
+    db_now: dt.datetime
 
 
 class DagRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -194,6 +231,28 @@ class DagRun(msgspec.Struct, frozen=True, kw_only=True):
     state: str
     created_at: dt.datetime
     ended_at: dt.datetime | None
+    run_type: str = "manual"
+    data_interval_start: dt.datetime | None = None
+    data_interval_end: dt.datetime | None = None
+    #: When it left ``queued`` (its task instances were created then).
+    started_at: dt.datetime | None = None
+
+
+class RunRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A run in ``list_runs`` / ``runs_at``."""
+
+    id: int
+    dag_id: str
+    run_id: str
+    run_type: str
+    logical_date: dt.datetime
+    data_interval_start: dt.datetime | None
+    data_interval_end: dt.datetime | None
+    state: str
+    conf: dict[str, Any]
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
 
 
 class EndedRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -203,6 +262,7 @@ class EndedRun(msgspec.Struct, frozen=True, kw_only=True):
     dag_id: str
     run_id: str
     state: str
+    run_type: str = "manual"
 
 
 class TaskInstance(msgspec.Struct, frozen=True, kw_only=True):
@@ -239,11 +299,15 @@ class TaskInstance(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DagRunSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """A run in ``list_dag_runs``, with how many of its task instances are in each state."""
+    """A run in ``list_dag_runs``, with how many of its task instances are in each state
+    (field order: ``runs list --json`` keys)."""
 
     dag_id: str
     run_id: str
+    run_type: str
     logical_date: dt.datetime
+    data_interval_start: dt.datetime | None
+    data_interval_end: dt.datetime | None
     state: str
     conf: dict[str, Any]
     created_at: dt.datetime

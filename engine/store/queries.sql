@@ -34,19 +34,190 @@ SELECT now() AS now;
 SELECT pg_notify($1, $2);
 
 -- name: upsert_dag
--- Record a DAG's structure as parsed from its file.
-INSERT INTO deferral_dags (dag_id, fileloc, tasks, description, updated_at)
-VALUES ($1, $2, $3, $4, now())
-ON CONFLICT (dag_id) DO UPDATE
-SET fileloc = EXCLUDED.fileloc, tasks = EXCLUDED.tasks, description = EXCLUDED.description,
-    updated_at = now()
-WHERE (deferral_dags.fileloc, deferral_dags.tasks, deferral_dags.description)
-      IS DISTINCT FROM (EXCLUDED.fileloc, EXCLUDED.tasks, EXCLUDED.description);
+-- Record a DAG's structure and schedule as parsed from its file ($11: whether a new DAG starts
+-- paused; a known DAG keeps its paused flag). Returns whether anything changed and whether
+-- the next scheduled run must be computed again (a new DAG, or a changed schedule).
+WITH old AS (
+    SELECT timetable, start_date, end_date, catchup FROM deferral_dags WHERE dag_id = $1
+), up AS (
+    INSERT INTO deferral_dags (dag_id, fileloc, tasks, description, updated_at, timetable,
+                               schedule, start_date, end_date, catchup, max_active_runs,
+                               is_paused, params, tags)
+    VALUES ($1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11, $12, $13)
+    ON CONFLICT (dag_id) DO UPDATE
+    SET fileloc = EXCLUDED.fileloc, tasks = EXCLUDED.tasks, description = EXCLUDED.description,
+        timetable = EXCLUDED.timetable, schedule = EXCLUDED.schedule,
+        start_date = EXCLUDED.start_date, end_date = EXCLUDED.end_date,
+        catchup = EXCLUDED.catchup, max_active_runs = EXCLUDED.max_active_runs,
+        params = EXCLUDED.params, tags = EXCLUDED.tags, updated_at = now()
+    WHERE (deferral_dags.fileloc, deferral_dags.tasks, deferral_dags.description,
+           deferral_dags.timetable, deferral_dags.schedule, deferral_dags.start_date,
+           deferral_dags.end_date, deferral_dags.catchup, deferral_dags.max_active_runs,
+           deferral_dags.params, deferral_dags.tags)
+          IS DISTINCT FROM (EXCLUDED.fileloc, EXCLUDED.tasks, EXCLUDED.description,
+                            EXCLUDED.timetable, EXCLUDED.schedule, EXCLUDED.start_date,
+                            EXCLUDED.end_date, EXCLUDED.catchup, EXCLUDED.max_active_runs,
+                            EXCLUDED.params, EXCLUDED.tags)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM up) AS changed,
+       NOT EXISTS (SELECT 1 FROM old)
+       OR EXISTS (SELECT 1 FROM old
+                  WHERE (old.timetable, old.start_date, old.end_date, old.catchup)
+                        IS DISTINCT FROM ($5::jsonb, $7::timestamptz, $8::timestamptz,
+                                          $9::boolean)) AS reschedule;
+
+-- name: last_scheduled_interval
+-- The data interval of a DAG's latest scheduled run (the next one follows it).
+SELECT data_interval_start AS start, data_interval_end AS "end"
+FROM deferral_dag_runs
+WHERE dag_id = $1 AND run_type = 'scheduled'
+ORDER BY logical_date DESC LIMIT 1;
+
+-- name: set_next_dagruns
+-- Store the next scheduled run of each given DAG: logical date, interval, when it may be
+-- created (nulls: none).
+UPDATE deferral_dags d
+SET next_dagrun = u.logical_date, next_dagrun_data_interval_start = u.logical_date,
+    next_dagrun_data_interval_end = u.interval_end, next_dagrun_create_after = u.create_after
+FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[])
+    AS u(dag_id, logical_date, interval_end, create_after)
+WHERE d.dag_id = u.dag_id;
+
+-- name: due_dags
+-- Lock up to $1 unpaused DAGs whose next scheduled run may be created now (by the partial
+-- index deferral_dags_due: the DAGs not due are not read). SKIP LOCKED: another scheduler
+-- creating runs of a DAG is not waited for; it does that DAG.
+SELECT dag_id, timetable, start_date, end_date, catchup,
+       next_dagrun_data_interval_start, next_dagrun_data_interval_end, next_dagrun_create_after,
+       now() AS db_now
+FROM deferral_dags
+WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL
+  AND next_dagrun_create_after <= now()
+ORDER BY next_dagrun_create_after
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- name: next_due
+-- Seconds until the earliest unpaused DAG's next scheduled run may be created (database
+-- clock; null: none).
+SELECT EXTRACT(EPOCH FROM min(next_dagrun_create_after) - now())::double precision AS next_in
+FROM deferral_dags
+WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL;
+
+-- name: insert_runs
+-- Create runs as 'queued' (no task instances yet: start_queued_runs creates them), at most one
+-- scheduled or backfill run per (dag_id, logical_date) and one run per (dag_id, run_id): a
+-- run that exists already is not created again (no error). created_at is the clock at the
+-- insert (the scheduling delay is measured from it). Returns the runs created.
+INSERT INTO deferral_dag_runs (dag_id, run_id, logical_date, data_interval_start,
+                               data_interval_end, run_type, conf, state, created_at)
+SELECT u.dag_id, u.run_id, u.logical_date, u.interval_start, u.interval_end, u.run_type,
+       u.conf, 'queued', clock_timestamp()
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[],
+            $6::text[], $7::jsonb[])
+    AS u(dag_id, run_id, logical_date, interval_start, interval_end, run_type, conf)
+ON CONFLICT DO NOTHING
+RETURNING id, dag_id, run_id, logical_date;
+
+-- name: lock_dags
+-- Lock DAG rows (in a fixed order) before admitting their queued runs: run creation and
+-- admission of one DAG take turns, so max_active_runs holds. Returns the DAGs that exist.
+SELECT dag_id FROM deferral_dags WHERE dag_id = ANY ($1::text[]) ORDER BY dag_id FOR UPDATE;
+
+-- name: dags_with_queued_runs
+-- DAGs that have runs waiting to start (the scheduler's backstop admits them).
+SELECT DISTINCT dag_id FROM deferral_dag_runs WHERE state = 'queued';
+
+-- name: start_queued_runs
+-- Start the queued runs of the given DAGs (after lock_dags in the same transaction) that
+-- max_active_runs lets run, oldest logical date first, creating their task instances as
+-- create_dag_run does. Scheduled and manual runs count against max_active_runs; backfill runs
+-- start at once (the backfill throttles itself). Returns the runs started.
+WITH free AS (
+    SELECT d.dag_id,
+           GREATEST(d.max_active_runs - (
+               SELECT count(*) FROM deferral_dag_runs r
+               WHERE r.dag_id = d.dag_id AND r.state = 'running' AND r.run_type <> 'backfill'
+           ), 0) AS slots
+    FROM deferral_dags d WHERE d.dag_id = ANY ($1::text[])
+), picked AS (
+    SELECT q.id FROM free f
+    CROSS JOIN LATERAL (
+        SELECT r.id FROM deferral_dag_runs r
+        WHERE r.dag_id = f.dag_id AND r.state = 'queued' AND r.run_type <> 'backfill'
+        ORDER BY r.logical_date, r.id
+        LIMIT f.slots
+    ) q
+    UNION ALL
+    SELECT r.id FROM deferral_dag_runs r
+    WHERE r.dag_id = ANY ($1::text[]) AND r.state = 'queued' AND r.run_type = 'backfill'
+), run AS (
+    UPDATE deferral_dag_runs r SET state = 'running', started_at = now()
+    FROM picked WHERE r.id = picked.id AND r.state = 'queued'
+    RETURNING r.id, r.dag_id, r.run_id
+), tis AS (
+    INSERT INTO deferral_task_instances (
+        dag_run_id, dag_id, run_id, task_id, state, retries, retry_delay_s,
+        retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
+        trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout)
+    SELECT run.id, run.dag_id, run.run_id, t.task_id,
+           CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
+                THEN 'scheduled' ELSE 'pending' END,
+           t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
+           t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
+           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false)
+    FROM run
+    JOIN deferral_dags d ON d.dag_id = run.dag_id
+    CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
+        task_id text, upstream text[], trigger_rule text, retries integer,
+        retry_delay_s double precision, retry_exponential_backoff boolean,
+        max_retry_delay_s double precision, execution_timeout_s double precision,
+        soft_fail boolean, is_leaf boolean, priority integer, pool text,
+        no_retry_on_timeout boolean)
+    RETURNING 1
+)
+SELECT run.id, run.dag_id, run.run_id, (SELECT count(*) FROM tis) AS task_count FROM run;
+
+-- name: reset_dag_runs
+-- Run ended runs again (a backfill reprocessing them): their task instances go and they wait
+-- as 'queued' again, to be started by start_queued_runs. Runs not ended are left alone.
+WITH reset AS (
+    UPDATE deferral_dag_runs
+    SET state = 'queued', ended_at = NULL, started_at = NULL
+    WHERE id = ANY ($1::bigint[]) AND state IN ('success', 'failed')
+    RETURNING id
+), cleared AS (
+    DELETE FROM deferral_task_instances ti USING reset WHERE ti.dag_run_id = reset.id
+)
+SELECT id FROM reset;
+
+-- name: set_dag_paused
+-- Pause or unpause a DAG (paused: the scheduler creates no runs of it). Returns it if known.
+UPDATE deferral_dags SET is_paused = $2 WHERE dag_id = $1 RETURNING dag_id;
+
+-- name: runs_at
+-- The runs of a DAG at the given logical dates (a backfill's look at what exists).
+SELECT id, dag_id, run_id, run_type, logical_date, data_interval_start, data_interval_end,
+       state, conf, created_at, started_at, ended_at
+FROM deferral_dag_runs
+WHERE dag_id = $1 AND logical_date = ANY ($2::timestamptz[])
+ORDER BY logical_date, id;
+
+-- name: list_runs
+-- Runs, newest first, optionally of one DAG and in one state.
+SELECT id, dag_id, run_id, run_type, logical_date, data_interval_start, data_interval_end,
+       state, conf, created_at, started_at, ended_at
+FROM deferral_dag_runs
+WHERE ($1::text IS NULL OR dag_id = $1) AND ($2::text IS NULL OR state = $2)
+ORDER BY logical_date DESC, id DESC
+LIMIT $3;
 
 -- name: list_dags
 -- Every known DAG with its task count and latest run.
 SELECT d.dag_id, d.fileloc, jsonb_array_length(d.tasks) AS tasks, d.description, d.updated_at,
-       r.run_id AS last_run_id, r.state AS last_run_state
+       r.run_id AS last_run_id, r.state AS last_run_state, d.is_paused, d.schedule,
+       d.next_dagrun, d.next_dagrun_create_after, d.tags
 FROM deferral_dags d
 LEFT JOIN LATERAL (
     SELECT run_id, state FROM deferral_dag_runs
@@ -55,16 +226,22 @@ LEFT JOIN LATERAL (
 ORDER BY d.dag_id;
 
 -- name: get_dag
--- One DAG's stored structure.
-SELECT dag_id, fileloc, tasks, description FROM deferral_dags WHERE dag_id = $1;
+-- One DAG's stored structure and schedule.
+SELECT dag_id, fileloc, tasks, description, timetable, schedule, start_date, end_date, catchup,
+       max_active_runs, is_paused, params, tags, next_dagrun, next_dagrun_create_after
+FROM deferral_dags WHERE dag_id = $1;
 
 -- name: create_dag_run
 -- Create a run of a stored DAG and all its task instances in one statement: tasks without
 -- upstreams (or whose rule is 'always') start scheduled, the others pending. Returns nothing
--- if the DAG is unknown.
+-- if the DAG is unknown. (Not held back by max_active_runs: the engine's API for tests and
+-- benchmarks; insert_runs and start_queued_runs admit runs.)
 WITH run AS (
-    INSERT INTO deferral_dag_runs (dag_id, run_id, logical_date, conf)
-    SELECT dag_id, $2, $3, $4 FROM deferral_dags WHERE dag_id = $1
+    INSERT INTO deferral_dag_runs (dag_id, run_id, logical_date, conf, run_type,
+                                   data_interval_start, data_interval_end, started_at)
+    SELECT dag_id, $2, $3::timestamptz, $4, $5, COALESCE($6::timestamptz, $3::timestamptz),
+           COALESCE($7::timestamptz, $3::timestamptz), now()
+    FROM deferral_dags WHERE dag_id = $1
     RETURNING id, dag_id, run_id
 ), tis AS (
     INSERT INTO deferral_task_instances (
@@ -91,7 +268,8 @@ SELECT run.id, (SELECT count(*) FROM tis) AS task_count FROM run;
 
 -- name: get_dag_run
 -- One run by its DAG and run id.
-SELECT id, dag_id, run_id, logical_date, conf, state, created_at, ended_at
+SELECT id, dag_id, run_id, logical_date, conf, state, created_at, ended_at, run_type,
+       data_interval_start, data_interval_end, started_at
 FROM deferral_dag_runs WHERE dag_id = $1 AND run_id = $2;
 
 -- name: register_worker
@@ -149,7 +327,8 @@ WITH picked AS (
     WHERE ti.id = picked.id AND r.id = ti.dag_run_id
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
               ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
-              ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf
+              ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
+              r.data_interval_start, r.data_interval_end, r.run_type
 ), idle AS (
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
         SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision
@@ -164,7 +343,8 @@ SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 -- the try they were claimed for. Same columns as claim_tasks.
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, ti.next_kwargs,
        ti.next_event, ti.first_try_at, ti.try_started_at, ti.execution_timeout_s, ti.is_leaf,
-       ti.run_after, r.logical_date, r.conf, now() AS db_now
+       ti.run_after, r.logical_date, r.conf, r.data_interval_start, r.data_interval_end, r.run_type,
+       now() AS db_now
 FROM deferral_task_instances ti
 JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
 WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.id <> ALL ($2::bigint[])
@@ -339,7 +519,7 @@ WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY ($1::bigint[])
       SELECT 1 FROM deferral_task_instances ti
       WHERE ti.dag_run_id = r.id
         AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed'))
-RETURNING r.id, r.dag_id, r.run_id, r.state;
+RETURNING r.id, r.dag_id, r.run_id, r.state, r.run_type;
 
 -- name: notify_finished_runs
 -- Wake the scheduler for those of the given runs that have no unfinished task instance left
@@ -378,7 +558,8 @@ LIMIT $4;
 -- name: list_dag_runs
 -- Runs, newest first, optionally of one DAG ($1) and in one state ($2), at most $3, each with
 -- how many of its task instances are in each state.
-SELECT r.dag_id, r.run_id, r.logical_date, r.state, r.conf, r.created_at, r.ended_at,
+SELECT r.dag_id, r.run_id, r.run_type, r.logical_date, r.data_interval_start,
+       r.data_interval_end, r.state, r.conf, r.created_at, r.ended_at,
        (SELECT COALESCE(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
         FROM (SELECT ti.state, count(*) AS n FROM deferral_task_instances ti
               WHERE ti.dag_run_id = r.id GROUP BY ti.state) c) AS tasks
@@ -398,9 +579,9 @@ RETURNING id;
 -- name: prev_success_interval_start
 -- The data interval start of the latest successful run of DAG $1 before logical date $2 (the
 -- template variable prev_data_interval_start_success). Runs only when a template or a callable
--- asks for it. Until runs have data interval columns, a run's interval starts at its logical
--- date (wired to the run's data interval columns after the schedules change).
-SELECT logical_date AS start FROM deferral_dag_runs
+-- asks for it. A run made before runs had data intervals (migration 0009) starts at its logical
+-- date.
+SELECT COALESCE(data_interval_start, logical_date) AS start FROM deferral_dag_runs
 WHERE dag_id = $1 AND state = 'success' AND logical_date < $2
 ORDER BY logical_date DESC
 LIMIT 1;
@@ -418,7 +599,7 @@ GROUP BY state ORDER BY state;
 -- name: work_left
 -- What an engine has left to do now (engine.testing's drain): task instances runnable now or
 -- queued or running, deferrals whose deadline is due or whose trigger no triggerer has claimed
--- yet, and runs whose tasks are all finished but which are not ended yet.
+-- yet, and runs whose tasks are all finished but which are not ended yet, or that wait queued.
 SELECT
     (SELECT count(*) FROM deferral_task_instances
      WHERE (state IN ('scheduled', 'up_for_retry', 'up_for_reschedule') AND run_after <= now())
@@ -429,10 +610,10 @@ SELECT
        AND (ti.trigger_timeout_at <= now() OR t.id IS NULL OR t.triggerer_id IS NULL))
         AS deferred_due,
     (SELECT count(*) FROM deferral_dag_runs r
-     WHERE r.state = 'running' AND NOT EXISTS (
+     WHERE r.state = 'queued' OR (r.state = 'running' AND NOT EXISTS (
          SELECT 1 FROM deferral_task_instances ti
          WHERE ti.dag_run_id = r.id
-           AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed')))
+           AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed'))))
         AS runs_to_end;
 
 -- name: register_triggerer
@@ -833,6 +1014,18 @@ RETURNING ti.id,
           + (o.new_event IS NOT NULL AND ti.next_event IS NOT DISTINCT FROM o.new_event)::int
           + (o.new_result IS NOT NULL AND ti.result IS NOT DISTINCT FROM o.new_result)::int
           AS rewritten;
+
+-- name: count_dags
+-- How many DAGs are recorded.
+SELECT count(*) AS n FROM deferral_dags;
+
+-- name: schedule_delays
+-- Seconds from interval end to creation of the scheduled runs whose interval ended in
+-- [$1, $2) (the schedule benchmark; Airflow's dagrun.schedule_delay).
+SELECT EXTRACT(EPOCH FROM created_at - data_interval_end)::double precision AS delay
+FROM deferral_dag_runs
+WHERE run_type = 'scheduled' AND data_interval_end >= $1 AND data_interval_end < $2
+ORDER BY delay;
 
 -- ---------------------------------------------------------------------------------------------
 -- The schedulers' registry and the status page (deferral webserver, engine/web/). Read-only

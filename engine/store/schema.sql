@@ -13,8 +13,28 @@ CREATE TABLE deferral_dags (
     -- One object a task: task_id, upstream, trigger_rule, retries, ... (engine.dag.DAG.serialize_tasks)
     tasks       jsonb NOT NULL,
     description text,
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    -- The schedule (added by migration 0009). engine.timetables: {"kind": "none"|"once"|
+    -- "cron"|"delta", ...}; schedule: as written, for display (null: none).
+    timetable   jsonb NOT NULL DEFAULT '{"kind": "none"}'::jsonb,
+    schedule    text,
+    start_date  timestamptz,
+    end_date    timestamptz,
+    catchup     boolean NOT NULL DEFAULT false,
+    max_active_runs integer NOT NULL DEFAULT 16 CHECK (max_active_runs >= 1),
+    is_paused   boolean NOT NULL DEFAULT false,
+    params      jsonb NOT NULL DEFAULT '{}'::jsonb,
+    tags        text[] NOT NULL DEFAULT '{}',
+    -- the next scheduled run: its logical date and interval, and when it may be created
+    -- (null: none). Set whenever the scheduler creates runs of the DAG or its schedule changes.
+    next_dagrun timestamptz,
+    next_dagrun_data_interval_start timestamptz,
+    next_dagrun_data_interval_end timestamptz,
+    next_dagrun_create_after timestamptz
 );
+-- The scheduler's one look for due DAGs.
+CREATE INDEX deferral_dags_due ON deferral_dags (next_dagrun_create_after)
+    WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL;
 
 CREATE TABLE deferral_dag_runs (
     id           bigserial PRIMARY KEY,
@@ -23,14 +43,27 @@ CREATE TABLE deferral_dag_runs (
     logical_date timestamptz NOT NULL,
     conf         jsonb NOT NULL DEFAULT '{}'::jsonb,
     state        text NOT NULL DEFAULT 'running'
-                 CHECK (state IN ('running', 'success', 'failed')),
+                 CHECK (state IN ('queued', 'running', 'success', 'failed')),
     created_at   timestamptz NOT NULL DEFAULT now(),
     ended_at     timestamptz,
+    -- added by migration 0009: how the run came to be, its data interval, and when it left
+    -- 'queued' (its task instances were created then)
+    run_type     text NOT NULL DEFAULT 'manual'
+                 CHECK (run_type IN ('scheduled', 'manual', 'backfill')),
+    data_interval_start timestamptz,
+    data_interval_end   timestamptz,
+    started_at   timestamptz,
     UNIQUE (dag_id, run_id)
 );
 -- the latest successful run before a date (prev_data_interval_start_success); added by 0007
 CREATE INDEX deferral_dag_runs_success ON deferral_dag_runs (dag_id, logical_date)
     WHERE state = 'success';
+-- One scheduled or backfill run per interval, whatever number of schedulers or backfills.
+CREATE UNIQUE INDEX deferral_dag_runs_interval ON deferral_dag_runs (dag_id, logical_date)
+    WHERE run_type IN ('scheduled', 'backfill');
+-- Runs not ended yet, per DAG, oldest first (admission behind max_active_runs).
+CREATE INDEX deferral_dag_runs_active ON deferral_dag_runs (dag_id, logical_date)
+    WHERE state IN ('queued', 'running');
 
 CREATE TABLE deferral_workers (
     id           bigserial PRIMARY KEY,
@@ -181,12 +214,13 @@ $$;
 -- code outside the engine that reads its tables (triggers.external_task, dashboards), so the
 -- tables underneath can change without breaking it. One row per DAG run; columns are listed
 -- in docs/reference/triggers-and-sensors.md. task_states is computed only when selected.
--- Added by migration 0004.
+-- Added by migration 0004; run_type and the data interval by 0009.
 CREATE VIEW deferral_run_states AS
 SELECT r.id AS run_seq, r.dag_id, r.run_id, r.logical_date, r.state, r.created_at, r.ended_at,
        (SELECT COALESCE(jsonb_object_agg(ti.task_id, ti.state), '{}'::jsonb)
         FROM deferral_task_instances ti
-        WHERE ti.dag_run_id = r.id) AS task_states
+        WHERE ti.dag_run_id = r.id) AS task_states,
+       r.run_type, r.data_interval_start, r.data_interval_end
 FROM deferral_dag_runs r;
 COMMENT ON VIEW deferral_run_states IS
-    'One row per DAG run: run_seq (newer runs are higher), dag_id, run_id, logical_date, state, created_at, ended_at, task_states ({task_id: state}). Read only; the interface for readers outside the engine.';
+    'One row per DAG run: run_seq (newer runs are higher), dag_id, run_id, logical_date, state, created_at, ended_at, task_states ({task_id: state}), run_type, data_interval_start, data_interval_end. Read only; the interface for readers outside the engine.';

@@ -39,6 +39,7 @@ from engine.store.models import (
     WorkLeft,
 )
 from engine.store.queries import load_queries, migrations
+from engine.store.schedules import ScheduleStore
 from engine.store.status import StatusReads
 
 __all__ = [
@@ -131,9 +132,10 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store(StatusReads):
-    """A pool of connections and one method per named query (or per transaction of them);
-    the status page's reads and actions are in engine/store/status.py."""
+class Store(ScheduleStore, StatusReads):
+    """A pool of connections and one method per named query (or per transaction of them).
+    The statements of schedules and run admission are in :mod:`engine.store.schedules`; the
+    status page's reads and actions in engine/store/status.py."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
         self._pool = pool
@@ -257,9 +259,35 @@ class Store(StatusReads):
     # -- DAGs and runs -------------------------------------------------------------------
 
     async def upsert_dag(
-        self, dag_id: str, fileloc: str, tasks: list[dict[str, Any]], description: str | None
-    ) -> None:
-        await self._pool.execute(self._q["upsert_dag"], dag_id, fileloc, tasks, description)
+        self,
+        dag_id: str,
+        fileloc: str,
+        tasks: list[dict[str, Any]],
+        description: str | None,
+        schedule: dict[str, Any] | None = None,
+    ) -> bool:
+        """Record a DAG (``schedule``: :meth:`engine.dag.DAG.serialize_schedule`; None: no
+        schedule). Returns whether its next scheduled run must be computed again (a new DAG or
+        a changed schedule)."""
+        sched = schedule or {}
+        row = await self._one(
+            self._pool,
+            self._q["upsert_dag"],
+            dag_id,
+            fileloc,
+            tasks,
+            description,
+            sched.get("timetable") or {"kind": "none"},
+            sched.get("schedule"),
+            sched.get("start_date"),
+            sched.get("end_date"),
+            bool(sched.get("catchup", False)),
+            int(sched.get("max_active_runs", 16)),
+            bool(sched.get("is_paused_upon_creation", False)),
+            sched.get("params") or {},
+            list(sched.get("tags") or ()),
+        )
+        return bool(row["reschedule"])
 
     async def list_dags(self) -> list[DagSummary]:
         return _structs(await self._pool.fetch(self._q["list_dags"]), DagSummary)
@@ -275,11 +303,23 @@ class Store(StatusReads):
         *,
         logical_date: dt.datetime,
         conf: dict[str, Any] | None = None,
+        run_type: str = "manual",
+        data_interval: tuple[dt.datetime, dt.datetime] | None = None,
     ) -> int:
-        """Create a run and its task instances; returns the run's id."""
+        """Create a run and its task instances, running at once whatever the DAG's
+        max_active_runs (:meth:`create_queued_run` is held back by it); returns the run's id.
+        ``data_interval`` defaults to ``[logical_date, logical_date]``."""
+        start, end = data_interval or (None, None)
         try:
             row = await self._pool.fetchrow(
-                self._q["create_dag_run"], dag_id, run_id, logical_date, conf or {}
+                self._q["create_dag_run"],
+                dag_id,
+                run_id,
+                logical_date,
+                conf or {},
+                run_type,
+                start,
+                end,
             )
         except asyncpg.UniqueViolationError:
             raise DuplicateRun(f"DAG {dag_id} already has a run {run_id!r}") from None
