@@ -172,6 +172,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert (await s.work_left()).runnable == 1
     assert len(await s.list_task_instances(dag_id="rows")) == 4
     assert [r.run_id for r in await s.list_dag_runs(dag_id="rows")] == ["r1"]
+    assert await s.dags_of_run_id("r1") == ["rows"]
 
     triggerer = await s.register_triggerer("test", 1, 10, 60.0)
     assert await s.renew_triggerer_lease(triggerer, 60.0) == 0

@@ -17,6 +17,12 @@ import msgspec
 
 from engine.store.models import DueDag, RunRow
 
+
+class DuplicateRun(ValueError):
+    """The DAG already has a run of that id (or, for a scheduled or backfill run, a run at
+    that logical date)."""
+
+
 if TYPE_CHECKING:
     import asyncpg
 
@@ -142,7 +148,7 @@ class ScheduleStore:
                 return None
             created = await self.insert_runs([run], conn)
             if not created:
-                raise ValueError(
+                raise DuplicateRun(
                     f"DAG {run.dag_id} already has a run {run.run_id!r}"
                     + (
                         f" or a run at {run.logical_date.isoformat()}"

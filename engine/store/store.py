@@ -39,7 +39,7 @@ from engine.store.models import (
     WorkLeft,
 )
 from engine.store.queries import load_queries, migrations
-from engine.store.schedules import ScheduleStore
+from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
 
 __all__ = [
@@ -107,10 +107,6 @@ def _struct(record: asyncpg.Record, type_: type[T]) -> T:
 
 class UnknownDag(LookupError):
     """No DAG with that id has been recorded (its file was never parsed)."""
-
-
-class DuplicateRun(ValueError):
-    """The DAG already has a run of that id."""
 
 
 class DagRunNotFound(LookupError):
