@@ -95,6 +95,7 @@ def make_scheduler(store: Store, settings: Settings) -> Scheduler:
         zombie_threshold_s=settings.zombie_threshold_s,
         timeout_backstop_grace_s=settings.timeout_backstop_grace_s,
         dag_rescan_interval_s=settings.dag_rescan_interval_s,
+        log_retention_days=settings.log_retention_days,
     )
 
 

@@ -26,6 +26,7 @@ DEFAULT_BLOCKED_LOOP_S = 0.2
 DEFAULT_TRIGGERER_MAX_BLOCK_S = 5.0
 DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S = 30.0
 DEFAULT_DAG_RESCAN_INTERVAL_S = 10.0
+DEFAULT_LOG_RETENTION_DAYS = 30.0
 
 
 def masked_url(url: str) -> str:
@@ -95,6 +96,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: How late a deferral deadline may be before the scheduler ends it (no triggerer alive).
     timeout_backstop_grace_s: float = 5.0
 
+    #: Per-trigger and per-try log lines older than this many days are deleted by the
+    #: scheduler (in small batches); 0 keeps them forever.
+    log_retention_days: float = DEFAULT_LOG_RETENTION_DAYS
+
     #: Sensors defer by default (``deferrable=None``), like Airflow's ``default_deferrable``.
     #: The worker hands it to operators at run time, in ``context["default_deferrable"]``.
     default_deferrable: bool = False
@@ -125,6 +130,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"setting {name} must be > 0, got {value!r}")
+        if not self.log_retention_days >= 0 or self.log_retention_days == float("inf"):
+            raise ConfigError(
+                "setting log_retention_days must be a finite number >= 0 (0: keep forever), "
+                f"got {self.log_retention_days!r}"
+            )
         if self.event_loop not in ("uvloop", "asyncio"):
             raise ConfigError(
                 f"setting event_loop must be 'uvloop' or 'asyncio', not {self.event_loop!r}"

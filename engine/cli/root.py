@@ -87,7 +87,9 @@ def cli(
 
 
 def _add_commands() -> None:
-    from engine.cli import dags, db, demo, keys, processes, tasks, triggers
+    from engine.cli import dags, db, demo, keys, processes, tasks, tasks_logs, triggers
+
+    del tasks_logs  # (imported for its command, which it adds to the tasks group)
 
     for command in (
         processes.scheduler,

@@ -16,6 +16,7 @@ from engine.crashpoints import crash_point
 from engine.keys import Keyring, UnreadableValue
 from engine.retry import with_db_retry
 from engine.store.downstream import settle
+from engine.store.logstore import LogStore
 from engine.store.models import (
     ClaimedTask,
     ClaimedTrigger,
@@ -123,7 +124,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store:
+class Store(LogStore):
     """A pool of connections and one method per named query (or per transaction of them)."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
