@@ -36,6 +36,7 @@ from typing import Any, Literal, TextIO, cast
 
 import anyio
 
+from engine import logs
 from engine.store.logstore import TaskLogRow, TriggerLogRow
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_FLUSH_INTERVAL_S",
     "DEFAULT_MAX_PENDING_LINES",
     "MAX_LINE_CHARS",
+    "NOT_STORED",
     "WRITE_BATCH",
     "LogSink",
     "capture_line",
@@ -65,6 +67,8 @@ MAX_LINE_CHARS = 32_768
 MAP_AGAIN_S = 10.0
 #: Engine lines below this level are not stored per trigger or try.
 ENGINE_MIN_LEVEL = logging.WARNING
+#: A record with this attribute set (``extra={NOT_STORED: True}``) is not stored.
+NOT_STORED = "deferral_not_stored"
 
 Kind = Literal["trigger", "task"]
 
@@ -84,6 +88,19 @@ class _Target:
 _target: contextvars.ContextVar[_Target | None] = contextvars.ContextVar(
     "deferral_log_target", default=None
 )
+
+
+def _current() -> _Target | None:
+    """Where the current context's lines go, if anywhere. A target without a key (a
+    triggerer's: :meth:`LogSink.bind_triggers`) takes the trigger id bound in the context
+    (engine.logs), so each trigger's task costs no binding of its own."""
+    target = _target.get()
+    if target is None or target.key is not None:
+        return target
+    trigger_id = logs.bound().get("trigger")
+    if trigger_id is None:
+        return None
+    return _Target(target.sink, trigger_id, (trigger_id,))
 
 
 class _Buffer:
@@ -144,6 +161,11 @@ class LogSink:
     def bind_trigger(self, trigger_id: int) -> contextvars.Token[_Target | None]:
         """Route what the current context (a trigger's asyncio task) logs or prints here."""
         return _target.set(_Target(self, trigger_id, (trigger_id,)))
+
+    def bind_triggers(self) -> contextvars.Token[_Target | None]:
+        """Route what the tasks started from the current context log or print here, each by
+        the trigger id bound in it (``logs.bind(trigger=...)``; without one, nowhere)."""
+        return _target.set(_Target(self, None, ()))
 
     def bind_task(
         self, ti_id: int, dag_id: str, run_id: str, task_id: str, try_number: int
@@ -368,7 +390,7 @@ class LogSink:
 def capture_line(stream: str, text: str) -> bool:
     """Store one line of ``stream`` for the trigger or try bound in the current context (a
     task's child process output); False when none is bound."""
-    target = _target.get()
+    target = _current()
     if target is None:
         return False
     target.sink.append(target, time.time(), "INFO", f"<{stream}>", text, stream)
@@ -378,7 +400,7 @@ def capture_line(stream: str, text: str) -> bool:
 def capture_record(at: float, level: str, logger: str, message: str, stream: str = "log") -> bool:
     """Store one log line (a task's child process logged it) for the trigger or try bound in
     the current context; False when none is bound."""
-    target = _target.get()
+    target = _current()
     if target is None:
         return False
     target.sink.append(target, at, level, logger, message, stream)
@@ -394,12 +416,14 @@ class _Handler(logging.Handler):
     _formatter = logging.Formatter()
 
     def handle(self, record: logging.LogRecord) -> bool:
-        target = _target.get()
+        target = _current()
         if target is None:
             return False
         if record.levelno < ENGINE_MIN_LEVEL and (
             record.name == "engine" or record.name.startswith("engine.")
         ):
+            return False
+        if getattr(record, NOT_STORED, False):
             return False
         try:
             message = record.getMessage()
@@ -427,7 +451,7 @@ class _StreamProxy:
         self._name = name
 
     def write(self, text: str) -> int:
-        target = _target.get()
+        target = _current()
         if target is None:
             return self._deferral_real.write(text)
         target.sink.write_text(target, self._name, str(text))

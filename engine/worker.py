@@ -39,7 +39,7 @@ from engine.config import (
 from engine.crashpoints import crash_point
 from engine.dagbag import DagBag
 from engine.keepalive import KeepAlive
-from engine.logsink import LogSink, capture_line, capture_record
+from engine.logsink import NOT_STORED, LogSink, capture_line, capture_record
 from engine.outbox import Outbox
 from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
@@ -699,10 +699,19 @@ class Worker:
             error=error,
             no_retry=no_retry,
         )
+        # The try's own lines get the error before its outcome is written (a reader that sees
+        # the try ended has it); the process's log gets it with the state it led to.
+        capture_record(time.time(), "ERROR", log.name, f"try {ti.try_number} failed:\n{error}")
         state = await self._finish(outcome)
         self._lost_if_not(state is not None, ti)
         if state is not None:
-            log.error("try %d failed (now %s):\n%s", ti.try_number, state, error)
+            log.error(
+                "try %d failed (now %s):\n%s",
+                ti.try_number,
+                state,
+                error,
+                extra={NOT_STORED: True},
+            )
 
     async def _finish(self, outcome: TaskOutcome) -> str | None:
         """Queue the outcome for the writer and wait until it is written; the new state, or

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from engine import DAG, logsink
+from engine.dagbag import DagBag
 from engine.logsink import LogSink
 from engine.scheduler import Scheduler
 from engine.store import Store, TaskInstance
@@ -261,6 +262,7 @@ async def test_follow_ends_when_the_try_ends(
     text = f.out.decode()
     assert "logged on try 1" in text
     assert "the flag is there on try 1" in text  # logged just before the try's outcome
+    assert "RuntimeError: try 1 fails on purpose" in text  # the error, stored with the outcome
 
 
 async def test_unknown_task_or_try_is_a_usage_error(store: Store, db_url: str) -> None:
@@ -281,6 +283,43 @@ async def test_unknown_task_or_try_is_a_usage_error(store: Store, db_url: str) -
         assert done.returncode == 2, (args, err)
         assert names in err, (args, err)
         assert "Traceback" not in err
+
+
+_ISOLATED_DAG = """
+import logging
+
+from engine import DAG
+from operators.base import BaseOperator
+
+
+class Talks(BaseOperator):
+    def execute(self, context):
+        print("printed in the child")
+        logging.getLogger("child.code").warning("logged in the child")
+        return "ok"
+
+
+with DAG("isolated"):
+    Talks(task_id="talk", isolation="process")
+"""
+
+
+async def test_an_isolated_task_s_output_is_stored_with_its_try(
+    store: Store, tmp_path: Path
+) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "isolated_dag.py").write_text(_ISOLATED_DAG)
+    bag = DagBag(dags)
+    async with run_engine(store, dagbag=bag) as engine:
+        tis = await engine.run_dag(bag.get_dag("isolated"))
+    assert tis["talk"]["state"] == "success"
+    lines = (await store.task_logs("isolated", "run1", "talk")).lines
+    by_message = {line.message: line for line in lines}
+    printed = by_message["printed in the child"]
+    assert printed.stream == "stderr"  # (the child's stdout carries its reply)
+    logged = by_message["logged in the child"]
+    assert (logged.stream, logged.level, logged.logger) == ("log", "WARNING", "child.code")
 
 
 # -- the sink: bounded buffers, threads, retention ------------------------------------------

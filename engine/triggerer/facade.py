@@ -151,6 +151,8 @@ class Triggerer:
         shared.loop = asyncio.get_running_loop()
         usercode.install(shared.loop)
         shared.logs.open()
+        # Every trigger task (started from this task's claimer) stores its lines there.
+        shared.logs.bind_triggers()
         watchdog = LoopWatchdog(
             shared.loop,
             threshold_s=self.blocked_loop_s,
