@@ -835,9 +835,11 @@ ORDER BY trigger_id;
 WITH oldest AS (
     SELECT seq, at FROM deferral_trigger_logs WHERE seq > $3 ORDER BY seq LIMIT $2
 ), gone AS (
-    DELETE FROM deferral_trigger_logs l
-    USING oldest o
-    WHERE l.seq = o.seq AND o.at < now() - make_interval(secs => $1)
+    -- (By an array of seqs, not a join with oldest: the planner hashed the oldest lines
+    -- against a sequential scan of the table; tests/test_query_plans.py pins this.)
+    DELETE FROM deferral_trigger_logs
+    WHERE seq = ANY (ARRAY(SELECT seq FROM oldest
+                           WHERE at < now() - make_interval(secs => $1)))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS deleted, last.seq AS last_seq,
@@ -850,9 +852,11 @@ LEFT JOIN (SELECT seq, at FROM oldest ORDER BY seq DESC LIMIT 1) last ON true;
 WITH oldest AS (
     SELECT seq, at FROM deferral_task_logs WHERE seq > $3 ORDER BY seq LIMIT $2
 ), gone AS (
-    DELETE FROM deferral_task_logs l
-    USING oldest o
-    WHERE l.seq = o.seq AND o.at < now() - make_interval(secs => $1)
+    -- (By an array of seqs, not a join with oldest: the planner hashed the oldest lines
+    -- against a sequential scan of the table; tests/test_query_plans.py pins this.)
+    DELETE FROM deferral_task_logs
+    WHERE seq = ANY (ARRAY(SELECT seq FROM oldest
+                           WHERE at < now() - make_interval(secs => $1)))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS deleted, last.seq AS last_seq,
