@@ -481,8 +481,10 @@ def _install() -> None:
             return
         _handler = _Handler()
         logging.getLogger().addHandler(_handler)
-        sys.stdout = cast(TextIO, _StreamProxy(sys.stdout, "stdout"))
-        sys.stderr = cast(TextIO, _StreamProxy(sys.stderr, "stderr"))
+        if sys.stdout is not None:  # (None without a console)
+            sys.stdout = cast(TextIO, _StreamProxy(sys.stdout, "stdout"))
+        if sys.stderr is not None:
+            sys.stderr = cast(TextIO, _StreamProxy(sys.stderr, "stderr"))
 
 
 def _uninstall() -> None:

@@ -24,7 +24,7 @@ __all__ = ["tasks_logs"]
 @click.option(
     "--try",
     "try_number",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=2**31 - 1),
     help="The try to show (default: the latest).",
 )
 @click.option(

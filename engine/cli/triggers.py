@@ -63,7 +63,7 @@ def triggers_list(ctx: click.Context, limit: int, as_json: bool) -> None:
 
 
 @triggers.command("logs")
-@click.argument("trigger_id", type=click.IntRange(min=1), metavar="ID")
+@click.argument("trigger_id", type=click.IntRange(min=1, max=2**63 - 1), metavar="ID")
 @click.option(
     "--follow",
     "-f",
