@@ -37,6 +37,7 @@ from typing import Any, Literal, TextIO, cast
 import anyio
 
 from engine import logs
+from engine.retry import REFUSED_DATA_ERRORS
 from engine.store.logstore import TaskLogRow, TriggerLogRow
 
 __all__ = [
@@ -305,9 +306,22 @@ class LogSink:
             try:
                 while done < len(rows):
                     batch = rows[done : done + WRITE_BATCH]
-                    await self._write(batch)
+                    try:
+                        await self._write(batch)
+                    except REFUSED_DATA_ERRORS as exc:
+                        # Refused for good (not a lost connection): written again it would
+                        # be refused again, holding up every line after it.
+                        log.warning(
+                            "%d %s log lines dropped: the database refused them (%s: %s)",
+                            len(batch),
+                            self.kind,
+                            type(exc).__name__,
+                            exc,
+                        )
+                        self.dropped += len(batch)
+                    else:
+                        self.written += len(batch)
                     done += len(batch)
-                    self.written += len(batch)
             except BaseException:
                 with self._lock:
                     self._unwritten[:0] = rows[done:]

@@ -370,3 +370,33 @@ async def test_retention_deletes_old_lines_in_batches(
     assert [line.message for line in trigger_lines] == [f"new {i}" for i in range(5)]
     assert [line.message for line in task_lines] == [f"new {i}" for i in range(5)]
     assert await scheduler.delete_old_logs() == 0
+
+
+async def test_engine_chatter_stays_out_long_lines_are_cut_odd_text_is_kept(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="engine.worker")  # as an engine process has it
+    sink = LogSink(store, "trigger")
+    sink.open()
+    try:
+        token = sink.bind_trigger(42)
+        try:
+            logging.getLogger("engine.worker").info("engine chatter: not stored")
+            logging.getLogger("engine.triggerer").warning("engine warning: stored")
+            logging.getLogger("user").warning("x" * (logsink.MAX_LINE_CHARS + 10))
+            logging.getLogger("user").warning("nul \x00 and a lone surrogate \udce9")
+            logging.getLogger("user").warning("kept out", extra={logsink.NOT_STORED: True})
+            print("no newline at the end", end="")
+        finally:
+            sink.unbind(token)
+        sink.end(42)
+        await sink.flush()
+    finally:
+        await sink.close()
+    messages = [line.message for line in (await store.trigger_logs(42)).lines]
+    assert messages == [
+        "engine warning: stored",
+        "x" * logsink.MAX_LINE_CHARS + " [... 10 characters cut]",
+        "nul \\x00 and a lone surrogate \\udce9",
+        "no newline at the end",
+    ]
