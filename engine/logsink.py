@@ -30,7 +30,6 @@ import logging
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any, Literal, TextIO, cast
 
@@ -57,7 +56,7 @@ log = logging.getLogger(__name__)
 #: Lines kept per trigger or try between two writes; older ones are dropped (and counted).
 DEFAULT_BUFFER_LINES = 1000
 #: Lines kept by one sink between two writes, all triggers or tries together.
-DEFAULT_MAX_PENDING_LINES = 200_000
+DEFAULT_MAX_PENDING_LINES = 100_000
 #: How often buffered lines are written.
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 #: Lines per statement; this many waiting also wakes the writer before its interval.
@@ -105,11 +104,15 @@ def _current() -> _Target | None:
 
 
 class _Buffer:
+    """The lines of one trigger or try since the last write. (A list, not a deque: a
+    triggerer may hold a buffer for each of 100,000 triggers that logged a line, and an empty
+    deque alone is some 600 bytes.)"""
+
     __slots__ = ("dropped", "ident", "lines", "partial")
 
-    def __init__(self, ident: tuple[Any, ...], maxlen: int) -> None:
+    def __init__(self, ident: tuple[Any, ...]) -> None:
         self.ident = ident
-        self.lines: deque[tuple[float, str, str, str, str]] = deque(maxlen=maxlen)
+        self.lines: list[tuple[float, str, str, str, str]] = []
         self.dropped = 0
         #: A printed line not ended yet, by stream.
         self.partial: dict[str, str] = {}
@@ -189,9 +192,10 @@ class LogSink:
         with self._lock:
             buf = self._buffers.get(target.key)
             if buf is None:
-                buf = self._buffers[target.key] = _Buffer(target.ident, self.buffer_lines)
-            if len(buf.lines) == self.buffer_lines:
-                buf.dropped += 1  # the oldest goes
+                buf = self._buffers[target.key] = _Buffer(target.ident)
+            if len(buf.lines) >= self.buffer_lines:
+                del buf.lines[0]  # the oldest goes
+                buf.dropped += 1
             elif self._pending >= self.max_pending_lines:
                 buf.dropped += 1  # every buffer together is full: this one goes
                 return
@@ -210,7 +214,7 @@ class LogSink:
         with self._lock:
             buf = self._buffers.get(target.key)
             if buf is None:
-                buf = self._buffers[target.key] = _Buffer(target.ident, self.buffer_lines)
+                buf = self._buffers[target.key] = _Buffer(target.ident)
             text = buf.partial.pop(stream, "") + text
             *whole, rest = text.split("\n")
             if rest:
@@ -250,7 +254,7 @@ class LogSink:
             rows, self._unwritten = self._unwritten, []
             for key, buf in taken:
                 if buf.partial:  # still being printed: its buffer stays for the rest
-                    self._buffers[key] = _Buffer(buf.ident, self.buffer_lines)
+                    self._buffers[key] = _Buffer(buf.ident)
                     self._buffers[key].partial = buf.partial
                 self._pending -= len(buf.lines)
                 if buf.dropped:
