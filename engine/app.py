@@ -101,6 +101,7 @@ def make_scheduler(store: Store, settings: Settings, metrics: Metrics | None = N
         timeout_backstop_grace_s=settings.timeout_backstop_grace_s,
         dag_rescan_interval_s=settings.dag_rescan_interval_s,
         metrics=metrics,
+        log_retention_days=settings.log_retention_days,
     )
 
 

@@ -42,6 +42,7 @@ DEFAULT_DAG_RESCAN_INTERVAL_S = 10.0
 DEFAULT_HOME = platformdirs.user_data_dir("deferral")
 #: The first metrics port of ``deferral standalone`` when ``metrics_port`` is unset.
 STANDALONE_METRICS_PORT = 9464
+DEFAULT_LOG_RETENTION_DAYS = 30.0
 
 
 def masked_url(url: str) -> str:
@@ -186,6 +187,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: there too).
     webserver_port: int = 8793
 
+    #: Per-trigger and per-try log lines older than this many days are deleted by the
+    #: scheduler (in small batches); 0 keeps them forever.
+    log_retention_days: float = DEFAULT_LOG_RETENTION_DAYS
+
     #: Sensors created with `deferrable=None` defer (like Airflow's `default_deferrable`); the
     #: worker hands it to them at run time, in `context["default_deferrable"]` (a sensor that
     #: cannot defer, such as a `PythonSensor` without `async_check`, waits in its `mode`).
@@ -224,6 +229,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"setting {name} must be > 0, got {value!r}")
+        if not self.log_retention_days >= 0 or self.log_retention_days == float("inf"):
+            raise ConfigError(
+                "setting log_retention_days must be a finite number >= 0 (0: keep forever), "
+                f"got {self.log_retention_days!r}"
+            )
         if self.event_loop not in ("uvloop", "asyncio"):
             raise ConfigError(
                 f"setting event_loop must be 'uvloop' or 'asyncio', not {self.event_loop!r}"

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,10 @@ DEFAULT_KILL_GRACE_S = 5.0
 MAX_REPLY_BYTES = 64 << 20
 #: How often a child checks that its worker is still there.
 PARENT_CHECK_S = 0.2
+#: After the reply, how long the worker reads what the child wrote last.
+READ_REST_S = 2.0
+#: A line of the child's output longer than this is handed on in pieces.
+MAX_OUTPUT_LINE = 64 << 10
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -85,6 +89,8 @@ class Request(msgspec.Struct, frozen=True):
     context: bytes
     kwargs: bytes
     log_level: str = "INFO"
+    #: How the child writes its log lines: "text", or "json" for a worker that stores them.
+    log_format: str = "text"
     #: The worker's pid: the child ends itself (and its process group) once it is gone.
     parent_pid: int = 0
 
@@ -180,33 +186,81 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 async def run_isolated(
-    request: Request, *, timeout_s: float | None, kill_grace_s: float = DEFAULT_KILL_GRACE_S
+    request: Request,
+    *,
+    timeout_s: float | None,
+    kill_grace_s: float = DEFAULT_KILL_GRACE_S,
+    on_output: Callable[[str], None] | None = None,
 ) -> Reply | None:
     """Run the request in a child process; its reply, or None if ``timeout_s`` passed first
     (the child is then gone: SIGTERM, and SIGKILL after ``kill_grace_s``). If the caller is
-    cancelled, the child is stopped the same way. :class:`ChildEnded` if it died unanswered."""
+    cancelled, the child is stopped the same way. :class:`ChildEnded` if it died unanswered.
+
+    ``on_output``: called with each line the child writes to its stderr (its log lines, in
+    the format the request names, and its prints); None: they go where the worker's go."""
     proc = await anyio.open_process(
         [sys.executable, "-m", "engine.isolation"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=None,  # the task's log lines and prints go where the worker's go
+        stderr=None if on_output is None else subprocess.PIPE,
         env=child_env(os.environ),
         start_new_session=True,  # its process group is stopped with it
     )
     try:
-        with anyio.move_on_after(timeout_s):
-            data = await _exchange(proc, msgspec.msgpack.encode(request))
-            code = await proc.wait()
-            if not data:
-                raise ChildEnded(_describe_exit(code))
-            try:
-                return msgspec.msgpack.decode(data, type=Reply)
-            except msgspec.DecodeError as exc:
-                raise ChildEnded(f"its reply could not be read ({exc})") from None
-        return None
+        async with anyio.create_task_group() as tg:
+            read_all = anyio.Event()
+            if on_output is not None and proc.stderr is not None:
+                tg.start_soon(_read_lines, proc.stderr, on_output, read_all)
+            else:
+                read_all.set()
+            reply: Reply | None = None
+            ended: ChildEnded | None = None  # (raised out of the task group, not in it)
+            with anyio.move_on_after(timeout_s):
+                try:
+                    data = await _exchange(proc, msgspec.msgpack.encode(request))
+                except ChildEnded as exc:
+                    ended = exc
+                else:
+                    code = await proc.wait()
+                    try:
+                        reply = msgspec.msgpack.decode(data, type=Reply) if data else None
+                    except msgspec.DecodeError as exc:
+                        ended = ChildEnded(f"its reply could not be read ({exc})")
+                    if not data:
+                        ended = ChildEnded(_describe_exit(code))
+            # What it wrote last (a process it started may hold the pipe open: not waited for).
+            if proc.returncode is not None:
+                with anyio.move_on_after(READ_REST_S):
+                    await read_all.wait()
+            tg.cancel_scope.cancel()
+        if ended is not None:
+            raise ended
+        return reply
     finally:
         with anyio.CancelScope(shield=True):
             await _stop(proc, kill_grace_s)
+
+
+async def _read_lines(
+    stream: anyio.abc.ByteReceiveStream, on_line: Callable[[str], None], done: anyio.Event
+) -> None:
+    """Hand each line of ``stream`` to ``on_line`` (decoded, without its newline; a line over
+    ``MAX_OUTPUT_LINE`` bytes is handed in pieces) until it ends."""
+    rest = b""
+    try:
+        async for chunk in stream:
+            rest += chunk
+            *lines, rest = rest.split(b"\n")
+            while len(rest) > MAX_OUTPUT_LINE:
+                lines.append(rest[:MAX_OUTPUT_LINE])
+                rest = rest[MAX_OUTPUT_LINE:]
+            for line in lines:
+                on_line(line.decode("utf-8", "replace").rstrip("\r"))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass
+    if rest:
+        on_line(rest.decode("utf-8", "replace"))
+    done.set()
 
 
 async def _exchange(proc: anyio.abc.Process, request: bytes) -> bytes:
@@ -372,7 +426,7 @@ def main() -> None:
     os.close(devnull)
     from engine import logs
 
-    logs.configure_logging(request.log_level)
+    logs.configure_logging(request.log_level, request.log_format)
     with logs.binding(dag=request.dag_id, task=request.task_id, pid=os.getpid()):
         reply = run_request(request)
     with os.fdopen(reply_fd, "wb") as out:

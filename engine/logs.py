@@ -137,7 +137,9 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     The text lines are for people: time, level, ``kind[pid]``, logger, bound ids, message; no
     source file or line number. Library loggers (:data:`LIBRARY_LOGGERS`) show WARNING and
     above, or INFO and above when ``level`` is DEBUG."""
-    handler = logging.StreamHandler(sys.stderr)
+    # (While an engine process stores per-trigger and per-try logs, sys.stderr is a proxy
+    # (engine/logsink.py): the process's own log goes to the stream behind it.)
+    handler = logging.StreamHandler(getattr(sys.stderr, "_deferral_real", sys.stderr))
     handler.addFilter(_ContextFilter())
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
     root = logging.getLogger()

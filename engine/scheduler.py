@@ -67,6 +67,13 @@ FLEET_INTERVAL_S = 15.0
 #: creating it right now).
 MIN_WAIT_S = 0.01
 
+#: How often the scheduler deletes log lines past their retention, and how many rows of each
+#: log table one statement deletes (a pass stops after ``LOG_RETENTION_BATCHES`` of them and
+#: goes on at the next: housekeeping is not held up).
+LOG_RETENTION_EVERY_S = 60.0
+LOG_RETENTION_BATCH = 1000
+LOG_RETENTION_BATCHES = 20
+
 
 async def sync_dags(store: Store, dagbag: DagBag) -> int:
     """Parse the DAGs folder and record every DAG's structure and schedule; returns how many."""
@@ -118,6 +125,7 @@ class Scheduler:
         timeout_backstop_grace_s: float = 5.0,
         dag_rescan_interval_s: float = 10.0,
         metrics: _metrics.Metrics | None = None,
+        log_retention_days: float = 30.0,
     ) -> None:
         self.store = store
         self.dagbag = dagbag
@@ -136,6 +144,9 @@ class Scheduler:
         #: never lost it). Heartbeats are not counted as missed before then.
         self.contact_since: dt.datetime | None = None
         self._contact_lost = False
+        #: Setting ``log_retention_days`` (0: log lines are kept forever).
+        self.log_retention_days = log_retention_days
+        self._logs_swept_at = -math.inf
         #: Housekeeping passes completed (for tests and introspection).
         self.housekeeping_passes = 0
         #: Scheduled runs this scheduler created.
@@ -308,6 +319,11 @@ class Scheduler:
             orphans = await self.store.delete_orphan_triggers(self.zombie_threshold_s)
             if orphans:
                 log.info("dropped %d trigger(s) nobody waits on", orphans)
+        if self.log_retention_days > 0 and now - self._logs_swept_at >= LOG_RETENTION_EVERY_S:
+            self._logs_swept_at = now
+            deleted = await self.delete_old_logs()
+            if deleted:
+                log.info("deleted %d log line(s) past log_retention_days", deleted)
         if zombies or late or resolved:
             await self.finish_runs()
         # The backstop for queued runs whose admission was missed (a scheduler that stopped
@@ -331,3 +347,12 @@ class Scheduler:
         """Readiness: a pass of the scheduler's loop completed recently (engine/health.py)."""
         limit = max(5 * self.interval_s, 15.0)
         return {"scheduler_loop": freshness("scheduler pass", lambda: self.pass_at, limit)}
+
+    async def delete_old_logs(self) -> int:
+        """Delete log lines older than ``log_retention_days``, in small batches (at most
+        ``LOG_RETENTION_BATCHES`` of them a table); returns how many rows went."""
+        return await self.store.delete_old_logs(
+            self.log_retention_days * 86400.0,
+            batch=LOG_RETENTION_BATCH,
+            max_batches=LOG_RETENTION_BATCHES,
+        )

@@ -21,12 +21,14 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 
 from engine import isolation, logs, templating, usercode
@@ -39,6 +41,7 @@ from engine.crashpoints import crash_point
 from engine.dagbag import DagBag
 from engine.health import Check, freshness
 from engine.keepalive import KeepAlive
+from engine.logsink import NOT_STORED, LogSink, capture_line, capture_record
 from engine.outbox import Outbox
 from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
@@ -164,6 +167,8 @@ class Worker:
         self._limiter = anyio.CapacityLimiter(slots)
         self._dag_lock = anyio.Lock()
         self._outbox = self._new_outbox()
+        #: What the tries log and print (engine/logsink.py), stored per try in batches.
+        self.logs = LogSink(store, "task")
         # A claim failed after it may have committed: look for claims whose reply was lost.
         self._claims_unsure = False
         # Tasks this process gave up on without recording an outcome: never adopted again.
@@ -194,6 +199,14 @@ class Worker:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
         usercode.install(asyncio.get_running_loop())
+        self.logs.open()
+        try:
+            await self._serve(task_status)
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                await self.logs.close()
+
+    async def _serve(self, task_status: TaskStatus[None]) -> None:
         self.id = await self._register()
         listener = self.store.listener(CHANNEL_TASKS)
         listener.on_notify(lambda _channel, _payload: self._wake.set())
@@ -203,6 +216,7 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_loop, listener)
                 tg.start_soon(self._outbox.run, name="worker-writer")
+                tg.start_soon(self.logs.run, name="worker-logs")
                 task_status.started()
                 async with anyio.create_task_group() as tasks:
                     await self._claim_loop(tasks)
@@ -376,6 +390,7 @@ class Worker:
         worker_id = self.id
         assert worker_id is not None
         with logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number):
+            token = self.logs.bind_task(ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number)
             try:
                 await self._run_and_record(ti, worker_id)
             except anyio.get_cancelled_exc_class():
@@ -386,6 +401,8 @@ class Worker:
                 self._abandoned.add(ti.id)
                 log.exception("recording the end of task instance %s failed", ti.id)
             finally:
+                self.logs.end((ti.id, ti.try_number))
+                self.logs.unbind(token)
                 self.running.pop(ti.id, None)
                 self.finished += 1
                 self._wake.set()
@@ -539,11 +556,15 @@ class Worker:
             context=encode_value(templating.child_context(context)),
             kwargs=encode_value(kwargs),
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            log_format="json",  # read back line by line and stored with the try's lines
             parent_pid=os.getpid(),
         )
         try:
             reply = await isolation.run_isolated(
-                request, timeout_s=remaining, kill_grace_s=self.isolation_kill_grace_s
+                request,
+                timeout_s=remaining,
+                kill_grace_s=self.isolation_kill_grace_s,
+                on_output=_child_output,
             )
         except isolation.ChildEnded as exc:
             raise isolation.TaskError(str(exc)) from None
@@ -739,10 +760,19 @@ class Worker:
             error=error,
             no_retry=no_retry,
         )
+        # The try's own lines get the error before its outcome is written (a reader that sees
+        # the try ended has it); the process's log gets it with the state it led to.
+        capture_record(time.time(), "ERROR", log.name, f"try {ti.try_number} failed:\n{error}")
         state = await self._finish(outcome)
         self._lost_if_not(state is not None, ti)
         if state is not None:
-            log.error("try %d failed (now %s):\n%s", ti.try_number, state, error)
+            log.error(
+                "try %d failed (now %s):\n%s",
+                ti.try_number,
+                state,
+                error,
+                extra={NOT_STORED: True},
+            )
 
     async def _finish(self, outcome: TaskOutcome) -> str | None:
         """Queue the outcome for the writer and wait until it is written; the new state, or
@@ -775,6 +805,9 @@ class Worker:
         self.metrics.write_duration.labels("task_outcomes").observe(duration_s)
 
     async def _write_outcomes(self, batch: list[_Queued]) -> dict[tuple[int, int], str]:
+        # The lines these tries logged go first (nothing when they logged none): a reader
+        # that sees a try ended has every line it logged before its outcome.
+        await self.logs.flush_keys([(q.outcome.ti_id, q.outcome.try_number) for q in batch])
         finished = await self.store.finish_tasks([q.outcome for q in batch])
         await settle(self.store, finished)
         return {(f.id, f.worker_id): f.state for f in finished}
@@ -806,6 +839,26 @@ class Worker:
                 "heartbeats?); its outcome was not recorded",
                 ti.id,
             )
+
+
+def _child_output(line: str) -> None:
+    """A line a task's child process (isolation="process") wrote: one of its log lines (as
+    JSON) or a print, stored with the lines of the try (bound in this context)."""
+    doc: Any = None
+    if line.startswith("{"):
+        with contextlib.suppress(msgspec.DecodeError):
+            doc = msgspec.json.decode(line)
+    if isinstance(doc, dict) and {"ts", "level", "logger", "msg"} <= doc.keys():
+        message = str(doc["msg"])
+        if doc.get("exc"):
+            message += "\n" + str(doc["exc"])
+        stored = capture_record(
+            float(doc["ts"]), str(doc["level"]).upper(), str(doc["logger"]), message
+        )
+    else:
+        stored = capture_line("stderr", line)
+    if not stored and sys.__stderr__ is not None:
+        sys.__stderr__.write(line + "\n")
 
 
 def _name(ti: ClaimedTask) -> str:

@@ -42,6 +42,13 @@ def _invoke(db_url: str, *args: str) -> tuple[int, str]:
         (["dags", "trigger", "dag", "--wait", "--timeout", "-1"], "--timeout"),
         (["dags", "trigger", "dag", "--wait", "--timeout", "nan"], "--timeout"),
         (["--database-url", "postgresql://x\x00y", "tasks", "list"], "--database-url"),
+        (["triggers", "logs", "0"], "ID"),
+        (["triggers", "logs", "x"], "ID"),
+        (["triggers", "logs", str(2**63)], "ID"),
+        (["tasks", "logs", "d\x00", "r", "t"], "DAG"),
+        (["tasks", "logs", "d", "r\udce9", "t"], "RUN"),
+        (["tasks", "logs", "d", "r", "t", "--try", "0"], "--try"),
+        (["tasks", "logs", "d", "r", "t", "--try", str(2**31)], "--try"),
     ],
 )
 def test_a_bad_argument_is_a_usage_error_naming_it(

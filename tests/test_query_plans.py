@@ -40,7 +40,15 @@ UNOWNED = 1_000
 #: Outcomes in one fire_triggers / finish_tasks batch, as the triggerer and worker send them.
 BATCH = 1_000
 
-BIG_TABLES = ("deferral_task_instances", "deferral_triggers")
+#: Log lines of triggers and of task tries (their reads and the retention's deletes).
+LOG_LINES = 100_000
+
+BIG_TABLES = (
+    "deferral_task_instances",
+    "deferral_triggers",
+    "deferral_trigger_logs",
+    "deferral_task_logs",
+)
 
 _TABLES = (
     "deferral_dag_runs",
@@ -82,6 +90,16 @@ _SEED = [
     "SELECT setval('deferral_task_instances_id_seq', "
     "(SELECT max(id) FROM deferral_task_instances))",
     "INSERT INTO deferral_workers (id, hostname, pid, slots) VALUES (1, 'h', 1, 16)",
+    # Log lines: 100 lines each for 1,000 triggers and 1,000 task tries, oldest first.
+    f"""INSERT INTO deferral_trigger_logs (trigger_id, at, level, logger, message)
+        SELECT 1 + g % 1000, now() - make_interval(secs => {LOG_LINES} - g), 'INFO', 'x',
+               'line ' || g
+        FROM generate_series(1, {LOG_LINES}) g""",
+    f"""INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                        logger, message)
+        SELECT 'd', 'r' || (1 + g % 2000), 't' || (g % 1000), 1,
+               now() - make_interval(secs => {LOG_LINES} - g), 'INFO', 'log', 'x', 'line ' || g
+        FROM generate_series(1, {LOG_LINES}) g""",
 ]
 
 _FIRST_RUNNING = WAITING + FINISHED + RUNNABLE + 1
@@ -116,6 +134,11 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
         # end deferrals with it by trigger id, and the scheduler's backstop by deadline.)
         "timeout_deferrals": (fired, 0.0),
         "timeout_deferrals_backstop": (None, 5.0),
+        "trigger_logs": (7, 0, 1000),
+        "task_logs": ("d", "r8", "t7", None, 0, 1000),
+        "insert_trigger_logs": ([7], [0.0], ["INFO"], ["x"], ["m"], [7]),
+        "delete_old_trigger_logs": (86400.0, 1000, 0),
+        "delete_old_task_logs": (86400.0, 1000, 0),
         "defer_task": (
             _FIRST_RUNNING,
             1,
@@ -141,6 +164,12 @@ INTENDED: dict[str, list[set[str]]] = {
     "defer_task": [{"deferral_task_instances_pkey"}],
     "timeout_deferrals": [{"deferral_ti_trigger", "deferral_ti_deferral_deadline"}],
     "timeout_deferrals_backstop": [{"deferral_ti_deferral_deadline"}],
+    # The logs: read by trigger or try (the CLI, the status page), deleted oldest first.
+    "trigger_logs": [{"deferral_trigger_logs_trigger"}],
+    "task_logs": [{"deferral_task_logs_try"}, {"deferral_ti_names"}],
+    "insert_trigger_logs": [{"deferral_ti_trigger"}],
+    "delete_old_trigger_logs": [{"deferral_trigger_logs_pkey"}],
+    "delete_old_task_logs": [{"deferral_task_logs_pkey"}],
 }
 
 #: Plan variants: another set of values for a statement of another name.

@@ -119,11 +119,13 @@ def _add_commands() -> None:
         processes,
         runs,
         tasks,
+        tasks_logs,
         tasks_test,
         triggers,
         webserver,
     )
 
+    del tasks_logs  # (imported for its command, which it adds to the tasks group)
     tasks.tasks.add_command(tasks_test.tasks_test)
 
     for command in (

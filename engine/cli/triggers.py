@@ -232,3 +232,46 @@ def triggers_show(ctx: click.Context, trigger_id: int, as_json: bool) -> None:
     for task in shown.tasks:
         table.add_row(cell(task.dag_id), cell(task.run_id), cell(task.task_id))
     print_table(table, wide=False)
+
+
+@triggers.command("logs")
+@click.argument("trigger_id", type=click.IntRange(min=1, max=2**63 - 1), metavar="ID")
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing new lines until the trigger is gone (fired, timed out) and its last "
+    "lines are read; Ctrl-C stops.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@click.pass_context
+def triggers_logs(ctx: click.Context, trigger_id: int, follow: bool, as_json: bool) -> None:
+    """Print the lines a trigger logged, while it waits and after it fired."""
+    import anyio
+
+    from engine.cli.common import err_console
+    from engine.cli.logview import follow_pages, run_following
+    from engine.store import TriggerLogs
+
+    settings = _settings(ctx)
+
+    async def main() -> TriggerLogs:
+        from engine.store import open_store
+
+        store = await open_store(settings)
+        try:
+            return await follow_pages(
+                lambda after: store.trigger_logs(trigger_id, after),
+                lambda page: page.lines,
+                lambda page: page.next_seq,
+                lambda page: not page.waiting,
+                follow=follow,
+                as_json=as_json,
+            )
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                await store.close()
+
+    last = run_following(main)
+    if last is not None and not last.waiting and last.next_seq == 0 and not as_json:
+        err_console.print(f"trigger {trigger_id} is not waiting and has no stored lines")

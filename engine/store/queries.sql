@@ -1249,3 +1249,141 @@ RETURNING id, at;
 -- name: list_audit
 -- The latest $1 actions taken from the status page, newest first.
 SELECT id, at, who, action, target, detail FROM deferral_audit ORDER BY id DESC LIMIT $1;
+
+-- name: insert_trigger_logs
+-- Store a batch of trigger log lines, in order: $1 trigger ids, $2 times (seconds since the
+-- epoch, as the process logged them), $3 levels, $4 loggers, $5 messages. The task tries
+-- waiting now on the triggers $6 are recorded with them (once each), so that the page of a
+-- try finds its triggers' lines after they fired. One statement per batch.
+WITH lines AS (
+    INSERT INTO deferral_trigger_logs (trigger_id, at, level, logger, message)
+    SELECT l.trigger_id, to_timestamp(l.at), l.level, l.logger, l.message
+    FROM unnest($1::bigint[], $2::double precision[], $3::text[], $4::text[], $5::text[])
+        WITH ORDINALITY AS l(trigger_id, at, level, logger, message, n)
+    ORDER BY l.n
+), waiters AS (
+    INSERT INTO deferral_trigger_log_tasks (dag_id, run_id, task_id, try_number, trigger_id)
+    SELECT ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.trigger_id
+    FROM deferral_task_instances ti
+    WHERE ti.trigger_id = ANY ($6::bigint[]) AND ti.state = 'deferred'
+    ON CONFLICT DO NOTHING
+)
+SELECT 1;
+
+-- name: insert_task_logs
+-- Store a batch of task log lines, in order: per line the task try ($1 DAG, $2 run, $3 task,
+-- $4 try), $5 the time (seconds since the epoch), $6 level, $7 stream ('log', 'stdout',
+-- 'stderr'), $8 logger, $9 message. One statement per batch.
+INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream, logger,
+                                message)
+SELECT l.dag_id, l.run_id, l.task_id, l.try_number, to_timestamp(l.at), l.level, l.stream,
+       l.logger, l.message
+FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::double precision[],
+            $6::text[], $7::text[], $8::text[], $9::text[])
+    WITH ORDINALITY AS l(dag_id, run_id, task_id, try_number, at, level, stream, logger,
+                         message, n)
+ORDER BY l.n;
+
+-- name: trigger_logs
+-- Up to $3 lines of trigger $1 after seq $2, oldest first, with whether the trigger still
+-- waits (its row exists) and its classpath then. One statement, so one snapshot: a trigger
+-- seen gone has every line it logged before it fired stored (the triggerer writes them
+-- before the event). Without lines: one row with a null seq.
+WITH page AS (
+    SELECT seq, at, level, logger, message FROM deferral_trigger_logs
+    WHERE trigger_id = $1 AND seq > $2
+    ORDER BY seq
+    LIMIT $3
+)
+SELECT t.classpath, t.id IS NOT NULL AS waiting, p.seq, p.at, p.level, p.logger, p.message
+FROM (SELECT 1) one
+LEFT JOIN deferral_triggers t ON t.id = $1
+LEFT JOIN page p ON true
+ORDER BY p.seq;
+
+-- name: trigger_log_tasks
+-- The task tries that waited on trigger $1 while it logged.
+SELECT dag_id, run_id, task_id, try_number FROM deferral_trigger_log_tasks
+WHERE trigger_id = $1
+ORDER BY dag_id, run_id, task_id, try_number;
+
+-- name: task_logs
+-- Up to $6 lines of a task try ($1 DAG, $2 run, $3 task, $4 try; null: the latest) after seq
+-- $5, oldest first, with the task instance's state and latest try (null: no such task
+-- instance). One statement, so one snapshot: a try seen ended has every line it logged before
+-- its outcome stored (the worker writes them before the outcome). Without lines: one row with
+-- a null seq.
+WITH ti AS (
+    SELECT state, try_number FROM deferral_task_instances
+    WHERE dag_id = $1 AND run_id = $2 AND task_id = $3
+), try AS (
+    SELECT COALESCE($4::integer, (SELECT try_number FROM ti)) AS n
+), page AS (
+    SELECT l.seq, l.at, l.level, l.stream, l.logger, l.message
+    FROM deferral_task_logs l, try
+    WHERE l.dag_id = $1 AND l.run_id = $2 AND l.task_id = $3 AND l.try_number = try.n
+      AND l.seq > $5
+    ORDER BY l.seq
+    LIMIT $6
+)
+SELECT try.n AS try_number, ti.state, ti.try_number AS latest_try, p.seq, p.at, p.level,
+       p.stream, p.logger, p.message
+FROM try
+LEFT JOIN ti ON true
+LEFT JOIN page p ON true
+ORDER BY p.seq;
+
+-- name: task_log_triggers
+-- The triggers that task try ($1 DAG, $2 run, $3 task, $4 try) waited on and that logged.
+SELECT trigger_id FROM deferral_trigger_log_tasks
+WHERE dag_id = $1 AND run_id = $2 AND task_id = $3 AND try_number = $4
+ORDER BY trigger_id;
+
+-- name: delete_old_trigger_logs
+-- Retention: of the $2 oldest trigger lines after seq $3, delete those logged over $1 seconds
+-- ago. Returns how many went, the last seq read (null: none left) and whether the newest line
+-- read was old too (more old lines may follow; seq follows time, but for the clocks of
+-- different hosts). Reads only those lines, by the primary key.
+WITH oldest AS (
+    SELECT seq, at FROM deferral_trigger_logs WHERE seq > $3 ORDER BY seq LIMIT $2
+), gone AS (
+    -- (By an array of seqs, not a join with oldest: the planner hashed the oldest lines
+    -- against a sequential scan of the table; tests/test_query_plans.py pins this.)
+    DELETE FROM deferral_trigger_logs
+    WHERE seq = ANY (ARRAY(SELECT seq FROM oldest
+                           WHERE at < now() - make_interval(secs => $1)))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted, last.seq AS last_seq,
+       last.at < now() - make_interval(secs => $1) AS more
+FROM (SELECT 1) one
+LEFT JOIN (SELECT seq, at FROM oldest ORDER BY seq DESC LIMIT 1) last ON true;
+
+-- name: delete_old_task_logs
+-- Retention: as delete_old_trigger_logs, for task lines.
+WITH oldest AS (
+    SELECT seq, at FROM deferral_task_logs WHERE seq > $3 ORDER BY seq LIMIT $2
+), gone AS (
+    -- (By an array of seqs, not a join with oldest: the planner hashed the oldest lines
+    -- against a sequential scan of the table; tests/test_query_plans.py pins this.)
+    DELETE FROM deferral_task_logs
+    WHERE seq = ANY (ARRAY(SELECT seq FROM oldest
+                           WHERE at < now() - make_interval(secs => $1)))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted, last.seq AS last_seq,
+       last.at < now() - make_interval(secs => $1) AS more
+FROM (SELECT 1) one
+LEFT JOIN (SELECT seq, at FROM oldest ORDER BY seq DESC LIMIT 1) last ON true;
+
+-- name: delete_old_trigger_log_tasks
+-- Retention: up to $2 records of which tries waited on which logging trigger, made over $1
+-- seconds ago.
+WITH gone AS (
+    DELETE FROM deferral_trigger_log_tasks
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM deferral_trigger_log_tasks
+                            WHERE at < now() - make_interval(secs => $1)
+                            LIMIT $2))
+    RETURNING 1
+)
+SELECT count(*) AS n FROM gone;

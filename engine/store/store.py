@@ -17,6 +17,7 @@ from engine.crashpoints import crash_point
 from engine.keys import Keyring, UnreadableValue
 from engine.retry import with_db_retry
 from engine.store.downstream import settle
+from engine.store.logstore import LogStore
 from engine.store.models import (
     ClaimedTask,
     ClaimedTrigger,
@@ -128,10 +129,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store(ScheduleStore, StatusReads):
+class Store(ScheduleStore, StatusReads, LogStore):
     """A pool of connections and one method per named query (or per transaction of them).
     The statements of schedules and run admission are in :mod:`engine.store.schedules`; the
-    status page's reads and actions in engine/store/status.py."""
+    status page's reads and actions in engine/store/status.py; the log lines' in
+    engine/store/logs.py."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
         self._pool = pool

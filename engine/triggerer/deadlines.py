@@ -99,6 +99,8 @@ class Deadlines:
         triggerer_id = self._shared.id
         if not unused or triggerer_id is None:
             return
+        # Their lines first: a reader that sees a trigger gone has all it logged.
+        await self._shared.logs.flush_keys(unused)
         dropped = await with_db_retry(
             "drop unused triggers",
             functools.partial(store.delete_owned_triggers, triggerer_id, unused),

@@ -164,6 +164,9 @@ class Triggerer:
             return
         shared.loop = asyncio.get_running_loop()
         usercode.install(shared.loop)
+        shared.logs.open()
+        # Every trigger task (started from this task's claimer) stores its lines there.
+        shared.logs.bind_triggers()
         watchdog = LoopWatchdog(
             shared.loop,
             threshold_s=self.blocked_loop_s,
@@ -188,6 +191,7 @@ class Triggerer:
                 return
             async with anyio.create_task_group() as tg:
                 tg.start_soon(shared.outbox.run, name="triggerer-writer")
+                tg.start_soon(shared.logs.run, name="triggerer-logs")
                 tg.start_soon(self._deadlines.run, name="triggerer-deadlines")
                 tg.start_soon(self._ownership.run, listener, name="triggerer-ownership")
                 task_status.started()
@@ -206,6 +210,7 @@ class Triggerer:
         if tasks:
             await asyncio.wait(tasks, timeout=self.cleanup_timeout_s + 1)
         await listener.close()
+        await self._shared.logs.close()  # what the triggers logged until now
         # The lease thread first: renewing a registration while it is released would find it
         # gone and register again. (Its connection closing frees the session lock, so peers
         # may reap what is left at the same time as the release below: both only free.)

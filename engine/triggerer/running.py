@@ -68,6 +68,8 @@ class TriggerRunner:
 
     async def _watch(self, trigger_id: int, held: Held, trigger: BaseTrigger) -> None:
         logs.bind(trigger=trigger_id, classpath=held.classpath)
+        # (Its lines and prints are stored per trigger by that id: Triggerer.run bound the
+        # triggers' log sink once for every trigger task, engine/logsink.py.)
         usercode.enter_user_code()  # tasks the trigger starts cannot end the process
         outcome: TriggerOutcome | None = None
         agen = None
@@ -103,6 +105,7 @@ class TriggerRunner:
             if outcome is not None:
                 self._shared.emit(outcome)
             await self._close(trigger, agen, held)
+            self._shared.logs.end(trigger_id)
 
     async def _close(self, trigger: BaseTrigger, agen: object, held: Held) -> None:
         try:

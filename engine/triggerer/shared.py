@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 
+from engine.logsink import LogSink
 from engine.metrics import Metrics
 from engine.outbox import Outbox
 from engine.store import Store, TriggerOutcome
@@ -49,6 +50,8 @@ class Shared:
         self.held = HeldSet(on_room=self.claim_wake.set)
         self.fired = 0
         self._frozen_at = 0
+        #: The triggers' log lines (engine/logsink.py), written in batches.
+        self.logs = LogSink(store, "trigger")
         #: Outcomes (events and failures) waiting for the writer.
         self.outbox: Outbox[TriggerOutcome, int, bool] = Outbox(
             "write trigger events",
@@ -78,6 +81,9 @@ class Shared:
     async def _write(self, batch: list[TriggerOutcome]) -> dict[int, bool]:
         triggerer_id = self.id
         assert triggerer_id is not None
+        # The lines these triggers logged go first (nothing when they logged none): a reader
+        # that sees a trigger gone has every line it logged before its event.
+        await self.logs.flush_keys([o.trigger_id for o in batch])
         fired = await self.store.fire_triggers(triggerer_id, batch)
         await settle(self.store, fired.moved, woke=fired.woke)
         return dict.fromkeys(fired.accepted, True)
