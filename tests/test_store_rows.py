@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import time
 import types
 import typing
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from engine.store import (
     TriggerOutcome,
     downstream,
 )
+from engine.store.logstore import TaskLogRow, TriggerLogRow
 from engine.store.schedules import NewRun, NextRun
 from engine.store.session import TriggererSession
 from operators.python import PythonOperator
@@ -173,6 +175,10 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert len(await s.list_task_instances(dag_id="rows")) == 4
     assert [r.run_id for r in await s.list_dag_runs(dag_id="rows")] == ["r1"]
     assert await s.dags_of_run_id("r1") == ["rows"]
+    await s.insert_task_logs(
+        [TaskLogRow("rows", "r1", "a", 1, time.time(), "INFO", "log", "x", "hello")]
+    )
+    assert [line.message for line in (await s.task_logs("rows", "r1", "a", 1)).lines] == ["hello"]
 
     triggerer = await s.register_triggerer("test", 1, 10, 60.0)
     assert await s.renew_triggerer_lease(triggerer, 60.0) == 0
@@ -184,6 +190,9 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert [t.waiting for t in await s.list_triggers()] == [1]
     assert (await s.get_trigger(trigger.id)).tasks[0].task_id == "c"
     assert [t.held for t in await s.list_triggerers()] == [1]
+    await s.insert_trigger_logs([TriggerLogRow(trigger.id, time.time(), "INFO", "t", "hi")])
+    assert [line.message for line in (await s.trigger_logs(trigger.id)).lines] == ["hi"]
+    assert await s.delete_old_logs(3600.0) == 0
     event = TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="event")
     fired = await s.fire_triggers(triggerer, [event])
     assert (fired.accepted, [m.state for m in fired.moved]) == ({trigger.id}, ["scheduled"])
