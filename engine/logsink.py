@@ -30,7 +30,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any, Literal, TextIO, cast
 
 import anyio
@@ -49,6 +49,8 @@ __all__ = [
     "LogSink",
     "capture_line",
     "capture_record",
+    "tee_streams",
+    "unbound",
 ]
 
 log = logging.getLogger(__name__)
@@ -469,10 +471,16 @@ class _StreamProxy:
         self._name = name
 
     def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            # As a text stream does, whatever is bound: click probes a stream with
+            # ``write(b"")`` to tell a binary one, and caches the answer per stream.
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         target = _current()
         if target is None:
             return self._deferral_real.write(text)
-        target.sink.write_text(target, self._name, str(text))
+        target.sink.write_text(target, self._name, text)
+        if _tee:
+            self._deferral_real.write(text)
         return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
@@ -484,6 +492,33 @@ class _StreamProxy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._deferral_real, name)
+
+
+#: While set (:func:`tee_streams`), what a bound context prints also reaches the real stream.
+_tee = False
+
+
+@contextlib.contextmanager
+def tee_streams() -> Iterator[None]:
+    """What bound contexts print is stored and also written to the process's real streams
+    (``deferral tasks test`` shows the task's output as it runs)."""
+    global _tee
+    before, _tee = _tee, True
+    try:
+        yield
+    finally:
+        _tee = before
+
+
+@contextlib.contextmanager
+def unbound() -> Iterator[None]:
+    """Within, the current context logs and prints to the process's own log and streams, not
+    to the sink of the trigger or try it runs for."""
+    token = _target.set(None)
+    try:
+        yield
+    finally:
+        _target.reset(token)
 
 
 _install_count = 0

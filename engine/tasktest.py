@@ -34,7 +34,7 @@ import anyio
 import asyncpg
 import msgspec
 
-from engine import logs
+from engine import logs, logsink
 from engine.app import trigger_allow_list
 from engine.config import Settings, masked_url
 from engine.dag import DAG
@@ -170,7 +170,9 @@ class _Recorder:
 
     def say(self, line: str) -> None:
         if self.on_line is not None:
-            self.on_line(line)
+            # Called from the task's own context too: shown here, not stored as its log.
+            with logsink.unbound():
+                self.on_line(line)
 
     def deferred(self, deferral: Deferral) -> None:
         try:
@@ -373,7 +375,7 @@ async def run_task_test(
         ) from None
     recorder = _Recorder(on_line)
     try:
-        with _capturing(recorder):
+        with _capturing(recorder), logsink.tee_streams():
             # A throwaway key: what the task stores is sealed, and forgotten with the database.
             store = await _RecordingStore.connect(
                 url, pool_size=4, keyring=Keyring([generate_key()])

@@ -400,3 +400,33 @@ async def test_engine_chatter_stays_out_long_lines_are_cut_odd_text_is_kept(
         "nul \\x00 and a lone surrogate \\udce9",
         "no newline at the end",
     ]
+
+
+async def test_the_stream_proxy_is_a_text_stream_and_can_tee_or_step_aside(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sink = LogSink(store, "task")
+    sink.open()
+    try:
+        token = sink.bind_task(1, "d", "r", "t", 1)
+        try:
+            # Bytes are refused even while bound, as by a text stream: click probes a stream
+            # with write(b"") and, if it is taken, writes bytes to it from then on.
+            with pytest.raises(TypeError, match="must be str, not bytes"):
+                sys.stdout.write(b"")  # type: ignore[arg-type]
+            print("stored only")
+            with logsink.tee_streams():
+                print("stored and shown")
+            with logsink.unbound():
+                print("shown only")
+        finally:
+            sink.unbind(token)
+        sink.end((1, 1))
+        await sink.flush()
+    finally:
+        await sink.close()
+    shown = capsys.readouterr().out
+    assert "stored only" not in shown
+    assert "stored and shown" in shown and "shown only" in shown
+    messages = [line.message for line in (await store.task_logs("d", "r", "t", 1)).lines]
+    assert messages == ["stored only", "stored and shown"]
