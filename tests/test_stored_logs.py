@@ -427,6 +427,7 @@ async def test_the_stream_proxy_is_a_text_stream_and_can_tee_or_step_aside(
         await sink.close()
     shown = capsys.readouterr().out
     assert "stored only" not in shown
-    assert "stored and shown" in shown and "shown only" in shown
+    assert "stored and shown" in shown
+    assert "shown only" in shown
     messages = [line.message for line in (await store.task_logs("d", "r", "t", 1)).lines]
     assert messages == ["stored only", "stored and shown"]
