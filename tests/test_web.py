@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from engine import DAG
 from engine.cli import cli
 from engine.store import Deferral, Store, TaskOutcome
+from engine.store.logstore import TaskLogRow, TriggerLogRow
 from engine.store.models import TriggererHealth
 from engine.store.session import TriggererSession
 from engine.web import hooks
@@ -196,7 +197,7 @@ async def test_task_try_page_of_a_deferred_task_says_what_it_waits_on(
     assert ESCAPED in text  # the kwarg "tag"
     assert "trigger_timeout" in text  # the deadline's kind
     assert "waiting since" in text
-    assert "no log kept" in text
+    assert "nothing logged by this try yet" in text
     assert 'method="post"' not in text  # read-only: no button
 
 
@@ -477,14 +478,49 @@ async def test_actions_with_bad_fields_are_400_and_an_unknown_trigger_404_unaudi
     assert (await scene.store.task_try(DAG_ID, "r1", "c")).state == "deferred"  # type: ignore[union-attr]
 
 
-async def test_pause_is_not_offered_without_schedules(
+async def test_pause_and_unpause_are_audited_and_shown_on_the_dag_pages(
     scene: Scene, acting: TestClient[Any, Any]
 ) -> None:
+    text = await page(acting, "/dag?" + q(dag_id=DAG_ID))
+    assert '<button type="submit">Pause</button>' in text
     response = await acting.post(
-        "/actions/pause", data={"dag_id": DAG_ID, "paused": "true", "token": TOKEN}
+        "/actions/pause",
+        data={"dag_id": DAG_ID, "paused": "true", "token": TOKEN},
+        allow_redirects=False,
+    )
+    assert response.status == 303
+    dag = await scene.store.get_dag(DAG_ID)
+    assert dag is not None
+    assert dag.is_paused
+    assert [(a.action, a.target) for a in await scene.store.list_audit()] == [("pause", DAG_ID)]
+    text = await page(acting, "/dag?" + q(dag_id=DAG_ID))
+    assert "<strong>paused</strong>" in text
+    assert '<button type="submit">Unpause</button>' in text
+    listing = await page(acting, "/dags")
+    assert re.search(r"<td>None</td><td>yes</td>", listing), listing
+    # A DAG that does not exist: nothing done, nothing audited.
+    response = await acting.post(
+        "/actions/pause", data={"dag_id": "nope", "paused": "true", "token": TOKEN}
     )
     assert response.status == 404
-    assert await scene.store.list_audit() == []
+    assert len(await scene.store.list_audit()) == 1
+
+
+async def test_task_and_trigger_logs_are_shown_from_the_log_store_escaped(
+    scene: Scene, client: TestClient[Any, Any]
+) -> None:
+    await scene.store.insert_task_logs(
+        [TaskLogRow(DAG_ID, "r1", "c", 1, 1.0e9, "WARNING", "log", "user.code", f"task {XSS}")]
+    )
+    await scene.store.insert_trigger_logs(
+        [TriggerLogRow(scene.trigger_id, 1.0e9, "INFO", "user.trigger", f"polling {XSS}")]
+    )
+    text = await page(client, "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id="c"))
+    log = text[text.index('id="log"') :]
+    assert re.search(rf"WARNING +user.code: task {re.escape(ESCAPED)}", log), log
+    trigger_log = text[text.index('id="trigger-log"') :]
+    assert re.search(rf"INFO +user.trigger: polling {re.escape(ESCAPED)}", trigger_log)
+    assert XSS not in text
 
 
 async def test_an_action_cannot_redirect_off_the_site(

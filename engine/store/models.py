@@ -459,6 +459,12 @@ class DagOverview(msgspec.Struct, frozen=True, kw_only=True):
     tasks: int
     description: str | None
     updated_at: dt.datetime
+    #: The schedule as written (None: manual runs only).
+    schedule: str | None = None
+    is_paused: bool = False
+    #: The next scheduled run's logical date, and when it may be created (None: none).
+    next_dagrun: dt.datetime | None = None
+    next_dagrun_create_after: dt.datetime | None = None
     last_runs: list[RunSquare]
 
 

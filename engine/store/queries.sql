@@ -1088,9 +1088,10 @@ SELECT (SELECT count(*) FROM deferral_task_instances
            AS unowned_triggers;
 
 -- name: dags_overview
--- Every known DAG with its task count and its latest runs (newest first, up to $1 of them:
--- run id and state).
+-- Every known DAG with its task count, schedule, paused flag, next scheduled run, and its latest
+-- runs (newest first, up to $1 of them: run id and state).
 SELECT d.dag_id, d.fileloc, jsonb_array_length(d.tasks) AS tasks, d.description, d.updated_at,
+       d.schedule, d.is_paused, d.next_dagrun, d.next_dagrun_create_after,
        COALESCE((SELECT jsonb_agg(jsonb_build_object('run_id', r.run_id, 'state', r.state)
                                   ORDER BY r.id DESC)
                  FROM (SELECT id, run_id, state FROM deferral_dag_runs

@@ -1,8 +1,7 @@
 """What other parts of the engine fill in on the status page. Each hook returns None when this
 build has nothing to say; the page then leaves the field out (or says so).
 
-HOOK (coordinator): ``why_not_running`` is wired to ``tasks why`` (branch i12-admit), and the
-log hooks to the log store (branch i13-obs), when those land.
+``why_not_running`` and ``pools`` are filled in by admission (pools, ``tasks why``).
 """
 
 from __future__ import annotations
@@ -11,9 +10,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.store import Store
-    from engine.store.models import TaskTry
+    from engine.store.models import LogLine, TaskTry
 
 __all__ = ["pools", "set_dag_paused", "task_log_lines", "trigger_log_lines", "why_not_running"]
+
+#: Lines of a task's or trigger's log shown on a page, from the first (the CLI shows them all).
+LOG_PAGE_LINES = 500
 
 
 async def why_not_running(store: Store, ti: TaskTry) -> str | None:
@@ -24,17 +26,21 @@ async def why_not_running(store: Store, ti: TaskTry) -> str | None:
 
 
 async def task_log_lines(store: Store, ti: TaskTry) -> list[str] | None:
-    """The log of a task try, oldest line first; None when no log is kept.
-
-    PLACEHOLDER: returns None until the log store is wired here."""
-    return None
+    """The log of the task's latest try, oldest line first (up to ``LOG_PAGE_LINES``)."""
+    logs = await store.task_logs(ti.dag_id, ti.run_id, ti.task_id, limit=LOG_PAGE_LINES)
+    return [_line(line) for line in logs.lines]
 
 
 async def trigger_log_lines(store: Store, trigger_id: int) -> list[str] | None:
-    """What a trigger is logging right now (its latest lines); None when no log is kept.
+    """What a trigger logged, while it waits and after it fired, oldest line first (up to
+    ``LOG_PAGE_LINES``)."""
+    logs = await store.trigger_logs(trigger_id, limit=LOG_PAGE_LINES)
+    return [_line(line) for line in logs.lines]
 
-    PLACEHOLDER: returns None until the log store is wired here."""
-    return None
+
+def _line(line: LogLine) -> str:
+    stamp = line.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return f"{stamp} {line.level:<7} {line.logger}: {line.message}"
 
 
 async def pools(store: Store) -> list[dict[str, object]] | None:
@@ -46,8 +52,5 @@ async def pools(store: Store) -> list[dict[str, object]] | None:
 
 
 async def set_dag_paused(store: Store, dag_id: str, paused: bool) -> bool | None:
-    """Pause or unpause a DAG: True when done, False when no such DAG, None when this build
-    cannot pause DAGs (the action is then not offered).
-
-    PLACEHOLDER: returns None until schedules (and the paused flag) are wired here."""
-    return None
+    """Pause or unpause a DAG: True when done, False when no such DAG."""
+    return await store.set_dag_paused(dag_id, paused)
