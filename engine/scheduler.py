@@ -76,9 +76,23 @@ LOG_RETENTION_BATCHES = 20
 
 
 async def sync_dags(store: Store, dagbag: DagBag) -> int:
-    """Parse the DAGs folder and record every DAG's structure and schedule; returns how many."""
+    """Parse the DAGs folder and record every DAG's structure and schedule; returns how many.
+    The DAGs recorded from this folder that it no longer holds (file removed, or DAG removed
+    from its file) are marked inactive: no more scheduled runs of them."""
     dags = await anyio.to_thread.run_sync(dagbag.collect)
-    return await record_dags(store, dags.values())
+    count = await record_dags(store, dags.values())
+    if dagbag.folder is not None:
+        gone = await store.deactivate_missing_dags(
+            str(dagbag.folder), dags.keys(), dagbag.import_errors.keys()
+        )
+        for dag_id in gone:
+            log.warning(
+                "DAG %s is no longer in %s: no more scheduled runs of it (its runs stay; it "
+                "is active again once its file defines it)",
+                dag_id,
+                dagbag.folder,
+            )
+    return count
 
 
 async def request_rescan(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -318,3 +320,53 @@ async def test_the_scheduler_loop_creates_each_run_as_its_interval_ends(store: S
     for run in runs:
         assert run.data_interval_end == run.data_interval_start + dt.timedelta(seconds=1)
         assert run.created_at >= run.data_interval_end  # never before its interval ended
+
+
+DAG_FILE = """
+import datetime as dt
+from engine import DAG
+from operators.python import PythonOperator
+
+with DAG("{dag_id}", schedule="@daily", start_date=dt.datetime(2026, 1, 1), catchup=True):
+    PythonOperator(task_id="t", python_callable=print)
+"""
+
+
+async def test_a_dag_gone_from_the_folder_gets_no_more_scheduled_runs(
+    store: Store, tmp_path: Path
+) -> None:
+    from engine.dagbag import DagBag
+    from engine.scheduler import sync_dags
+
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    kept, removed = folder / "kept.py", folder / "removed.py"
+    kept.write_text(DAG_FILE.format(dag_id="kept"))
+    removed.write_text(DAG_FILE.format(dag_id="removed"))
+    bag = DagBag(folder)
+    assert await sync_dags(store, bag) == 2
+
+    async def active() -> dict[str, bool]:
+        return {d.dag_id: d.is_active for d in await store.list_dags()}
+
+    # A file that fails to import keeps its DAGs as they were (a typo must not stop them).
+    kept.write_text("this is not python")
+    os.utime(kept, (1, 1))  # a new modification time, however coarse the file system's clock
+    await sync_dags(store, bag)
+    assert await active() == {"kept": True, "removed": True}
+    kept.write_text(DAG_FILE.format(dag_id="kept"))
+    removed.unlink()
+    await sync_dags(store, bag)
+    assert await active() == {"kept": True, "removed": False}
+    gone = await store.get_dag("removed")
+    assert gone is not None
+    assert gone.next_dagrun_create_after is None
+    created = await create_due_runs(store)
+    assert {r.dag_id for r in await store.list_runs()} == {"kept"}
+    assert created > 0
+    # Back in the folder: active again, and its missed intervals are scheduled.
+    removed.write_text(DAG_FILE.format(dag_id="removed"))
+    await sync_dags(store, bag)
+    assert await active() == {"kept": True, "removed": True}
+    assert await create_due_runs(store) > 0
+    assert "removed" in {r.dag_id for r in await store.list_runs()}

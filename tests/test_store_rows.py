@@ -252,6 +252,7 @@ async def _schedule_calls(s: Any) -> None:
     tasks, schedule = dag.serialize_tasks(), dag.serialize_schedule()
     assert await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule)
     assert not await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule)
+    assert await s.deactivate_missing_dags("/elsewhere", [], []) == []
     assert await s.last_scheduled_interval(dag.dag_id) is None
     following = day + dt.timedelta(days=1)
     await s.set_next_dagruns(

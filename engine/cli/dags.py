@@ -111,7 +111,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool, wide: 
                 cell(row.dag_id),
                 "yes" if row.is_paused else "no",
                 row.schedule or "None",
-                _when(row.next_dagrun),
+                _when(row.next_dagrun) if row.is_active else "none: file gone",
                 str(row.tasks),
                 cell(row.last_run_id or ""),
                 cell(row.last_run_state or ""),

@@ -188,6 +188,8 @@ class DagSummary(msgspec.Struct, frozen=True, kw_only=True):
     next_dagrun: dt.datetime | None = None
     next_dagrun_create_after: dt.datetime | None = None
     tags: list[str] = []
+    #: False once a scan of the DAGs folder no longer finds it: no more scheduled runs.
+    is_active: bool = True
 
 
 class Dag(msgspec.Struct, frozen=True, kw_only=True):
@@ -208,6 +210,7 @@ class Dag(msgspec.Struct, frozen=True, kw_only=True):
     tags: list[str] = []
     next_dagrun: dt.datetime | None = None
     next_dagrun_create_after: dt.datetime | None = None
+    is_active: bool = True
 
 
 class DueDag(msgspec.Struct, frozen=True, kw_only=True):
@@ -465,6 +468,7 @@ class DagOverview(msgspec.Struct, frozen=True, kw_only=True):
     #: The next scheduled run's logical date, and when it may be created (None: none).
     next_dagrun: dt.datetime | None = None
     next_dagrun_create_after: dt.datetime | None = None
+    is_active: bool = True
     last_runs: list[RunSquare]
 
 

@@ -38,7 +38,8 @@ SELECT pg_notify($1, $2);
 -- paused; a known DAG keeps its paused flag). Returns whether anything changed and whether
 -- the next scheduled run must be computed again (a new DAG, or a changed schedule).
 WITH old AS (
-    SELECT timetable, start_date, end_date, catchup FROM deferral_dags WHERE dag_id = $1
+    SELECT timetable, start_date, end_date, catchup, is_active FROM deferral_dags
+    WHERE dag_id = $1
 ), up AS (
     INSERT INTO deferral_dags (dag_id, fileloc, tasks, description, updated_at, timetable,
                                schedule, start_date, end_date, catchup, max_active_runs,
@@ -49,23 +50,35 @@ WITH old AS (
         timetable = EXCLUDED.timetable, schedule = EXCLUDED.schedule,
         start_date = EXCLUDED.start_date, end_date = EXCLUDED.end_date,
         catchup = EXCLUDED.catchup, max_active_runs = EXCLUDED.max_active_runs,
-        params = EXCLUDED.params, tags = EXCLUDED.tags, updated_at = now()
+        params = EXCLUDED.params, tags = EXCLUDED.tags, updated_at = now(), is_active = true
     WHERE (deferral_dags.fileloc, deferral_dags.tasks, deferral_dags.description,
            deferral_dags.timetable, deferral_dags.schedule, deferral_dags.start_date,
            deferral_dags.end_date, deferral_dags.catchup, deferral_dags.max_active_runs,
-           deferral_dags.params, deferral_dags.tags)
+           deferral_dags.params, deferral_dags.tags, deferral_dags.is_active)
           IS DISTINCT FROM (EXCLUDED.fileloc, EXCLUDED.tasks, EXCLUDED.description,
                             EXCLUDED.timetable, EXCLUDED.schedule, EXCLUDED.start_date,
                             EXCLUDED.end_date, EXCLUDED.catchup, EXCLUDED.max_active_runs,
-                            EXCLUDED.params, EXCLUDED.tags)
+                            EXCLUDED.params, EXCLUDED.tags, true)
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM up) AS changed,
        NOT EXISTS (SELECT 1 FROM old)
        OR EXISTS (SELECT 1 FROM old
-                  WHERE (old.timetable, old.start_date, old.end_date, old.catchup)
+                  WHERE NOT old.is_active
+                     OR (old.timetable, old.start_date, old.end_date, old.catchup)
                         IS DISTINCT FROM ($5::jsonb, $7::timestamptz, $8::timestamptz,
                                           $9::boolean)) AS reschedule;
+
+-- name: deactivate_missing_dags
+-- The active DAGs recorded from files under the DAGs folder $1 (a path ending in '/') that its
+-- latest scan did not find ($2: the DAG ids it found), except those of files that failed to
+-- import ($3: their DAGs stay as they were until the file is fixed or removed): they get no
+-- more scheduled runs. Their runs and history stay. Returns their ids.
+UPDATE deferral_dags
+SET is_active = false, next_dagrun_create_after = NULL, updated_at = now()
+WHERE is_active AND starts_with(fileloc, $1)
+  AND dag_id <> ALL ($2::text[]) AND fileloc <> ALL ($3::text[])
+RETURNING dag_id;
 
 -- name: last_scheduled_interval
 -- The data interval of a DAG's latest scheduled run (the next one follows it).
@@ -217,7 +230,7 @@ LIMIT $3;
 -- Every known DAG with its task count and latest run.
 SELECT d.dag_id, d.fileloc, jsonb_array_length(d.tasks) AS tasks, d.description, d.updated_at,
        r.run_id AS last_run_id, r.state AS last_run_state, d.is_paused, d.schedule,
-       d.next_dagrun, d.next_dagrun_create_after, d.tags
+       d.next_dagrun, d.next_dagrun_create_after, d.tags, d.is_active
 FROM deferral_dags d
 LEFT JOIN LATERAL (
     SELECT run_id, state FROM deferral_dag_runs
@@ -228,7 +241,7 @@ ORDER BY d.dag_id;
 -- name: get_dag
 -- One DAG's stored structure and schedule.
 SELECT dag_id, fileloc, tasks, description, timetable, schedule, start_date, end_date, catchup,
-       max_active_runs, is_paused, params, tags, next_dagrun, next_dagrun_create_after
+       max_active_runs, is_paused, params, tags, next_dagrun, next_dagrun_create_after, is_active
 FROM deferral_dags WHERE dag_id = $1;
 
 -- name: create_dag_run
@@ -1091,7 +1104,7 @@ SELECT (SELECT count(*) FROM deferral_task_instances
 -- Every known DAG with its task count, schedule, paused flag, next scheduled run, and its latest
 -- runs (newest first, up to $1 of them: run id and state).
 SELECT d.dag_id, d.fileloc, jsonb_array_length(d.tasks) AS tasks, d.description, d.updated_at,
-       d.schedule, d.is_paused, d.next_dagrun, d.next_dagrun_create_after,
+       d.schedule, d.is_paused, d.next_dagrun, d.next_dagrun_create_after, d.is_active,
        COALESCE((SELECT jsonb_agg(jsonb_build_object('run_id', r.run_id, 'state', r.state)
                                   ORDER BY r.id DESC)
                  FROM (SELECT id, run_id, state FROM deferral_dag_runs

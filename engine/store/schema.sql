@@ -30,7 +30,10 @@ CREATE TABLE deferral_dags (
     next_dagrun timestamptz,
     next_dagrun_data_interval_start timestamptz,
     next_dagrun_data_interval_end timestamptz,
-    next_dagrun_create_after timestamptz
+    next_dagrun_create_after timestamptz,
+    -- false once a scan of its DAGs folder no longer finds it (no more scheduled runs; added
+    -- by migration 0011)
+    is_active   boolean NOT NULL DEFAULT true
 );
 -- The scheduler's one look for due DAGs.
 CREATE INDEX deferral_dags_due ON deferral_dags (next_dagrun_create_after)

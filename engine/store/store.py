@@ -287,6 +287,18 @@ class Store(ScheduleStore, StatusReads, LogStore):
         )
         return bool(row["reschedule"])
 
+    async def deactivate_missing_dags(
+        self, folder: str, found: Iterable[str], failed_files: Iterable[str]
+    ) -> list[str]:
+        """Mark inactive (no more scheduled runs) the DAGs recorded from files under
+        ``folder`` that a scan did not find, except the DAGs of ``failed_files`` (files that
+        failed to import keep their DAGs as they were). Returns their ids."""
+        prefix = folder.rstrip("/") + "/"
+        rows = await self._pool.fetch(
+            self._q["deactivate_missing_dags"], prefix, list(found), list(failed_files)
+        )
+        return [r["dag_id"] for r in rows]
+
     async def list_dags(self) -> list[DagSummary]:
         return _structs(await self._pool.fetch(self._q["list_dags"]), DagSummary)
 

@@ -188,11 +188,17 @@ def _last_runs(d: DagOverview) -> Squares:
 
 
 #: The DAGs list. (Schedule, paused and next run join here once the DAGs carry them.)
+def _next_run(d: DagOverview) -> str:
+    if not d.is_active:
+        return "none: no longer in the DAGs folder"
+    return "" if d.is_paused else _when(d.next_dagrun)
+
+
 DAG_COLUMNS: list[Column] = [
     Column("DAG", lambda d: Link(d.dag_id, dag_url(d.dag_id))),
     Column("schedule", lambda d: d.schedule or "None"),
     Column("paused", lambda d: "yes" if d.is_paused else "no"),
-    Column("next run", lambda d: "" if d.is_paused else _when(d.next_dagrun)),
+    Column("next run", _next_run),
     Column("tasks", lambda d: d.tasks, numeric=True),
     Column("last runs (newest first)", _last_runs),
     Column("description", lambda d: d.description or ""),
