@@ -372,8 +372,38 @@ def run_fleet(
     keep_db: bool,
 ) -> dict[str, Any]:
     """Run the fleet in each mode, one after another, each against a fresh database."""
-    for noisy in ("engine", "operators", "triggers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    noisy = [logging.getLogger(name) for name in ("engine", "operators", "triggers")]
+    levels = [logger.level for logger in noisy]
+    for logger in noisy:
+        logger.setLevel(logging.WARNING)
+    try:
+        return _run_fleet(
+            modes=modes,
+            n=n,
+            slots=slots,
+            window_s=window_s,
+            poke_interval_s=poke_interval_s,
+            compute_ms=compute_ms,
+            seed=seed,
+            keep_db=keep_db,
+        )
+    finally:
+        # The fleet runs in the caller's process (tests included): its loggers are put back.
+        for logger, level in zip(noisy, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _run_fleet(
+    *,
+    modes: Sequence[str],
+    n: int,
+    slots: int,
+    window_s: float,
+    poke_interval_s: float,
+    compute_ms: float,
+    seed: int,
+    keep_db: bool,
+) -> dict[str, Any]:
     settings = load_settings()
     admin_url = database_url(settings)
     result: dict[str, Any] = {

@@ -214,6 +214,9 @@ class Scheduler:
                     ):
                         last_sync = now
                         await self._sync_dags(self.dagbag)
+                    # Inside the try: the query that finds the next due run can lose its
+                    # connection as any other (it once took the scheduler down).
+                    wait_s = await self._until_next_pass()
                 except TRANSIENT_ERRORS as exc:
                     # The workers may have lost the database too: their heartbeats are counted
                     # again only from when contact is back.
@@ -222,7 +225,7 @@ class Scheduler:
                     continue
                 backoff.reset()
                 self.pass_at = time.monotonic()
-                await self._wake.wait(await self._until_next_pass())
+                await self._wake.wait(wait_s)
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
