@@ -228,7 +228,12 @@ def child_key_env(settings: Settings) -> dict[str, str]:
     if settings.fernet_key_file:
         return {"DEFERRAL_FERNET_KEY_FILE": str(Path(settings.fernet_key_file).expanduser())}
     if not settings.database_url:
-        return {"DEFERRAL_FERNET_KEY_FILE": str(_default_key_file(settings).resolve())}
+        # The child reads the file by this path: it is created here if this process has not
+        # needed a key yet (a fresh home started a benchmark's children with no key file).
+        path = _default_key_file(settings)
+        if not path.exists() and write_key_file(path):
+            log.info("created the encryption key file %s (mode 0600); back it up", path)
+        return {"DEFERRAL_FERNET_KEY_FILE": str(path.resolve())}
     if settings.insecure_dev:
         return {"DEFERRAL_INSECURE_DEV": "true"}
     return {}

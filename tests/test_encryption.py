@@ -417,3 +417,15 @@ def test_the_settings_repr_hides_the_key_and_the_database_password() -> None:
     assert "s3cret-pw" not in shown
     assert "k3y" not in shown
     assert "postgresql://app:***@db.example:5432/deferral" in shown
+
+
+def test_a_fresh_home_hands_its_children_a_key_file_that_exists(tmp_path: Path) -> None:
+    # A benchmark started its processes from a home no command had used yet: they were told
+    # to read <home>/fernet.key, which nobody had written.
+    settings = Settings(home=str(tmp_path / "home"))
+    env = engine.keys.child_key_env(settings)
+    key_file = Path(env["DEFERRAL_FERNET_KEY_FILE"])
+    assert key_file.exists()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    child = Settings(home=str(tmp_path / "home"), fernet_key_file=str(key_file))
+    assert keyring_from_settings(child).encrypt(b"x") != b"x"
