@@ -61,6 +61,8 @@ def make_worker(store: Store, settings: Settings, metrics: Metrics | None = None
         store,
         DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s),
         slots=settings.worker_slots,
+        queues=settings.worker_queues,
+        parallelism=settings.parallelism,
         poll_interval_s=settings.worker_poll_interval_s,
         heartbeat_s=settings.worker_heartbeat_s,
         shutdown_grace_s=settings.worker_shutdown_grace_s,
@@ -85,6 +87,7 @@ def make_triggerer(store: Store, settings: Settings, metrics: Metrics | None = N
         allow=trigger_allow_list(settings),
         dags_folder=settings.dags_folder,
         metrics=metrics,
+        queues=settings.triggerer_queues,
     )
 
 

@@ -143,6 +143,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: After SIGTERM, how long running tasks may finish before the worker exits; tasks still
     #: running are reaped and retried per their policy.
     worker_shutdown_grace_s: float = 30.0
+    #: The queues whose tasks a worker runs (`deferral worker --queues gpu,default`); a task's
+    #: `queue` (default `default`) names the one it goes to. In the environment:
+    #: comma-separated.
+    worker_queues: tuple[str, ...] = ("default",)
+    #: Running tasks across all workers at once, enforced by the database at each claim (every
+    #: worker should be given the same value); `0`: no limit but the workers' slots and the
+    #: pools. See [admission](../explanation/admission.md).
+    parallelism: int = 0
 
     #: Triggers one triggerer runs at once (`deferral triggerer --capacity`); the rest wait
     #: unowned as backlog.
@@ -156,6 +164,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     triggerer_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     #: Triggers claimed per statement.
     triggerer_claim_batch: int = DEFAULT_CLAIM_BATCH
+    #: The trigger queues whose triggers a triggerer runs (`deferral triggerer --queues`); a
+    #: task's `trigger_queue` (default `default`) names the one its triggers go to. In the
+    #: environment: comma-separated.
+    triggerer_queues: tuple[str, ...] = ("default",)
     #: A callback that blocks the triggerer's loop longer than this is logged with the trigger
     #: that ran it.
     triggerer_blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S
@@ -229,6 +241,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"setting {name} must be > 0, got {value!r}")
+        if self.parallelism < 0:
+            raise ConfigError(
+                f"setting parallelism must be >= 0 (0: no limit), got {self.parallelism!r}"
+            )
+        for name, queues in (
+            ("worker_queues", self.worker_queues),
+            ("triggerer_queues", self.triggerer_queues),
+        ):
+            if not queues or any(not q.strip() or "," in q for q in queues):
+                raise ConfigError(
+                    f"setting {name} must name at least one queue, each a non-empty name "
+                    f"without ',', got {list(queues)!r}"
+                )
         if not self.log_retention_days >= 0 or self.log_retention_days == float("inf"):
             raise ConfigError(
                 "setting log_retention_days must be a finite number >= 0 (0: keep forever), "
@@ -277,7 +302,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 #: Settings that are lists; their environment variables hold comma-separated items.
-_LIST_SETTINGS = frozenset({"trigger_allow"})
+_LIST_SETTINGS = frozenset({"trigger_allow", "worker_queues", "triggerer_queues"})
 #: The file read when neither ``--config`` nor ``DEFERRAL_CONFIG`` names one: in the current
 #: folder, else in the home folder (``DEFERRAL_HOME``).
 CONFIG_FILE_NAME = "deferral.toml"

@@ -76,6 +76,7 @@ class DAG:
         end_date: dt.datetime | None = None,
         catchup: bool = False,
         max_active_runs: int = DEFAULT_MAX_ACTIVE_RUNS,
+        max_active_tasks: int | None = None,
         is_paused_upon_creation: bool = False,
         default_args: Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
@@ -110,6 +111,17 @@ class DAG:
                 f"DAG {dag_id}: max_active_runs must be an int >= 1, got {max_active_runs!r}"
             )
         self.max_active_runs = max_active_runs
+        if max_active_tasks is not None and (
+            not isinstance(max_active_tasks, int)
+            or isinstance(max_active_tasks, bool)
+            or max_active_tasks < 1
+        ):
+            raise ValueError(
+                f"DAG {dag_id}: max_active_tasks must be an int >= 1 or None, got "
+                f"{max_active_tasks!r}"
+            )
+        #: Running tasks of this DAG (all its runs) at once; None: no limit of its own.
+        self.max_active_tasks = max_active_tasks
         self.is_paused_upon_creation = bool(is_paused_upon_creation)
         self.default_args: dict[str, Any] = dict(default_args or {})
         self.params: dict[str, Any] = dict(params or {})
@@ -172,6 +184,7 @@ class DAG:
 
     def serialize_tasks(self) -> list[dict[str, Any]]:
         """What the store keeps of each task to create runs and resolve dependencies."""
+        weights = self.priority_weights()
         return [
             {
                 "task_id": t.task_id,
@@ -185,11 +198,43 @@ class DAG:
                 "soft_fail": bool(getattr(t, "soft_fail", False)),
                 "no_retry_on_timeout": bool(getattr(t, "no_retry_on_timeout", False)),
                 "is_leaf": not t.downstream_task_ids,
-                "priority": t.priority_weight,
+                "priority": weights[t.task_id],
                 "pool": t.pool,
+                "pool_slots": t.pool_slots,
+                "queue": t.queue,
+                "trigger_queue": t.trigger_queue,
+                "max_active_tis_per_dag": t.max_active_tis_per_dag,
             }
             for t in self.tasks.values()
         ]
+
+    def priority_weights(self) -> dict[str, int]:
+        """Each task's priority from the ``priority_weight``s by its ``weight_rule``:
+        ``downstream`` adds the weights of every task downstream of it (transitively),
+        ``upstream`` of every task upstream, ``absolute`` none."""
+
+        def closure(task_id: str, edges: str) -> set[str]:
+            seen: set[str] = set()
+            stack = [task_id]
+            while stack:
+                for other in getattr(self.tasks[stack.pop()], edges):
+                    if other not in seen:
+                        seen.add(other)
+                        stack.append(other)
+            return seen
+
+        weights: dict[str, int] = {}
+        for task_id, task in self.tasks.items():
+            weight = task.priority_weight
+            if task.weight_rule != "absolute":
+                edges = (
+                    "downstream_task_ids"
+                    if task.weight_rule == "downstream"
+                    else ("upstream_task_ids")
+                )
+                weight += sum(self.tasks[o].priority_weight for o in closure(task_id, edges))
+            weights[task_id] = weight
+        return weights
 
     def serialize_schedule(self) -> dict[str, Any]:
         """What the store keeps of the DAG's schedule, to create its runs without it."""
@@ -200,6 +245,7 @@ class DAG:
             "end_date": self.end_date,
             "catchup": self.catchup,
             "max_active_runs": self.max_active_runs,
+            "max_active_tasks": self.max_active_tasks,
             "is_paused_upon_creation": self.is_paused_upon_creation,
             "params": self.params,
             "tags": self.tags,

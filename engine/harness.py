@@ -248,6 +248,7 @@ async def run_engine(
     default_deferrable: bool = False,
     trigger_allow: Callable[[str], bool] | None = None,
     triggerer_options: Mapping[str, Any] | None = None,
+    worker_options: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[LocalEngine]:
     """Start a scheduler, a worker and a triggerer (each can be left out) on ``store`` in the
     current event loop, ready when the block starts; stopped gracefully when it ends.
@@ -256,18 +257,19 @@ async def run_engine(
     store's database as the connection ``deferral``, as in an engine process.
     ``trigger_allow`` is the trigger allow-list (a callable on classpaths; None admits all).
     ``triggerer_options``: more keyword arguments of :class:`engine.triggerer.Triggerer`
-    (``claim_batch``, ``blocked_loop_s``, ...), over the ones above.
+    (``claim_batch``, ``blocked_loop_s``, ``queues``, ...), over the ones above;
+    ``worker_options`` likewise for :class:`engine.worker.Worker` (``queues``,
+    ``parallelism``, ...).
     """
     bag = dagbag if dagbag is not None else DagBag(None)
-    w = Worker(
-        store,
-        bag,
-        slots=slots,
-        poll_interval_s=poll_interval_s,
-        heartbeat_s=1.0,
-        allow=trigger_allow,
-        default_deferrable=default_deferrable,
-    )
+    worker_kwargs: dict[str, Any] = {
+        "slots": slots,
+        "poll_interval_s": poll_interval_s,
+        "heartbeat_s": 1.0,
+        "allow": trigger_allow,
+        "default_deferrable": default_deferrable,
+    }
+    w = Worker(store, bag, **{**worker_kwargs, **(worker_options or {})})
     options: dict[str, Any] = {
         "capacity": capacity,
         "poll_interval_s": poll_interval_s,

@@ -22,13 +22,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from engine.crashpoints import crash_point
 from engine.keepalive import KeepAlive
 from engine.retry import CONNECTION_ERRORS, REFUSED_DATA_ERRORS
 from engine.store.models import TriggererHealth, TriggerOutcome
 from engine.store.session import TriggererSession
+from operators.base import DEFAULT_QUEUE
 
 __all__ = ["REAP_INTERVAL_S", "LeaseKeeper"]
 
@@ -62,8 +63,10 @@ class LeaseKeeper:
         max_unresponsive_s: float,
         reap_interval_s: float = REAP_INTERVAL_S,
         health: Callable[[], TriggererHealth] | None = None,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
     ) -> None:
         self._session = TriggererSession(url, timeout_s=max(lease_s / 3, 0.5))
+        self._queues = tuple(queues)
         self._hostname = hostname
         self._pid = pid
         self._capacity = capacity
@@ -176,7 +179,7 @@ class LeaseKeeper:
             if not responsive:
                 return  # registering for a loop that cannot claim would only churn
             self._id = await session.register(
-                self._hostname, self._pid, self._capacity, self.lease_s
+                self._hostname, self._pid, self._capacity, self.lease_s, self._queues
             )
             self.renewed_at = time.monotonic()
             self._renew_at = self.renewed_at + self.lease_s / 3

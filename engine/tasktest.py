@@ -50,6 +50,7 @@ from engine.store.models import (
     TimedOutTask,
     TriggerOutcome,
 )
+from operators.base import DEFAULT_QUEUE
 from triggers.base import decode_value
 
 __all__ = [
@@ -231,9 +232,16 @@ class _RecordingStore(Store):
         return ok
 
     async def claim_tasks(
-        self, worker_id: int, limit: int
+        self,
+        worker_id: int,
+        limit: int,
+        *,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+        parallelism: int = 0,
     ) -> tuple[list[ClaimedTask], float | None]:
-        claimed, next_in = await super().claim_tasks(worker_id, limit)
+        claimed, next_in = await super().claim_tasks(
+            worker_id, limit, queues=queues, parallelism=parallelism
+        )
         for ti in claimed:
             if ti.next_method:
                 self.recorder.resumed(ti)
@@ -409,6 +417,10 @@ async def _run(
     timeout_s: float,
 ) -> TaskTestReport:
     await store.upsert_dag(dag.dag_id, dag.fileloc, structure, dag.description)
+    # As Airflow's `tasks test`, the task runs whatever its pool and queue: its pool is made
+    # on the scratch database if need be, and the worker here serves its queues.
+    task = dag.tasks[task_id]
+    await store.ensure_pool(task.pool, max(task.pool_slots, 1))
     when = logical_date or await store.now()
     run_id = f"tasks_test__{when.isoformat()}"
     async with run_engine(
@@ -424,7 +436,9 @@ async def _run(
             "cleanup_timeout_s": settings.triggerer_cleanup_timeout_s,
             "cancel_blocking_after": settings.triggerer_cancel_blocking_after,
             "max_block_s": settings.triggerer_max_block_s,
+            "queues": (task.trigger_queue,),
         },
+        worker_options={"queues": (task.queue,)},
     ) as engine:
         await store.create_dag_run(dag.dag_id, run_id, logical_date=when, conf=conf)
         ti = await engine.wait_for_state(

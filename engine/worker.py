@@ -23,7 +23,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from engine.store.downstream import settle
 from engine.tracebacks import format_user_exception
 from engine.wakeup import Wakeup
 from operators.base import (
+    DEFAULT_QUEUE,
     MAX_WAIT_S,
     BaseOperator,
     Context,
@@ -135,6 +136,8 @@ class Worker:
         dagbag: DagBag,
         *,
         slots: int = DEFAULT_WORKER_SLOTS,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+        parallelism: int = 0,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         heartbeat_s: float = 5.0,
         shutdown_grace_s: float = 30.0,
@@ -145,9 +148,15 @@ class Worker:
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
+        if not queues:
+            raise ValueError("queues must name at least one queue")
         self.store = store
         self.dagbag = dagbag
         self.slots = slots
+        #: The queues whose tasks this worker claims.
+        self.queues = tuple(queues)
+        #: Running tasks across all workers at once (setting parallelism; 0: no limit).
+        self.parallelism = parallelism
         self.poll_interval_s = poll_interval_s
         self.heartbeat_s = heartbeat_s
         self.shutdown_grace_s = shutdown_grace_s
@@ -211,7 +220,12 @@ class Worker:
         listener = self.store.listener(CHANNEL_TASKS)
         listener.on_notify(lambda _channel, _payload: self._wake.set())
         await self._listen(listener)
-        log.info("worker %s started with %d slots", self.id, self.slots)
+        log.info(
+            "worker %s started with %d slots, queues %s",
+            self.id,
+            self.slots,
+            ",".join(self.queues),
+        )
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_loop, listener)
@@ -253,7 +267,9 @@ class Worker:
     async def _register(self) -> int:
         worker_id = await with_db_retry(
             "register worker",
-            lambda: self.store.register_worker(socket.gethostname(), os.getpid(), self.slots),
+            lambda: self.store.register_worker(
+                socket.gethostname(), os.getpid(), self.slots, self.queues
+            ),
         )
         self.heartbeat_at = time.monotonic()
         return worker_id
@@ -313,7 +329,9 @@ class Worker:
         # Until the reply arrives, the claim may commit with nobody to run what it took.
         self._claims_unsure = True
         started = time.perf_counter()
-        claimed, next_in = await self.store.claim_tasks(self.id, limit)
+        claimed, next_in = await self.store.claim_tasks(
+            self.id, limit, queues=self.queues, parallelism=self.parallelism
+        )
         if claimed:
             crash_point("worker.claim.after_commit")
         self._claims_unsure = False
@@ -382,7 +400,9 @@ class Worker:
         )
         # (A registration whose reply is lost leaves a row without heartbeats: the scheduler
         # removes it; the next heartbeat finds this id dead again and registers anew.)
-        self.id = await self.store.register_worker(socket.gethostname(), os.getpid(), self.slots)
+        self.id = await self.store.register_worker(
+            socket.gethostname(), os.getpid(), self.slots, self.queues
+        )
         self.heartbeat_at = time.monotonic()
         self._abandoned.clear()  # ids of the old registration: never held by the new one
 

@@ -32,9 +32,12 @@ from triggers.base import (
 )
 
 __all__ = [
+    "DEFAULT_POOL",
+    "DEFAULT_QUEUE",
     "ISOLATION_MODES",
     "MAX_WAIT_S",
     "TRIGGER_RULES",
+    "WEIGHT_RULES",
     "BaseOperator",
     "Context",
     "DagLike",
@@ -75,6 +78,21 @@ MAX_WAIT_S = 10 * 365 * 24 * 3600.0
 #: ``async def`` on its loop); "process", in a child process (``engine.isolation``) that the
 #: execution_timeout can stop, at the cost of starting one per call.
 ISOLATION_MODES = ("none", "process")
+#: The pool of a task that names none; it exists from the start (128 slots).
+DEFAULT_POOL = "default_pool"
+#: The queue of tasks and triggers that name none, and of workers and triggerers by default.
+DEFAULT_QUEUE = "default"
+#: How a task's priority is computed from ``priority_weight``s.
+WEIGHT_RULES = ("downstream", "upstream", "absolute")
+
+
+def _check_int(task_id: str, name: str, value: object, *, minimum: int | None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"task {task_id}: {name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"task {task_id}: {name} must be >= {minimum}, got {value!r}")
+
+
 _TASK_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,249}$")
 
 
@@ -344,7 +362,12 @@ class BaseOperator:
         execution_timeout: dt.timedelta | float | None = None,
         trigger_rule: str = "all_success",
         priority_weight: int = 1,
-        pool: str = "default_pool",
+        weight_rule: str = "downstream",
+        pool: str = DEFAULT_POOL,
+        pool_slots: int = 1,
+        queue: str = DEFAULT_QUEUE,
+        trigger_queue: str = DEFAULT_QUEUE,
+        max_active_tis_per_dag: int | None = None,
         isolation: str = "none",
         dag: DagLike | None = None,
     ) -> None:
@@ -364,6 +387,18 @@ class BaseOperator:
             )
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError(f"task {task_id}: retries must be an int >= 0, got {retries!r}")
+        if weight_rule not in WEIGHT_RULES:
+            raise ValueError(
+                f"task {task_id}: unknown weight_rule {weight_rule!r}; "
+                f"choose one of {', '.join(WEIGHT_RULES)}"
+            )
+        _check_int(task_id, "priority_weight", priority_weight, minimum=None)
+        _check_int(task_id, "pool_slots", pool_slots, minimum=1)
+        if max_active_tis_per_dag is not None:
+            _check_int(task_id, "max_active_tis_per_dag", max_active_tis_per_dag, minimum=1)
+        for name, value in (("pool", pool), ("queue", queue), ("trigger_queue", trigger_queue)):
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"task {task_id}: {name} must be a non-empty str, got {value!r}")
         self.task_id = task_id
         self.retries = retries
         self.retry_delay_s = to_seconds(retry_delay, "retry_delay") or 0.0
@@ -371,8 +406,21 @@ class BaseOperator:
         self.max_retry_delay_s = to_seconds(max_retry_delay, "max_retry_delay")
         self.execution_timeout_s = to_seconds(execution_timeout, "execution_timeout")
         self.trigger_rule = trigger_rule
-        self.priority_weight = int(priority_weight)
+        #: Own weight; the task's priority among runnable tasks is computed from it by
+        #: ``weight_rule``: ``downstream`` (own + every downstream task's), ``upstream`` (own +
+        #: every upstream task's) or ``absolute`` (own only). Higher runs first.
+        self.priority_weight = priority_weight
+        self.weight_rule = weight_rule
+        #: Slots of ``pool`` the task holds while running (and, if the pool includes them,
+        #: while deferred).
         self.pool = pool
+        self.pool_slots = pool_slots
+        #: The workers serving ``queue`` run the task; the triggerers serving
+        #: ``trigger_queue`` run its triggers.
+        self.queue = queue
+        self.trigger_queue = trigger_queue
+        #: Running tries of this task across the DAG's runs at once (None: no limit).
+        self.max_active_tis_per_dag = max_active_tis_per_dag
         #: "none": ``execute`` runs in the worker process (a ``def`` in a thread, which an
         #: execution_timeout cannot stop); "process": in a child process the timeout ends.
         self.isolation = isolation

@@ -110,7 +110,7 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
     fired = list(range(1, BATCH + 1))
     running = list(range(_FIRST_RUNNING, _FIRST_RUNNING + min(BATCH, RUNNING)))
     return {
-        "claim_tasks": (1, 16),
+        "claim_tasks": (1, 16, ["default"], 0),
         "claim_triggers": (1, BATCH),
         "lock_owned_triggers": (1, fired),
         "fire_triggers": (
@@ -155,7 +155,8 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
 
 #: For each statement, the indexes its plan must use: every group, by one index of the group.
 INTENDED: dict[str, list[set[str]]] = {
-    "claim_tasks": [{"deferral_ti_runnable"}],
+    # (The admission inside deferral_claim_tasks is pinned by test_admission_plan.py.)
+    "claim_tasks": [{"deferral_task_instances_pkey"}],
     "claim_triggers": [{"deferral_triggers_unowned"}, {"deferral_triggers_pkey"}],
     "lock_owned_triggers": [{"deferral_triggers_pkey"}],
     "fire_triggers": [{"deferral_triggers_pkey"}, {"deferral_ti_trigger"}],

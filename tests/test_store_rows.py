@@ -175,6 +175,11 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert len(await s.list_task_instances(dag_id="rows")) == 4
     assert [r.run_id for r in await s.list_dag_runs(dag_id="rows")] == ["r1"]
     assert await s.dags_of_run_id("r1") == ["rows"]
+    assert await s.set_pool("rows_pool", 2, include_deferred=True)
+    await s.ensure_pool("rows_pool", 9)
+    assert [(p.name, p.slots) for p in await s.list_pools("rows_pool")] == [("rows_pool", 2)]
+    await s.delete_pool("rows_pool")
+    assert await s.list_pools("rows_pool") == []
     await s.insert_task_logs(
         [TaskLogRow("rows", "r1", "a", 1, time.time(), "INFO", "log", "x", "hello")]
     )

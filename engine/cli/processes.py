@@ -49,20 +49,45 @@ def scheduler(ctx: click.Context, dags_folder: str | None, metrics_port: int | N
     _run(run_component, "scheduler", settings)
 
 
+def _queues_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--queues",
+        metavar="Q1,Q2",
+        callback=_parse_queues,
+        help=f"Run the {what} of these queues, comma-separated (default: default).",
+    )
+
+
+def _parse_queues(
+    _ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    queues = tuple(dict.fromkeys(q.strip() for q in value.split(",") if q.strip()))
+    if not queues:
+        raise click.BadParameter("name at least one queue, e.g. --queues default", param=param)
+    return queues
+
+
 @click.command()
 @_dags_option
 @click.option("--slots", type=click.IntRange(min=1), help="Tasks run at once (default 16).")
+@_queues_option("tasks")
 @_metrics_port_option
 @click.pass_context
 def worker(
-    ctx: click.Context, dags_folder: str | None, slots: int | None, metrics_port: int | None
+    ctx: click.Context,
+    dags_folder: str | None,
+    slots: int | None,
+    queues: tuple[str, ...] | None,
+    metrics_port: int | None,
 ) -> None:
-    """Run a worker: claims and runs task instances in SLOTS slots."""
+    """Run a worker: claims and runs task instances in SLOTS slots, those of its QUEUES."""
     from engine.app import run_component
 
     logs.set_process_name("worker")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
-        dags_folder=dags_folder, worker_slots=slots, metrics_port=metrics_port
+        dags_folder=dags_folder, worker_slots=slots, worker_queues=queues, metrics_port=metrics_port
     )
     require_dags_folder(settings, "worker")
     _run(run_component, "worker", settings)
@@ -73,10 +98,15 @@ def worker(
 @click.option(
     "--capacity", type=click.IntRange(min=1), help="Triggers held at once (default 1000)."
 )
+@_queues_option("triggers")
 @_metrics_port_option
 @click.pass_context
 def triggerer(
-    ctx: click.Context, dags_folder: str | None, capacity: int | None, metrics_port: int | None
+    ctx: click.Context,
+    dags_folder: str | None,
+    capacity: int | None,
+    queues: tuple[str, ...] | None,
+    metrics_port: int | None,
 ) -> None:
     """Run a triggerer: one event loop running up to CAPACITY trigger coroutines.
 
@@ -86,7 +116,10 @@ def triggerer(
 
     logs.set_process_name("triggerer")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
-        dags_folder=dags_folder, triggerer_capacity=capacity, metrics_port=metrics_port
+        dags_folder=dags_folder,
+        triggerer_capacity=capacity,
+        triggerer_queues=queues,
+        metrics_port=metrics_port,
     )
     if not settings.dags_folder:
         log.warning(

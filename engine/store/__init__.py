@@ -43,6 +43,8 @@ from engine.store.store import (
     DagRunNotFound,
     DuplicateRun,
     Listener,
+    PoolInUse,
+    PoolNotFound,
     Store,
     UnknownDag,
 )
@@ -70,6 +72,8 @@ __all__ = [
     "LogLine",
     "LoggedTry",
     "MovedTask",
+    "PoolInUse",
+    "PoolNotFound",
     "Store",
     "TaskInstance",
     "TaskLogs",

@@ -31,6 +31,7 @@ __all__ = [
     "LoggedTry",
     "MovedTask",
     "OldestWait",
+    "PoolRow",
     "RunRow",
     "RunSquare",
     "RunSummary",
@@ -170,6 +171,21 @@ class FiredTriggers(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # -- reads ---------------------------------------------------------------------------------
+
+
+class PoolRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A pool and what it holds: ``running`` and ``deferred`` in pool slots, ``queued``
+    runnable tasks waiting for admission, ``open`` slots left (deferred ones count only with
+    ``include_deferred``; negative once the pool is shrunk below what runs in it)."""
+
+    name: str
+    slots: int
+    include_deferred: bool
+    description: str | None
+    running: int
+    queued: int
+    deferred: int
+    open: int
 
 
 class DagSummary(msgspec.Struct, frozen=True, kw_only=True):

@@ -35,7 +35,7 @@ SELECT pg_notify($1, $2);
 
 -- name: upsert_dag
 -- Record a DAG's structure and schedule as parsed from its file ($11: whether a new DAG starts
--- paused; a known DAG keeps its paused flag). Returns whether anything changed and whether
+-- paused; a known DAG keeps its paused flag; $14: max_active_tasks, null: no limit). Returns whether anything changed and whether
 -- the next scheduled run must be computed again (a new DAG, or a changed schedule).
 WITH old AS (
     SELECT timetable, start_date, end_date, catchup, is_active FROM deferral_dags
@@ -43,22 +43,24 @@ WITH old AS (
 ), up AS (
     INSERT INTO deferral_dags (dag_id, fileloc, tasks, description, updated_at, timetable,
                                schedule, start_date, end_date, catchup, max_active_runs,
-                               is_paused, params, tags)
-    VALUES ($1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                               is_paused, params, tags, max_active_tasks)
+    VALUES ($1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
     ON CONFLICT (dag_id) DO UPDATE
     SET fileloc = EXCLUDED.fileloc, tasks = EXCLUDED.tasks, description = EXCLUDED.description,
         timetable = EXCLUDED.timetable, schedule = EXCLUDED.schedule,
         start_date = EXCLUDED.start_date, end_date = EXCLUDED.end_date,
         catchup = EXCLUDED.catchup, max_active_runs = EXCLUDED.max_active_runs,
-        params = EXCLUDED.params, tags = EXCLUDED.tags, updated_at = now(), is_active = true
+        params = EXCLUDED.params, tags = EXCLUDED.tags, updated_at = now(), is_active = true,
+        max_active_tasks = EXCLUDED.max_active_tasks
     WHERE (deferral_dags.fileloc, deferral_dags.tasks, deferral_dags.description,
            deferral_dags.timetable, deferral_dags.schedule, deferral_dags.start_date,
            deferral_dags.end_date, deferral_dags.catchup, deferral_dags.max_active_runs,
-           deferral_dags.params, deferral_dags.tags, deferral_dags.is_active)
+           deferral_dags.params, deferral_dags.tags, deferral_dags.is_active,
+           deferral_dags.max_active_tasks)
           IS DISTINCT FROM (EXCLUDED.fileloc, EXCLUDED.tasks, EXCLUDED.description,
                             EXCLUDED.timetable, EXCLUDED.schedule, EXCLUDED.start_date,
                             EXCLUDED.end_date, EXCLUDED.catchup, EXCLUDED.max_active_runs,
-                            EXCLUDED.params, EXCLUDED.tags, true)
+                            EXCLUDED.params, EXCLUDED.tags, true, EXCLUDED.max_active_tasks)
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM up) AS changed,
@@ -173,13 +175,16 @@ WITH free AS (
     INSERT INTO deferral_task_instances (
         dag_run_id, dag_id, run_id, task_id, state, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
-        trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout)
+        trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
+        trigger_queue, max_active_tis_per_dag)
     SELECT run.id, run.dag_id, run.run_id, t.task_id,
            CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
                 THEN 'scheduled' ELSE 'pending' END,
            t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
            t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
-           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false)
+           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false),
+           COALESCE(t.pool_slots, 1), COALESCE(t.queue, 'default'),
+           COALESCE(t.trigger_queue, 'default'), t.max_active_tis_per_dag
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
     CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
@@ -187,7 +192,8 @@ WITH free AS (
         retry_delay_s double precision, retry_exponential_backoff boolean,
         max_retry_delay_s double precision, execution_timeout_s double precision,
         soft_fail boolean, is_leaf boolean, priority integer, pool text,
-        no_retry_on_timeout boolean)
+        no_retry_on_timeout boolean, pool_slots integer, queue text, trigger_queue text,
+        max_active_tis_per_dag integer)
     RETURNING 1
 )
 SELECT run.id, run.dag_id, run.run_id, (SELECT count(*) FROM tis) AS task_count FROM run;
@@ -260,13 +266,16 @@ WITH run AS (
     INSERT INTO deferral_task_instances (
         dag_run_id, dag_id, run_id, task_id, state, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
-        trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout)
+        trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
+        trigger_queue, max_active_tis_per_dag)
     SELECT run.id, run.dag_id, run.run_id, t.task_id,
            CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
                 THEN 'scheduled' ELSE 'pending' END,
            t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
            t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
-           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false)
+           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false),
+           COALESCE(t.pool_slots, 1), COALESCE(t.queue, 'default'),
+           COALESCE(t.trigger_queue, 'default'), t.max_active_tis_per_dag
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
     CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
@@ -274,7 +283,8 @@ WITH run AS (
         retry_delay_s double precision, retry_exponential_backoff boolean,
         max_retry_delay_s double precision, execution_timeout_s double precision,
         soft_fail boolean, is_leaf boolean, priority integer, pool text,
-        no_retry_on_timeout boolean)
+        no_retry_on_timeout boolean, pool_slots integer, queue text, trigger_queue text,
+        max_active_tis_per_dag integer)
     RETURNING 1
 )
 SELECT run.id, (SELECT count(*) FROM tis) AS task_count FROM run;
@@ -286,8 +296,17 @@ SELECT id, dag_id, run_id, logical_date, conf, state, created_at, ended_at, run_
 FROM deferral_dag_runs WHERE dag_id = $1 AND run_id = $2;
 
 -- name: register_worker
--- A worker announces itself ($4: the engine's version).
-INSERT INTO deferral_workers (hostname, pid, slots, version) VALUES ($1, $2, $3, $4) RETURNING id;
+-- A worker announces itself ($4: the engine's version, $5: the queues it serves) and marks its
+-- queues as served now.
+WITH w AS (
+    INSERT INTO deferral_workers (hostname, pid, slots, version, queues)
+    VALUES ($1, $2, $3, $4, $5::text[]) RETURNING id
+), seen AS (
+    INSERT INTO deferral_queues_seen (kind, queue, last_seen_at)
+    SELECT 'worker', q, now() FROM unnest($5::text[]) AS q
+    ON CONFLICT (kind, queue) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at
+)
+SELECT id FROM w;
 
 -- name: unregister_worker
 -- A worker leaves after a graceful stop.
@@ -309,21 +328,20 @@ WITH w AS (
 SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
 
 -- name: claim_tasks
--- Claim up to $2 runnable task instances for worker $1, highest priority first. A new try
--- counts up try_number, clears the last try's error (kept in previous_error) and end time; a
--- resume (next_method set) or a reschedule continues the same try.
+-- Claim up to $2 runnable task instances of the queues $3 for worker $1, admitted by
+-- deferral_claim_tasks (schema.sql: pools, max_active_tasks, max_active_tis_per_dag and the
+-- global parallelism $4, highest priority first). A new try counts up try_number, clears the
+-- last try's error (kept in previous_error) and end time; a resume (next_method set) or a
+-- reschedule continues the same try. missing_pool: the task names a pool that does not exist
+-- (the worker fails it).
 -- run_after is returned for the resume latency (a resume's is when its event was written).
 -- When nothing was claimed, the one row returned has a null id and next_in: seconds until the
--- earliest waiting task becomes runnable (retries, reschedules; database clock), null when
--- none waits. (One round trip either way: an empty claim is common when several workers
--- wake for the same notification.)
-WITH picked AS (
-    SELECT id FROM deferral_task_instances
-    WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule') AND run_after <= now()
-    ORDER BY priority DESC, run_after, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
+-- earliest waiting task of those queues becomes runnable (retries, reschedules; database
+-- clock), null when none waits. Tasks a limit holds back are runnable now and are not
+-- counted: a slot that frees is seen by the next claim (the worker's own or its poll).
+-- (One round trip either way: an empty claim is common when several workers wake for the
+-- same notification.)
+WITH claimed AS (
     UPDATE deferral_task_instances ti
     SET state = 'running', worker_id = $1, heartbeat_at = now(), started_at = now(),
         first_try_at = COALESCE(ti.first_try_at, now()),
@@ -336,17 +354,25 @@ WITH picked AS (
         error = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
                      THEN NULL ELSE ti.error END,
         ended_at = NULL
-    FROM picked, deferral_dag_runs r
-    WHERE ti.id = picked.id AND r.id = ti.dag_run_id
+    FROM deferral_dag_runs r
+    -- (By an array of ids, as claim_triggers: a join with the function's rows was planned as
+    -- a hash of every runnable row. No test of the state: the function locked these rows
+    -- while runnable, and with a state test the planner read them all through the runnable
+    -- index.)
+    WHERE ti.id = ANY (ARRAY(SELECT a.id FROM deferral_claim_tasks($1, $2, $3::text[], $4) a))
+      AND r.id = ti.dag_run_id
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
               ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
               ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
-              r.data_interval_start, r.data_interval_end, r.run_type
+              r.data_interval_start, r.data_interval_end, r.run_type, ti.pool,
+              NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool)
+                  AS missing_pool
 ), idle AS (
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
         SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision
         FROM deferral_task_instances
-        WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')) END AS next_in
+        WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
+          AND run_after > now() AND queue = ANY ($3::text[])) END AS next_in
 )
 SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 
@@ -418,7 +444,7 @@ RETURNING id;
 -- joining a trigger a triggerer already runs with a deadline earlier than its others signals
 -- that triggerer (the payload is the trigger id), whose timer was set for the later deadline.
 WITH held AS (
-    SELECT id, no_retry_on_timeout,
+    SELECT id, no_retry_on_timeout, trigger_queue,
            now() + make_interval(secs => $6::double precision) AS wait_until,
            -- (bounded: an execution_timeout of inf or a century makes no timestamp; LEAST
            -- skips nulls, so no execution_timeout is tested for first)
@@ -439,8 +465,14 @@ WITH held AS (
                 ELSE 'trigger_timeout' END AS kind
     FROM held
 ), trig AS (
-    INSERT INTO deferral_triggers (classpath, kwargs, dedup_key, timeout_at)
-    SELECT $3, $4, $5, deadline.at FROM deadline
+    -- (a trigger runs in the task's trigger_queue: identical triggers of two queues are two
+    -- rows, so the default queue's keys are the keys as computed)
+    INSERT INTO deferral_triggers (classpath, kwargs, dedup_key, timeout_at, queue)
+    SELECT $3, $4,
+           CASE WHEN held.trigger_queue = 'default' THEN $5
+                ELSE $5 || '@' || held.trigger_queue END,
+           deadline.at, held.trigger_queue
+    FROM deadline, held
     ON CONFLICT (dedup_key) DO UPDATE
     SET timeout_at = LEAST(deferral_triggers.timeout_at, EXCLUDED.timeout_at)
     RETURNING id, (xmax = 0) AS inserted, triggerer_id, timeout_at
@@ -632,20 +664,31 @@ SELECT
 -- name: register_triggerer
 -- A triggerer announces itself with a lease of $4 seconds on the database clock ($5: the
 -- engine's version).
-INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at, version)
-VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5)
-RETURNING id;
+WITH t AS (
+    INSERT INTO deferral_triggerers (hostname, pid, capacity, lease_expires_at, version, queues)
+    VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5, $6::text[])
+    RETURNING id
+), seen AS (
+    INSERT INTO deferral_queues_seen (kind, queue, last_seen_at)
+    SELECT 'triggerer', q, now() FROM unnest($6::text[]) AS q
+    ON CONFLICT (kind, queue) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at
+)
+SELECT id FROM t;
 
 -- name: register_triggerer_locked
 -- A triggerer announces itself on its own lease connection and, in the same statement, takes
 -- the session-level advisory lock (74657202, id) it holds for as long as it lives: its row
 -- never becomes visible without the lock held. Lease of $4 seconds on the database clock;
--- $5: the engine's version.
+-- $5: the engine's version; $6: the trigger queues it serves.
 WITH registered AS (
     INSERT INTO deferral_triggerers
-        (hostname, pid, capacity, lease_expires_at, session_locked, version)
-    VALUES ($1, $2, $3, now() + make_interval(secs => $4), true, $5)
+        (hostname, pid, capacity, lease_expires_at, session_locked, version, queues)
+    VALUES ($1, $2, $3, now() + make_interval(secs => $4), true, $5, $6::text[])
     RETURNING id
+), seen AS (
+    INSERT INTO deferral_queues_seen (kind, queue, last_seen_at)
+    SELECT 'triggerer', q, now() FROM unnest($6::text[]) AS q
+    ON CONFLICT (kind, queue) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at
 )
 SELECT id, pg_advisory_lock(74657202, (id % 2147483647)::integer) AS locked FROM registered;
 
@@ -754,6 +797,7 @@ WITH me AS MATERIALIZED (
 ), picked AS (
     SELECT id FROM deferral_triggers
     WHERE triggerer_id IS NULL AND EXISTS (SELECT 1 FROM me)
+      AND queue = ANY ((SELECT queues FROM deferral_triggerers WHERE id = $1)::text[])
     ORDER BY id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -1401,3 +1445,65 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) AS n FROM gone;
+
+-- name: list_pools
+-- Every pool with what it holds: running (pool slots of running tries), deferred (of deferred
+-- tasks, counted against the pool only where include_deferred), queued (runnable tasks waiting
+-- for admission: due now, not running yet) and open (slots left; negative once a pool is
+-- shrunk below what runs in it). $1: one pool (null: all).
+WITH use AS (
+    SELECT ti.pool,
+           sum(ti.pool_slots) FILTER (WHERE ti.state IN ('running', 'queued')) AS running,
+           sum(ti.pool_slots) FILTER (WHERE ti.state = 'deferred') AS deferred,
+           count(*) FILTER (WHERE ti.state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
+                              AND ti.run_after <= now()) AS queued
+    FROM deferral_task_instances ti
+    WHERE ti.state IN ('running', 'queued', 'deferred', 'scheduled', 'up_for_retry',
+                       'up_for_reschedule')
+      AND ($1::text IS NULL OR ti.pool = $1)
+    GROUP BY ti.pool
+)
+SELECT p.name, p.slots, p.include_deferred, p.description,
+       COALESCE(u.running, 0)::integer AS running, COALESCE(u.queued, 0)::integer AS queued,
+       COALESCE(u.deferred, 0)::integer AS deferred,
+       (p.slots - COALESCE(u.running, 0)
+        - CASE WHEN p.include_deferred THEN COALESCE(u.deferred, 0) ELSE 0 END)::integer AS open
+FROM deferral_pools p LEFT JOIN use u ON u.pool = p.name
+WHERE $1::text IS NULL OR p.name = $1
+ORDER BY p.name;
+
+-- name: set_pool
+-- Create pool $1 or change it: slots $2; include_deferred $3 and description $4 (null: keep
+-- as they are; a new pool: false, none). Wakes the workers: a pool grown may admit at once.
+WITH up AS (
+    INSERT INTO deferral_pools (name, slots, include_deferred, description)
+    VALUES ($1, $2, COALESCE($3, false), $4)
+    ON CONFLICT (name) DO UPDATE
+    SET slots = EXCLUDED.slots,
+        include_deferred = COALESCE($3, deferral_pools.include_deferred),
+        description = COALESCE($4, deferral_pools.description),
+        updated_at = now()
+    RETURNING name, (xmax = 0) AS created
+)
+SELECT up.name, up.created, pg_notify('deferral_tasks', '') IS NULL AS woke FROM up;
+
+-- name: ensure_pool
+-- Create pool $1 with $2 slots unless it exists (deferral tasks test, on its scratch database).
+INSERT INTO deferral_pools (name, slots) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
+
+-- name: delete_pool
+-- Delete pool $1 unless a task instance not finished yet names it; returns whether it existed,
+-- whether it was deleted and how many unfinished task instances use it. (The pool row is
+-- locked first: a run created meanwhile ... still finds the pool until this commits.)
+WITH target AS (
+    SELECT name FROM deferral_pools WHERE name = $1 FOR UPDATE
+), used AS (
+    SELECT count(*) AS n FROM deferral_task_instances
+    WHERE pool = $1 AND state NOT IN ('success', 'failed', 'skipped', 'upstream_failed')
+), gone AS (
+    DELETE FROM deferral_pools p USING target, used
+    WHERE p.name = target.name AND used.n = 0
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM target) AS found, EXISTS (SELECT 1 FROM gone) AS deleted,
+       (SELECT n FROM used) AS in_use;

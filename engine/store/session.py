@@ -16,6 +16,7 @@ from engine import __version__
 from engine.store.models import TriggererHealth, TriggerOutcome
 from engine.store.queries import load_queries
 from engine.store.store import _storable_text
+from operators.base import DEFAULT_QUEUE
 
 __all__ = ["TriggererSession"]
 
@@ -52,8 +53,16 @@ class TriggererSession:
             raise asyncpg.InterfaceError("the triggerer's lease connection is closed")
         return self._conn
 
-    async def register(self, hostname: str, pid: int, capacity: int, lease_s: float) -> int:
-        """A new triggerer row whose session lock this connection holds."""
+    async def register(
+        self,
+        hostname: str,
+        pid: int,
+        capacity: int,
+        lease_s: float,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+    ) -> int:
+        """A new triggerer row whose session lock this connection holds; it claims the
+        triggers of ``queues``."""
         row = await self._c().fetchrow(
             self._q["register_triggerer_locked"],
             hostname,
@@ -61,6 +70,7 @@ class TriggererSession:
             capacity,
             lease_s,
             __version__,
+            list(queues),
             timeout=self.timeout_s,
         )
         assert row is not None

@@ -30,6 +30,7 @@ from engine.store.models import (
     FinishedTask,
     FiredTriggers,
     MovedTask,
+    PoolRow,
     TaskInstance,
     TaskOutcome,
     TimedOutTask,
@@ -42,6 +43,7 @@ from engine.store.models import (
 from engine.store.queries import load_queries, migrations
 from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
+from operators.base import DEFAULT_POOL, DEFAULT_QUEUE
 
 __all__ = [
     "CHANNEL_DEADLINES",
@@ -102,12 +104,41 @@ def _from_dicts(rows: list[dict[str, Any]], type_: type[T]) -> list[T]:
     return converted
 
 
+def _missing_pools(rows: list[dict[str, Any]], worker_id: int) -> list[TaskOutcome]:
+    """The claimed tries whose pool does not exist, as failed outcomes (no retry: another
+    try would not find the pool either) naming the pool and how to make it."""
+    return [
+        TaskOutcome(
+            ti_id=row["id"],
+            worker_id=worker_id,
+            try_number=row["try_number"],
+            kind="failed",
+            no_retry=True,
+            error=(
+                f"pool {row['pool']!r} does not exist: create it (deferral pools set "
+                f"{row['pool']} --slots N) or set the task's pool to one `deferral pools list` "
+                "shows"
+            ),
+        )
+        for row in rows
+        if row.get("missing_pool")
+    ]
+
+
 def _struct(record: asyncpg.Record, type_: type[T]) -> T:
     return msgspec.convert(dict(record), type_)
 
 
 class UnknownDag(LookupError):
     """No DAG with that id has been recorded (its file was never parsed)."""
+
+
+class PoolNotFound(LookupError):
+    """No pool of that name."""
+
+
+class PoolInUse(ValueError):
+    """A pool that unfinished task instances name cannot be deleted."""
 
 
 class DagRunNotFound(LookupError):
@@ -284,6 +315,7 @@ class Store(ScheduleStore, StatusReads, LogStore):
             bool(sched.get("is_paused_upon_creation", False)),
             sched.get("params") or {},
             list(sched.get("tags") or ()),
+            sched.get("max_active_tasks"),
         )
         return bool(row["reschedule"])
 
@@ -424,11 +456,58 @@ class Store(ScheduleStore, StatusReads, LogStore):
         ``deferred_due`` (deadline due, or trigger not claimed yet), ``runs_to_end``."""
         return _struct(await self._one(self._pool, self._q["work_left"]), WorkLeft)
 
+    # -- pools ---------------------------------------------------------------------------
+
+    async def list_pools(self, name: str | None = None) -> list[PoolRow]:
+        """Every pool (or the one named) with what it holds."""
+        return _structs(await self._pool.fetch(self._q["list_pools"], name), PoolRow)
+
+    async def set_pool(
+        self,
+        name: str,
+        slots: int,
+        *,
+        include_deferred: bool | None = None,
+        description: str | None = None,
+    ) -> bool:
+        """Create or change a pool (``None``: keep that field; a new pool: no deferred tasks
+        counted, no description); wakes the workers. Returns whether it was created."""
+        if not name or not name.strip():
+            raise ValueError("a pool needs a non-empty name")
+        if slots < 0:
+            raise ValueError(f"pool {name}: slots must be >= 0, got {slots}")
+        row = await self._one(
+            self._pool, self._q["set_pool"], name, slots, include_deferred, description
+        )
+        return bool(row["created"])
+
+    async def ensure_pool(self, name: str, slots: int) -> None:
+        await self._pool.execute(self._q["ensure_pool"], name, slots)
+
+    async def delete_pool(self, name: str) -> None:
+        """Delete a pool; raises PoolNotFound, or PoolInUse while unfinished task instances
+        name it (the default pool is never deleted)."""
+        if name == DEFAULT_POOL:
+            raise PoolInUse(
+                f"pool {name} is the pool of every task that names none: it cannot be "
+                "deleted (resize it with deferral pools set)"
+            )
+        row = await self._one(self._pool, self._q["delete_pool"], name)
+        if not row["found"]:
+            raise PoolNotFound(f"no pool named {name!r} (deferral pools list shows them)")
+        if not row["deleted"]:
+            raise PoolInUse(
+                f"pool {name} is used by {row['in_use']} task instance(s) not finished yet: "
+                "delete it once they end (or clear them), or resize it instead"
+            )
+
     # -- workers -------------------------------------------------------------------------
 
-    async def register_worker(self, hostname: str, pid: int, slots: int) -> int:
+    async def register_worker(
+        self, hostname: str, pid: int, slots: int, queues: Sequence[str] = (DEFAULT_QUEUE,)
+    ) -> int:
         worker_id: int = await self._pool.fetchval(
-            self._q["register_worker"], hostname, pid, slots, __version__
+            self._q["register_worker"], hostname, pid, slots, __version__, list(queues)
         )
         return worker_id
 
@@ -441,13 +520,24 @@ class Store(ScheduleStore, StatusReads, LogStore):
         return bool(row and row["alive"])
 
     async def claim_tasks(
-        self, worker_id: int, limit: int
+        self,
+        worker_id: int,
+        limit: int,
+        *,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+        parallelism: int = 0,
     ) -> tuple[list[ClaimedTask], float | None]:
-        """Claim up to ``limit`` runnable task instances. With none claimed, also says in how
-        many seconds the next waiting one becomes runnable (negative: already; None: none
-        waits)."""
-        records = await self._pool.fetch(self._q["claim_tasks"], worker_id, limit)
+        """Claim up to ``limit`` runnable task instances of ``queues`` that every limit admits
+        (pools, the DAG's max_active_tasks, the task's max_active_tis_per_dag, and
+        ``parallelism`` running tasks across all workers; 0: no limit). With none claimed,
+        also says in how many seconds the next waiting one becomes runnable (None: none waits
+        for a time). A task naming a pool that does not exist fails, naming it."""
+        records = await self._pool.fetch(
+            self._q["claim_tasks"], worker_id, limit, list(queues), parallelism
+        )
         rows, unreadable = self._open_resumes(records, worker_id)
+        unreadable += _missing_pools(rows, worker_id)
+        rows = [r for r in rows if not r.get("missing_pool")]
         claimed = _from_dicts([r for r in rows if r["id"] is not None], ClaimedTask)
         next_in: float | None = rows[0]["next_in"] if not claimed and rows else None
         if unreadable:
@@ -542,10 +632,21 @@ class Store(ScheduleStore, StatusReads, LogStore):
     # -- triggerers ----------------------------------------------------------------------
 
     async def register_triggerer(
-        self, hostname: str, pid: int, capacity: int, lease_s: float
+        self,
+        hostname: str,
+        pid: int,
+        capacity: int,
+        lease_s: float,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
     ) -> int:
         triggerer_id: int = await self._pool.fetchval(
-            self._q["register_triggerer"], hostname, pid, capacity, lease_s, __version__
+            self._q["register_triggerer"],
+            hostname,
+            pid,
+            capacity,
+            lease_s,
+            __version__,
+            list(queues),
         )
         return triggerer_id
 

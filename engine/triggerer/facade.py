@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -39,6 +39,7 @@ from engine.triggerer.ownership import Ownership, ensure_listening
 from engine.triggerer.running import TriggerRunner
 from engine.triggerer.shared import Shared
 from engine.watchdog import BlockReport, LoopWatchdog
+from operators.base import DEFAULT_QUEUE
 
 __all__ = ["Triggerer"]
 
@@ -66,9 +67,14 @@ class Triggerer:
         allow: Callable[[str], bool] | None = None,
         dags_folder: str | os.PathLike[str] | None = None,
         metrics: _metrics.Metrics | None = None,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if not queues:
+            raise ValueError("queues must name at least one queue")
+        #: The trigger queues whose triggers this triggerer claims.
+        self.queues = tuple(queues)
         self.store = store
         self.capacity = capacity
         self.lease_s = lease_s
@@ -98,6 +104,7 @@ class Triggerer:
             lease_s=lease_s,
             max_block_s=max_block_s,
             claiming=lambda: self._claimer.claiming,
+            queues=self.queues,
         )
         self._blocking = BlockPolicy(
             shared, cancel_blocking_after=cancel_blocking_after, max_block_s=max_block_s

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -24,6 +24,7 @@ from engine.store import Listener
 from engine.store.models import TriggererHealth
 from engine.triggerer.held import Verdict
 from engine.triggerer.shared import Shared
+from operators.base import DEFAULT_QUEUE
 
 __all__ = ["Ownership", "ensure_listening"]
 
@@ -46,8 +47,10 @@ class Ownership:
         lease_s: float,
         max_block_s: float,
         claiming: Callable[[], bool],
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
     ) -> None:
         self._shared = shared
+        self.queues = tuple(queues)
         self.capacity = capacity
         self.lease_s = lease_s
         self.max_block_s = max_block_s
@@ -67,6 +70,7 @@ class Ownership:
             pid=os.getpid(),
             capacity=self.capacity,
             lease_s=self.lease_s,
+            queues=self.queues,
             loop=loop,
             on_registered=self.registered,
             on_reaped=self._shared.claim_wake.set,
