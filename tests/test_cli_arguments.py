@@ -49,6 +49,15 @@ def _invoke(db_url: str, *args: str) -> tuple[int, str]:
         (["tasks", "logs", "d", "r\udce9", "t"], "RUN"),
         (["tasks", "logs", "d", "r", "t", "--try", "0"], "--try"),
         (["tasks", "logs", "d", "r", "t", "--try", str(2**31)], "--try"),
+        (["pools", "set", "p", "--slots", "-1"], "--slots"),
+        (["pools", "set", "p", "--slots", str(2**31)], "--slots"),
+        (["pools", "set", "p", "--slots", "x"], "--slots"),
+        (["pools", "set", "p"], "--slots"),
+        (["pools", "set", "", "--slots", "1"], "NAME"),
+        (["pools", "set", "  ", "--slots", "1"], "NAME"),
+        (["pools", "set", "p\x00", "--slots", "1"], "NAME"),
+        (["pools", "set", "p", "--slots", "1", "--description", "d\udce9"], "--description"),
+        (["pools", "delete", ""], "NAME"),
     ],
 )
 def test_a_bad_argument_is_a_usage_error_naming_it(

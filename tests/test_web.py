@@ -254,12 +254,51 @@ async def test_triggers_page_filters_counts_and_oldest_waits(
     await page(client, "/triggers?" + q(triggerer="x"), 400)
 
 
+async def test_pools_page_lists_every_pool_and_what_it_holds_escaped(
+    scene: Scene, client: TestClient[Any, Any]
+) -> None:
+    await scene.store.set_pool(f"etl{XSS}", 3, include_deferred=True, description=XSS)
+    text = await page(client, "/fleet")
+    assert '<a href="/pools">Pools</a>' in text
+    text = await page(client, "/pools")
+    pools = text[text.index('id="pool-list"') : text.index("</table>")]
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", pools)
+    assert heads == [
+        "name", "slots", "running", "queued", "deferred", "open", "include_deferred",
+        "description",
+    ]  # fmt: skip
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in pools.split("<tr>")[2:]]
+    default = "the pool of every task that names none"
+    assert rows == [
+        # c is deferred in default_pool, which does not count it against its slots.
+        ["default_pool", "128", "0", "0", "1", "128", "no", default],
+        [f"etl{ESCAPED}", "3", "0", "0", "0", "3", "yes", ESCAPED],
+    ]
+    assert '<td class="num">128</td>' in pools
+    # Counting deferred tasks, default_pool has one slot fewer open.
+    await scene.store.set_pool("default_pool", 128, include_deferred=True)
+    text = await page(client, "/pools")
+    numbers = "".join(f'<td class="num">{n}</td>' for n in (128, 0, 0, 1, 127))
+    assert f"<td>default_pool</td>{numbers}" in text
+
+
+async def test_a_build_without_pools_offers_no_pools_page(
+    scene: Scene, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def no_pools(store: Store) -> None:
+        return None
+
+    monkeypatch.setattr(hooks, "pools", no_pools)
+    async with TestClient(TestServer(make_app(scene.store))) as c:
+        await page(c, "/pools", 404)
+        assert 'href="/pools"' not in await page(c, "/fleet")
+
+
 async def test_unknown_things_are_404_with_the_name_escaped(client: TestClient[Any, Any]) -> None:
     text = await page(client, "/dag?" + q(dag_id=XSS), 404)
     assert ESCAPED in text
     await page(client, "/run?" + q(dag_id=DAG_ID, run_id=XSS), 404)
     await page(client, "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id=XSS), 404)
-    await page(client, "/pools", 404)  # no pools in this build
     await page(client, "/run?" + q(dag_id=DAG_ID), 400)
 
 

@@ -44,11 +44,25 @@ def _line(line: LogLine) -> str:
 
 
 async def pools(store: Store) -> list[dict[str, object]] | None:
-    """The pools, one dict each (name, slots, used, queued, ...: shown as columns in this
+    """The pools, one dict each (name, slots, running, queued, ...: shown as columns in this
     order), or None when this build has no pools (the Pools page is then not offered).
 
-    PLACEHOLDER: returns None until pools are wired here."""
-    return None
+    The columns are those of ``deferral pools list``: running and deferred in pool slots,
+    queued in tasks due and waiting to be admitted, open the slots left (negative once a pool
+    is shrunk below what runs in it)."""
+    return [
+        {
+            "name": p.name,
+            "slots": p.slots,
+            "running": p.running,
+            "queued": p.queued,
+            "deferred": p.deferred,
+            "open": p.open,
+            "include_deferred": "yes" if p.include_deferred else "no",
+            "description": p.description or "",
+        }
+        for p in await store.list_pools()
+    ]
 
 
 async def set_dag_paused(store: Store, dag_id: str, paused: bool) -> bool | None:
