@@ -59,6 +59,7 @@ TASK_KEYS = {
     "try_started_at",
     "duration_s",
     "previous_error",
+    "waiting_reason",
 }
 TRIGGER_KEYS = {
     "id",

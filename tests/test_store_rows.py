@@ -172,7 +172,13 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert await s.runs_with_pending() == []
     assert (await s.count_task_states(run_pk))["scheduled"] == 1
     assert (await s.work_left()).runnable == 1
-    assert len(await s.list_task_instances(dag_id="rows")) == 4
+    listed = await s.list_task_instances(dag_id="rows")
+    assert len(listed) == 4
+    waits = await s.why_tasks([ti.id for ti in listed], worker_stale_s=60.0)
+    assert {w.task_id: w.state for w in waits} == {ti.task_id: ti.state for ti in listed}
+    found = await s.why_task("rows", "r1", "c", worker_stale_s=60.0)
+    assert (found.run.state, found.task.state) == ("running", "deferred")
+    assert await s.why_task("rows", "nope", "c", worker_stale_s=60.0) is None
     assert [r.run_id for r in await s.list_dag_runs(dag_id="rows")] == ["r1"]
     assert await s.dags_of_run_id("r1") == ["rows"]
     assert await s.set_pool("rows_pool", 2, include_deferred=True)

@@ -237,9 +237,12 @@ class ListedTask(msgspec.Struct, frozen=True, kw_only=True):
     previous_error: str | None
     #: What the templated fields rendered to at the start of the latest try; None: nothing.
     rendered: dict[str, Any] | None = None
+    #: Why a waiting task is not running (engine/why.py); None for one that runs or has ended
+    #: (and where it was not asked for).
+    waiting_reason: str | None = None
 
 
-def listed_task(row: TaskInstance) -> ListedTask:
+def listed_task(row: TaskInstance, *, waiting_reason: str | None = None) -> ListedTask:
     return ListedTask(
         dag_id=row.dag_id,
         run_id=row.run_id,
@@ -256,6 +259,7 @@ def listed_task(row: TaskInstance) -> ListedTask:
         duration_s=row.duration_s,
         previous_error=row.previous_error,
         rendered=row.rendered_fields,
+        waiting_reason=waiting_reason,
     )
 
 

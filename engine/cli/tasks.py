@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from engine.cli.common import TEXT, _json, _run, _settings
+from engine.cli.common import TEXT, _json, _run, _settings, _usage_exit, console
 from engine.cli.listing import TASK_STATE, listed_task, print_table, task_table, wide_option
 
 if TYPE_CHECKING:
@@ -41,23 +41,68 @@ def tasks_list(
     --json keys: dag_id, run_id, task_id, state, try_number, result, error (the current
     try's; null until it fails), trigger_id, started_at (the first try's start, kept across
     deferrals and retries), ended_at, retry_at (null unless up_for_retry or
-    up_for_reschedule), try_started_at, duration_s, previous_error (the try before's error).
+    up_for_reschedule), try_started_at, duration_s, previous_error (the try before's error),
+    waiting_reason (why a waiting task is not running, as `tasks why` says it; null for a task
+    that runs or has ended).
     """
     settings = _settings(ctx)
 
-    async def main() -> list[TaskInstance]:
+    async def main() -> tuple[list[TaskInstance], dict[int, str]]:
         from engine.store import open_store
+        from engine.why import WAITING_STATES, waiting_reasons
 
         store = await open_store(settings)
         try:
-            return await store.list_task_instances(
+            rows = await store.list_task_instances(
                 dag_id=dag_id, run_id=run_id, state=state, limit=limit
             )
+            # One statement for all the waiting ones, and only with --json (the table has no
+            # column for it).
+            waiting = [row.id for row in rows if row.state in WAITING_STATES]
+            reasons = await waiting_reasons(store, waiting, settings) if as_json else {}
+            return rows, reasons
         finally:
             await store.close()
 
-    listed = [listed_task(row) for row in _run(main)]
+    rows, reasons = _run(main)
+    listed = [listed_task(row, waiting_reason=reasons.get(row.id)) for row in rows]
     if as_json:
         _json(listed)
         return
     print_table(task_table(listed, with_run=True, wide=wide), wide=wide)
+
+
+@tasks.command("why")
+@click.argument("dag_id", type=TEXT, metavar="DAG")
+@click.argument("run_id", type=TEXT, metavar="RUN")
+@click.argument("task_id", type=TEXT, metavar="TASK")
+@click.pass_context
+def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> None:
+    """Say why a task instance is not running: the first reason that holds of upstream tasks
+    not done, the run not started (max_active_runs), its pool (missing, too small, full), the
+    DAG's max_active_tasks, the task's max_active_tis_per_dag, the global parallelism, no live
+    worker serving its queue, a retry not due yet, the trigger it is deferred on (its
+    triggerer, since when, its next deadline) or no triggerer taking that trigger; else it
+    waits for a free worker slot. For a task that runs or has ended: its state.
+
+    The answer starts with a label naming the reason (`pool full:`, `retry not due:`, ...).
+    The parallelism compared with is this command's setting (give it the workers' value).
+    Exit code 2: no such run or task.
+    """
+    settings = _settings(ctx)
+    from engine.why import NoSuchTask, why_not_running
+
+    async def main() -> str:
+        from engine.store import open_store
+
+        store = await open_store(settings)
+        try:
+            return await why_not_running(store, dag_id, run_id, task_id, settings)
+        finally:
+            await store.close()
+
+    try:
+        answer = _run(main)
+    except NoSuchTask as exc:
+        _usage_exit(str(exc))
+    console.print(answer, markup=False, highlight=False, soft_wrap=True)

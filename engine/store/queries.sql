@@ -1507,3 +1507,125 @@ WITH target AS (
 )
 SELECT EXISTS (SELECT 1 FROM target) AS found, EXISTS (SELECT 1 FROM gone) AS deleted,
        (SELECT n FROM used) AS in_use;
+
+-- =============================================================================================
+-- "Why is this task not running?" (deferral tasks why, waiting_reason in tasks list --json, the
+-- status page's task try page): read-only facts about task instances and what holds them back;
+-- engine/why.py turns them into the answer. Not on a hot path (a few statements per listing).
+-- =============================================================================================
+
+-- name: why_tasks
+-- What may hold back each of the task instances $1 (any state), in one statement for a whole
+-- listing: the states of its upstreams (while it is pending); its pool (slots, the slots held
+-- by running tries and by deferred ones, which count where include_deferred) as
+-- deferral_claim_tasks counts them; the running tries of its DAG and of its task against
+-- max_active_tasks and max_active_tis_per_dag; the running tries of the whole fleet (against
+-- the parallelism setting); the live workers serving its queue (live: a heartbeat within $2
+-- seconds, silence counted as reap_zombie_tasks counts it) and when a worker serving it was
+-- last seen; for a deferred task its trigger, the triggerer holding it and the live
+-- triggerers (lease not expired, as claim_triggers requires) of its trigger queue, how many
+-- of them have room, and when one was last seen; for a running task its worker.
+WITH t AS MATERIALIZED (
+    SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number,
+           ti.retries, ti.run_after, ti.try_started_at, ti.ended_at, ti.error, ti.upstream,
+           ti.trigger_rule, ti.pool, ti.pool_slots, ti.queue, ti.max_active_tis_per_dag,
+           ti.worker_id, ti.trigger_id, ti.trigger_timeout_at, ti.deadline_kind,
+           tr.classpath AS trigger_classpath, tr.triggerer_id, tr.created_at AS trigger_created_at,
+           COALESCE(tr.queue, ti.trigger_queue) AS trigger_queue, tr.id IS NOT NULL AS trigger_found
+    FROM deferral_task_instances ti
+    LEFT JOIN deferral_triggers tr ON tr.id = ti.trigger_id AND ti.state = 'deferred'
+    WHERE ti.id = ANY ($1::bigint[])
+), busy AS MATERIALIZED (
+    SELECT b.pool, b.dag_id, b.task_id, b.pool_slots
+    FROM deferral_task_instances b WHERE b.state IN ('running', 'queued')
+), pool_use AS (
+    SELECT p.name, p.slots, p.include_deferred,
+           COALESCE((SELECT sum(b.pool_slots) FROM busy b WHERE b.pool = p.name), 0) AS running,
+           COALESCE((SELECT sum(d.pool_slots) FROM deferral_task_instances d
+                     WHERE d.state = 'deferred' AND d.pool = p.name), 0) AS deferred
+    FROM deferral_pools p WHERE p.name IN (SELECT t.pool FROM t)
+), dag_busy AS (
+    SELECT b.dag_id, count(*) AS n FROM busy b GROUP BY b.dag_id
+), task_busy AS (
+    SELECT b.dag_id, b.task_id, count(*) AS n FROM busy b GROUP BY b.dag_id, b.task_id
+), worker_queues AS (
+    SELECT q.queue,
+           count(w.id) FILTER (WHERE GREATEST(w.heartbeat_at, pg_postmaster_start_time())
+                                     >= now() - make_interval(secs => $2)) AS live,
+           max(w.heartbeat_at) AS last_heartbeat
+    FROM (SELECT DISTINCT t.queue FROM t) q
+    LEFT JOIN deferral_workers w ON q.queue = ANY (w.queues)
+    GROUP BY q.queue
+), triggerer_queues AS (
+    SELECT q.queue,
+           count(r.id) FILTER (WHERE r.lease_expires_at > now()) AS live,
+           count(r.id) FILTER (WHERE r.lease_expires_at > now() AND r.held < r.capacity)
+               AS with_room,
+           max(r.heartbeat_at) AS last_heartbeat
+    FROM (SELECT DISTINCT t.trigger_queue AS queue FROM t WHERE t.state = 'deferred') q
+    LEFT JOIN LATERAL (
+        SELECT r.id, r.capacity, r.heartbeat_at, r.lease_expires_at,
+               (SELECT count(*) FROM deferral_triggers x WHERE x.triggerer_id = r.id) AS held
+        FROM deferral_triggerers r WHERE q.queue = ANY (r.queues)
+    ) r ON true
+    GROUP BY q.queue
+)
+SELECT t.id, t.dag_id, t.run_id, t.task_id, t.state, t.try_number, t.retries, t.run_after,
+       t.try_started_at, t.ended_at, t.error, t.trigger_rule,
+       CASE WHEN t.state = 'pending' THEN (
+           SELECT COALESCE(jsonb_object_agg(u.task_id, u.state), '{}'::jsonb)
+           FROM deferral_task_instances u
+           WHERE u.dag_run_id = t.dag_run_id AND u.task_id = ANY (t.upstream))
+       END AS upstream_states,
+       t.upstream,
+       t.pool, t.pool_slots, pu.name IS NOT NULL AS pool_exists, pu.slots AS pool_total,
+       COALESCE(pu.include_deferred, false) AS include_deferred,
+       COALESCE(pu.running, 0)::integer AS pool_running,
+       COALESCE(pu.deferred, 0)::integer AS pool_deferred,
+       d.max_active_tasks, COALESCE(db.n, 0)::integer AS dag_running,
+       t.max_active_tis_per_dag, COALESCE(tb.n, 0)::integer AS task_running,
+       (SELECT count(*) FROM busy)::integer AS fleet_running,
+       t.queue, COALESCE(wq.live, 0)::integer AS live_workers,
+       GREATEST(ws.last_seen_at, wq.last_heartbeat) AS worker_last_seen,
+       t.worker_id, w.hostname AS worker_hostname, w.pid AS worker_pid,
+       t.trigger_id, t.trigger_found, t.trigger_classpath, t.trigger_created_at,
+       t.trigger_timeout_at, t.deadline_kind, t.trigger_queue, t.triggerer_id,
+       r.hostname AS triggerer_hostname, r.pid AS triggerer_pid,
+       COALESCE(tq.live, 0)::integer AS live_triggerers,
+       COALESCE(tq.with_room, 0)::integer AS triggerers_with_room,
+       GREATEST(ts.last_seen_at, tq.last_heartbeat) AS triggerer_last_seen,
+       now() AS db_now
+FROM t
+LEFT JOIN pool_use pu ON pu.name = t.pool
+LEFT JOIN deferral_dags d ON d.dag_id = t.dag_id
+LEFT JOIN dag_busy db ON db.dag_id = t.dag_id
+LEFT JOIN task_busy tb ON tb.dag_id = t.dag_id AND tb.task_id = t.task_id
+LEFT JOIN worker_queues wq ON wq.queue = t.queue
+LEFT JOIN deferral_queues_seen ws ON ws.kind = 'worker' AND ws.queue = t.queue
+LEFT JOIN deferral_workers w ON w.id = t.worker_id AND t.state = 'running'
+LEFT JOIN deferral_triggerers r ON r.id = t.triggerer_id
+LEFT JOIN triggerer_queues tq ON tq.queue = t.trigger_queue AND t.state = 'deferred'
+LEFT JOIN deferral_queues_seen ts ON ts.kind = 'triggerer' AND ts.queue = t.trigger_queue
+ORDER BY t.id;
+
+-- name: why_run
+-- Run $2 of DAG $1, for "why is task $3 not running": its state and type, the DAG's
+-- max_active_runs, its runs counted against it (running, not backfills: as start_queued_runs
+-- counts them) and the queued ones that start before this one, whether the DAG has task $3,
+-- and the task instance's id (null while the run is queued: its task instances are created
+-- when it starts). No row: no such run.
+SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active_runs,
+       (SELECT count(*) FROM deferral_dag_runs x
+        WHERE x.dag_id = r.dag_id AND x.state = 'running' AND x.run_type <> 'backfill')::integer
+           AS active_runs,
+       (SELECT count(*) FROM deferral_dag_runs x
+        WHERE x.dag_id = r.dag_id AND x.state = 'queued' AND x.run_type <> 'backfill'
+          AND (x.logical_date, x.id) < (r.logical_date, r.id))::integer AS queued_before,
+       COALESCE(d.tasks @> jsonb_build_array(jsonb_build_object('task_id', $3::text)), false)
+           AS has_task,
+       (SELECT ti.id FROM deferral_task_instances ti
+        WHERE ti.dag_run_id = r.id AND ti.task_id = $3) AS ti_id,
+       now() AS db_now
+FROM deferral_dag_runs r
+LEFT JOIN deferral_dags d ON d.dag_id = r.dag_id
+WHERE r.dag_id = $1 AND r.run_id = $2;

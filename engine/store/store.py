@@ -43,6 +43,7 @@ from engine.store.models import (
 from engine.store.queries import load_queries, migrations
 from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
+from engine.store.why import WhyReads
 from operators.base import DEFAULT_POOL, DEFAULT_QUEUE
 
 __all__ = [
@@ -160,11 +161,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store(ScheduleStore, StatusReads, LogStore):
+class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
     """A pool of connections and one method per named query (or per transaction of them).
     The statements of schedules and run admission are in :mod:`engine.store.schedules`; the
     status page's reads and actions in engine/store/status.py; the log lines' in
-    engine/store/logs.py."""
+    engine/store/logs.py; the reads of "why is this task not running" in engine/store/why.py."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
         self._pool = pool

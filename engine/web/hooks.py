@@ -19,10 +19,18 @@ LOG_PAGE_LINES = 500
 
 
 async def why_not_running(store: Store, ti: TaskTry) -> str | None:
-    """The "why not running" answer for a task instance (``deferral tasks why``).
+    """The "why not running" answer for a task instance (``deferral tasks why``); None for
+    one that runs or has ended (the page shows its state). The parallelism and when a worker
+    counts as gone are read from this process's settings (environment and file), as the
+    command reads them."""
+    from engine.config import ConfigError, Settings, load_settings
+    from engine.why import waiting_reasons
 
-    PLACEHOLDER: returns None until ``tasks why`` is wired here."""
-    return None
+    try:
+        settings = load_settings()
+    except ConfigError:
+        settings = Settings()  # (the page still answers, with the default limits)
+    return (await waiting_reasons(store, [ti.id], settings)).get(ti.id)
 
 
 async def task_log_lines(store: Store, ti: TaskTry) -> list[str] | None:
