@@ -333,7 +333,9 @@ SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
 -- global parallelism $4, highest priority first). A new try counts up try_number, clears the
 -- last try's error (kept in previous_error) and end time; a resume (next_method set) or a
 -- reschedule continues the same try. missing_pool: the task names a pool that does not exist
--- (the worker fails it).
+-- (the worker fails it), as the admission saw it: this statement's own snapshot is older, taken
+-- before the admission's lock was granted, and would call missing a pool created while the
+-- claim waited for it.
 -- run_after is returned for the resume latency (a resume's is when its event was written).
 -- When nothing was claimed, the one row returned has a null id and next_in: seconds until the
 -- earliest waiting task of those queues becomes runnable (retries, reschedules; database
@@ -341,7 +343,9 @@ SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
 -- counted: a slot that frees is seen by the next claim (the worker's own or its poll).
 -- (One round trip either way: an empty claim is common when several workers wake for the
 -- same notification.)
-WITH claimed AS (
+WITH admitted AS MATERIALIZED (
+    SELECT a.id, a.missing_pool FROM deferral_claim_tasks($1, $2, $3::text[], $4) a
+), claimed AS (
     UPDATE deferral_task_instances ti
     SET state = 'running', worker_id = $1, heartbeat_at = now(), started_at = now(),
         first_try_at = COALESCE(ti.first_try_at, now()),
@@ -359,13 +363,13 @@ WITH claimed AS (
     -- a hash of every runnable row. No test of the state: the function locked these rows
     -- while runnable, and with a state test the planner read them all through the runnable
     -- index.)
-    WHERE ti.id = ANY (ARRAY(SELECT a.id FROM deferral_claim_tasks($1, $2, $3::text[], $4) a))
+    WHERE ti.id = ANY (ARRAY(SELECT a.id FROM admitted a))
       AND r.id = ti.dag_run_id
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
               ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
               ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
               r.data_interval_start, r.data_interval_end, r.run_type, ti.pool,
-              NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool)
+              ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
                   AS missing_pool
 ), idle AS (
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
