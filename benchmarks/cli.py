@@ -10,7 +10,7 @@ import click
 __all__ = ["SCENARIOS", "bench"]
 
 #: Scenario modules, imported to register their commands (then ``plots``: ``bench plot``).
-SCENARIOS = ("waits", "fleet", "schedule")
+SCENARIOS = ("waits", "fleet", "schedule", "claims")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

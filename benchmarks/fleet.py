@@ -48,6 +48,13 @@ MODES = ("poke", "reschedule", "deferrable")
     help="Duration of each downstream compute task.",
 )
 @click.option("--seed", type=int, default=1, show_default=True)
+@click.option(
+    "--pools",
+    is_flag=True,
+    help="Put the sensors in a pool 'sensors' that counts deferred tasks (include_deferred) "
+    "and the compute tasks in a pool 'compute', each with a slot for every task: admission "
+    "at work, never holding one back.",
+)
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
 @click.option(
     "--plot",

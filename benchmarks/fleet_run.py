@@ -37,6 +37,10 @@ from operators.sensors import FileSensor
 __all__ = ["plot_slots", "print_table", "run_fleet"]
 
 DAG_ID = "sensor_fleet"
+#: The pools of ``bench fleet --pools``: the sensors' (counting deferred ones) and the
+#: compute tasks'.
+SENSOR_POOL = "sensors"
+COMPUTE_POOL = "compute"
 #: Resolution of the slots-held timeline kept in the JSON (seconds).
 TIMELINE_STEP_S = 0.5
 FINISHED = ("success", "failed", "skipped", "upstream_failed")
@@ -113,13 +117,17 @@ def compute(run_id: str, compute_s: float) -> None:
         RECORDER.compute_ends()
 
 
-def _fleet_dag(mode: str, folder: str, poke_interval_s: float, compute_s: float) -> DAG:
+def _fleet_dag(
+    mode: str, folder: str, poke_interval_s: float, compute_s: float, *, pools: bool = False
+) -> DAG:
     ways: dict[str, dict[str, Any]] = {
         "poke": {"mode": "poke", "deferrable": False},
         "reschedule": {"mode": "reschedule", "deferrable": False},
         "deferrable": {"deferrable": True},
     }
     how = ways[mode]
+    sensor_pool: dict[str, Any] = {"pool": SENSOR_POOL} if pools else {}
+    compute_pool: dict[str, Any] = {"pool": COMPUTE_POOL} if pools else {}
     with DAG(dag_id=DAG_ID) as dag:
         sensor = FleetSensor(
             task_id="sense",
@@ -127,9 +135,13 @@ def _fleet_dag(mode: str, folder: str, poke_interval_s: float, compute_s: float)
             poke_interval=poke_interval_s,
             timeout=24 * 3600,
             **how,
+            **sensor_pool,
         )
         sensor >> PythonOperator(
-            task_id="compute", python_callable=compute, op_kwargs={"compute_s": compute_s}
+            task_id="compute",
+            python_callable=compute,
+            op_kwargs={"compute_s": compute_s},
+            **compute_pool,
         )
     return dag
 
@@ -201,6 +213,7 @@ async def _run_mode(
     compute_ms: float,
     seed: int,
     keep_db: bool,
+    pools: bool = False,
 ) -> dict[str, Any]:
     db_name = f"deferral_fleet_{mode}_{uuid.uuid4().hex[:8]}"
     url = await create_database(admin_url, db_name)
@@ -210,7 +223,12 @@ async def _run_mode(
     store = await Store.connect(url, pool_size=8, on_connect=statements.attach)
     monitor = await Store.connect(url, pool_size=2, migrate=False)
     try:
-        dag = _fleet_dag(mode, folder, poke_interval_s, compute_ms / 1000)
+        if pools:
+            # A slot for every task of each kind, the sensors' deferrals counted: the pools
+            # hold none back; what they cost is what is measured.
+            await store.set_pool(SENSOR_POOL, n, include_deferred=True)
+            await store.set_pool(COMPUTE_POOL, n)
+        dag = _fleet_dag(mode, folder, poke_interval_s, compute_ms / 1000, pools=pools)
         dagbag = DagBag(None)
         dagbag.add_dag(dag)
         await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), None)
@@ -370,8 +388,10 @@ def run_fleet(
     compute_ms: float,
     seed: int,
     keep_db: bool,
+    pools: bool = False,
 ) -> dict[str, Any]:
-    """Run the fleet in each mode, one after another, each against a fresh database."""
+    """Run the fleet in each mode, one after another, each against a fresh database
+    (``pools``: the sensors and the compute tasks each in a pool of their own)."""
     noisy = [logging.getLogger(name) for name in ("engine", "operators", "triggers")]
     levels = [logger.level for logger in noisy]
     for logger in noisy:
@@ -386,6 +406,7 @@ def run_fleet(
             compute_ms=compute_ms,
             seed=seed,
             keep_db=keep_db,
+            pools=pools,
         )
     finally:
         # The fleet runs in the caller's process (tests included): its loggers are put back.
@@ -403,6 +424,7 @@ def _run_fleet(
     compute_ms: float,
     seed: int,
     keep_db: bool,
+    pools: bool,
 ) -> dict[str, Any]:
     settings = load_settings()
     admin_url = database_url(settings)
@@ -413,6 +435,7 @@ def _run_fleet(
         "poke_interval_s": poke_interval_s,
         "compute_ms": compute_ms,
         "seed": seed,
+        "pools": pools,
         "machine": _machine(),
         "modes": {},
     }
@@ -429,6 +452,7 @@ def _run_fleet(
                 compute_ms=compute_ms,
                 seed=seed,
                 keep_db=keep_db,
+                pools=pools,
             )
 
         result["modes"][mode] = anyio.run(
@@ -445,6 +469,7 @@ def print_table(result: dict[str, Any]) -> None:
     table = Table(
         title=f"sensor fleet: {result['sensors']} sensors, {result['slots']} slots, window "
         f"{result['window_s']:g} s, poke interval {result['poke_interval_s']:g} s"
+        + (", sensors and compute in pools" if result.get("pools") else "")
     )
     table.add_column("metric")
     modes = list(result["modes"])

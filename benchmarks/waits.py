@@ -52,6 +52,12 @@ __all__ = ["waits"]
 @click.option("--idle-s", type=float, default=5.0, show_default=True)
 @click.option("--lease-s", type=float, help="Triggerer lease (default: the setting).")
 @click.option("--kill-one", is_flag=True, help="SIGKILL one triggerer half way through.")
+@click.option(
+    "--pools",
+    is_flag=True,
+    help="Put the waiting tasks in a pool 'sensors' that counts deferred tasks "
+    "(include_deferred), with a slot for each: admission at work, never holding one back.",
+)
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
 @click.option(
     "--plot",

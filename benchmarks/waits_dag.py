@@ -18,7 +18,7 @@ from operators.base import BaseOperator, Context
 from triggers.base import TriggerEvent
 from triggers.temporal import DateTimeTrigger
 
-__all__ = ["DAG_ID", "StampedTimerTrigger", "WaitOperator", "dag_file_source"]
+__all__ = ["DAG_ID", "SENSOR_POOL", "StampedTimerTrigger", "WaitOperator", "dag_file_source"]
 
 DAG_ID = "bench_waits"
 
@@ -78,12 +78,18 @@ class WaitOperator(BaseOperator):
         return {"due": event["due"], "fired": event["fired"], "resumed": started}
 
 
-def dag_file_source(chunk_size: int) -> str:
-    """A DAG file with ``chunk_size`` waiting tasks; each DAG run is one chunk of the waits."""
+#: The pool of the waiting tasks with ``bench waits --pools`` (it counts deferred tasks).
+SENSOR_POOL = "sensors"
+
+
+def dag_file_source(chunk_size: int, *, pool: str | None = None) -> str:
+    """A DAG file with ``chunk_size`` waiting tasks; each DAG run is one chunk of the waits.
+    ``pool``: the tasks' pool (None: the default pool)."""
+    pool_arg = "" if pool is None else f", pool={pool!r}"
     return (
         "from engine import DAG\n"
         "from benchmarks.waits_dag import DAG_ID, WaitOperator\n\n"
         "with DAG(dag_id=DAG_ID):\n"
         f"    for i in range({chunk_size}):\n"
-        "        WaitOperator(task_id=f'w{i:05d}', index=i)\n"
+        f"        WaitOperator(task_id=f'w{{i:05d}}', index=i{pool_arg})\n"
     )

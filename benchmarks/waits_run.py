@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from benchmarks.waits_dag import DAG_ID, dag_file_source
+from benchmarks.waits_dag import DAG_ID, SENSOR_POOL, dag_file_source
 from engine.config import load_settings
 from engine.dagbag import DagBag
 from engine.keys import child_key_env, keyring_from_settings
@@ -250,6 +250,7 @@ async def _run(
     keep_db: bool,
     synchronous_commit: bool,
     pg_settings: tuple[tuple[str, str], ...] = (),
+    pools: bool = False,
 ) -> dict[str, Any]:
     settings = load_settings()
     if lease_s is not None:
@@ -287,7 +288,9 @@ async def _run(
     journal = work / "journal"
     dags.mkdir()
     journal.mkdir()
-    (dags / "bench_waits_dag.py").write_text(dag_file_source(chunk))
+    (dags / "bench_waits_dag.py").write_text(
+        dag_file_source(chunk, pool=SENSOR_POOL if pools else None)
+    )
     keyring = keyring_from_settings(settings)
     env = {
         **os.environ,
@@ -303,6 +306,9 @@ async def _run(
     fleet = Fleet(work, env)
     store = await Store.connect(url, pool_size=2, keyring=keyring)
     try:
+        if pools:
+            # A slot for every waiting task, deferred ones counted: the pool holds none back.
+            await store.set_pool(SENSOR_POOL, n, include_deferred=True)
         result = await _measure(
             store, fleet, work, journal, dags, pgdata,
             n=n, k=k, capacity=capacity, window=window, loop=loop, workers=workers,
@@ -322,6 +328,7 @@ async def _run(
         else None
     )
     result["synchronous_commit"] = synchronous_commit
+    result["pools"] = pools
     result["pg_settings"] = dict(pg_settings)
     result["db_commits_per_s"] = commits_per_s
     result["logs"] = str(work)
@@ -598,7 +605,7 @@ TARGETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
 def _table(result: dict[str, Any]) -> None:
     table = Table("figure", "value", "target", "")
     for key in (
-        "triggers", "triggerers", "trigger_rows", "defer_all_s", "claim_all_s",
+        "triggers", "triggerers", "pools", "trigger_rows", "defer_all_s", "claim_all_s",
         "start_to_all_held_s", "held_max", "rss_per_wait_bytes", "floor_rss_per_wait_bytes",
         "rss_ratio_to_floor", "idle_cpu_fraction", "idle_db_cpu_fraction",
         "fire_lateness_ms", "floor_fire_lateness_ms", "resume_latency_ms",

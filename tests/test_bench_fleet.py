@@ -42,6 +42,7 @@ def test_fleet_reports_every_mode(
     data = json.loads(out.read_text())
     assert data["sensors"] == 6
     assert data["slots"] == 2
+    assert data["pools"] is False
     assert set(data["modes"]) == {"poke", "reschedule", "deferrable"}
     for mode, figures in data["modes"].items():
         for key in (
@@ -56,3 +57,26 @@ def test_fleet_reports_every_mode(
         assert figures["sensor_states"] == {"success": 6}
     # A deferrable sensor gives its slot back after one check: never more than that.
     assert data["modes"]["deferrable"]["sensor_calls_on_workers"] == 6
+
+
+def test_fleet_with_pools_runs_sensors_and_compute_in_their_pools(
+    admin_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tasks name the pools 'sensors' and 'compute': were the pools not created first,
+    # every task would fail at claim naming its missing pool.
+    monkeypatch.setenv("DEFERRAL_DATABASE_URL", admin_url)
+    out = tmp_path / "fleet.json"
+    result = CliRunner().invoke(
+        bench,
+        [
+            "fleet", "--sensors", "4", "--slots", "2", "--mode", "deferrable", "--window", "0.2",
+            "--poke-interval", "0.05", "--compute-ms", "1", "--pools", "--out", str(out),
+        ],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["pools"] is True
+    figures = data["modes"]["deferrable"]
+    assert figures["sensor_states"] == {"success": 4}
+    assert figures["compute_queue_delay_ms"]["p50"] is not None  # every compute task ran

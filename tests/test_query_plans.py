@@ -161,7 +161,8 @@ INTENDED: dict[str, list[set[str]]] = {
     "lock_owned_triggers": [{"deferral_triggers_pkey"}],
     "fire_triggers": [{"deferral_triggers_pkey"}, {"deferral_ti_trigger"}],
     # By id, or by one read of the running tasks (the comment in finish_tasks): both are fine.
-    "finish_tasks": [{"deferral_task_instances_pkey", "deferral_ti_running"}],
+    # (deferral_ti_busy, of the running and queued tasks, is such a read too.)
+    "finish_tasks": [{"deferral_task_instances_pkey", "deferral_ti_running", "deferral_ti_busy"}],
     "defer_task": [{"deferral_task_instances_pkey"}],
     "timeout_deferrals": [{"deferral_ti_trigger", "deferral_ti_deferral_deadline"}],
     "timeout_deferrals_backstop": [{"deferral_ti_deferral_deadline"}],
@@ -179,7 +180,7 @@ _STATEMENT = {"timeout_deferrals_backstop": "timeout_deferrals"}
 #: Indexes that must never be the inner side of a nested loop (looked up once per outcome):
 #: the generic plan the comment in finish_tasks records.
 NEVER_PER_ROW: dict[str, set[str]] = {
-    "finish_tasks": {"deferral_ti_running"},
+    "finish_tasks": {"deferral_ti_running", "deferral_ti_busy"},
     "fire_triggers": {"deferral_triggers_owner"},
     "lock_owned_triggers": {"deferral_triggers_owner"},
 }
