@@ -113,6 +113,22 @@ async def test_a_changed_schedule_is_picked_up(store: Store) -> None:
     assert stored.next_dagrun.hour == 12
 
 
+async def test_every_due_dag_has_its_runs_before_any_run_starts(store: Store) -> None:
+    # Starting runs creates their task instances; a batch of due DAGs waiting for the start of
+    # the batch before it was most of the scheduling delay of a thousand DAGs.
+    today = _midnight(await store.now())
+    dags = [daily_dag(f"batched_{i}", today - 3 * DAY, catchup=True, max_active_runs=2)
+            for i in range(5)]  # fmt: skip
+    await record_dags(store, dags)
+    assert await create_due_runs(store, batch=2) == 15
+    runs = await store.list_runs()
+    assert len(runs) == 15
+    started = [r.started_at for r in runs if r.started_at is not None]
+    assert len(started) == 10  # two of each DAG's three: max_active_runs holds
+    assert {r.state for r in runs if r.started_at is None} == {"queued"}
+    assert max(r.created_at for r in runs) <= min(started)
+
+
 async def test_runs_beyond_max_active_runs_wait_queued_and_never_overlap(store: Store) -> None:
     today = _midnight(await store.now())
     dag = daily_dag("one_at_a_time", today - 4 * DAY, catchup=True, max_active_runs=1)
