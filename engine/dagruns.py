@@ -6,7 +6,8 @@ date, interval, when it may be created) is stored in ``deferral_dags``, computed
 schedule is first seen or changes and again each time runs of the DAG are created. A pass
 reads the DAGs that are due through one indexed query, locked with SKIP LOCKED, and creates
 their runs in the same transaction; the unique index on ``(dag_id, logical_date)`` of
-scheduled runs is the last word when two schedulers meet.
+scheduled runs is the last word when two schedulers meet. The new runs are started (behind
+max_active_runs) once every due DAG's runs are created.
 """
 
 from __future__ import annotations
@@ -149,13 +150,21 @@ def _runs_due(due: DueDag, timetable: Timetable) -> tuple[list[DagRunInfo], Next
 
 async def create_due_runs(store: Store, *, batch: int = DUE_BATCH) -> int:
     """Create the runs whose interval has ended for the DAGs that are due, store each DAG's
-    next run, and start the new runs that max_active_runs admits. Returns how many runs were
-    created."""
+    next run, then start the new runs that max_active_runs admits. Returns how many runs were
+    created.
+
+    Every due DAG's runs are created before any is started: starting a run creates its task
+    instances, which for a batch of DAGs takes as long as creating their runs or longer, and
+    the runs of the next batch would wait for it (the scheduling delay is measured to a run's
+    creation, as Airflow's ``dagrun.schedule_delay``). A scheduler that stops in between
+    leaves queued runs, which the housekeeping's backstop starts.
+    """
     created = 0
+    due_ids: list[str] = []
     while True:
         async with store.due_dags(batch) as (conn, due):
             if not due:
-                return created
+                break
             runs: list[NewRun] = []
             nexts: list[NextRun] = []
             for dag in due:
@@ -181,12 +190,16 @@ async def create_due_runs(store: Store, *, batch: int = DUE_BATCH) -> int:
                 )
             inserted = await store.insert_runs(runs, conn)
             await store.set_next_dagruns(nexts, conn)
-            await store.start_queued_runs(sorted({d.dag_id for d in due}), conn)
         created += len(inserted)
+        due_ids.extend(d.dag_id for d in due)
         for _, run_id in inserted:
             log.debug("created run %s", run_id)
         if len(due) < batch:
-            return created
+            break
+    ordered = sorted(set(due_ids))
+    for i in range(0, len(ordered), batch):
+        await store.start_queued_runs(ordered[i : i + batch])
+    return created
 
 
 async def manual_data_interval(

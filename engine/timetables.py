@@ -278,6 +278,17 @@ def _cron_step(expression: str, tz: dt.tzinfo, current: dt.datetime, forward: bo
     return _localize(scheduled, tz).astimezone(UTC)
 
 
+@functools.lru_cache(maxsize=4096)
+def _check_cron(expression: str, given: str) -> None:
+    """Raise ScheduleError if croniter cannot use ``expression`` (``given``: as written).
+    Cached (a bad one is not, and is checked again): the scheduler rebuilds the timetable of
+    every due DAG, and parsing the expression was most of its time for a thousand DAGs."""
+    try:
+        croniter(expression)
+    except (CroniterBadCronError, CroniterBadDateError, CroniterError, ValueError) as exc:
+        raise ScheduleError(_cron_problem(given, exc)) from None
+
+
 class CronTimetable(_IntervalTimetable):
     """A cron expression (or a preset) evaluated in the DAG's time zone."""
 
@@ -286,10 +297,7 @@ class CronTimetable(_IntervalTimetable):
         self.given = expression
         self.tz = tz
         self.summary = expression
-        try:
-            croniter(self.expression)
-        except (CroniterBadCronError, CroniterBadDateError, CroniterError, ValueError) as exc:
-            raise ScheduleError(_cron_problem(expression, exc)) from None
+        _check_cron(self.expression, expression)
 
     def _get_next(self, current: dt.datetime) -> dt.datetime:
         return _cron_step(self.expression, self.tz, current, True)

@@ -43,6 +43,12 @@ BATCH = 1_000
 #: Log lines of triggers and of task tries (their reads and the retention's deletes).
 LOG_LINES = 100_000
 
+#: Scheduled DAGs, each with finished runs and none queued (statistics taken between two
+#: minutes of bench schedule), and how many of them start_queued_runs is given (a due batch).
+SCHEDULED_DAGS = 1_000
+RUNS_PER_DAG = 20
+DUE = 500
+
 BIG_TABLES = (
     "deferral_task_instances",
     "deferral_triggers",
@@ -51,6 +57,7 @@ BIG_TABLES = (
 )
 
 _TABLES = (
+    "deferral_dags",
     "deferral_dag_runs",
     "deferral_triggerers",
     "deferral_triggers",
@@ -90,6 +97,20 @@ _SEED = [
     "SELECT setval('deferral_task_instances_id_seq', "
     "(SELECT max(id) FROM deferral_task_instances))",
     "INSERT INTO deferral_workers (id, hostname, pid, slots) VALUES (1, 'h', 1, 16)",
+    f"""INSERT INTO deferral_dags (dag_id, fileloc, tasks, timetable, schedule)
+        SELECT 's' || g, '/dags/s.py',
+               '[{{"task_id": "t0", "upstream": [], "trigger_rule": "all_success",
+                   "retries": 0, "retry_delay_s": 300.0, "is_leaf": true, "priority": 1,
+                   "pool": "default_pool", "pool_slots": 1}}]'::jsonb,
+               '{{"kind": "cron", "expression": "* * * * *"}}'::jsonb, '* * * * *'
+        FROM generate_series(1, {SCHEDULED_DAGS}) g""",
+    f"""INSERT INTO deferral_dag_runs (dag_id, run_id, logical_date, data_interval_start,
+                                       data_interval_end, run_type, state, started_at,
+                                       ended_at)
+        SELECT 's' || g, 'scheduled__' || n, now() - make_interval(mins => n),
+               now() - make_interval(mins => n), now() - make_interval(mins => n - 1),
+               'scheduled', 'success', now(), now()
+        FROM generate_series(1, {SCHEDULED_DAGS}) g, generate_series(1, {RUNS_PER_DAG}) n""",
     # Log lines: 100 lines each for 1,000 triggers and 1,000 task tries, oldest first.
     f"""INSERT INTO deferral_trigger_logs (trigger_id, at, level, logger, message)
         SELECT 1 + g % 1000, now() - make_interval(secs => {LOG_LINES} - g), 'INFO', 'x',
@@ -137,6 +158,7 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
         "trigger_logs": (7, 0, 1000),
         "task_logs": ("d", "r8", "t7", None, 0, 1000),
         "insert_trigger_logs": ([7], [0.0], ["INFO"], ["x"], ["m"], [7]),
+        "start_queued_runs": ([f"s{g}" for g in range(1, DUE + 1)],),
         "delete_old_trigger_logs": (86400.0, 1000, 0),
         "delete_old_task_logs": (86400.0, 1000, 0),
         "defer_task": (
@@ -172,6 +194,9 @@ INTENDED: dict[str, list[set[str]]] = {
     "insert_trigger_logs": [{"deferral_ti_trigger"}],
     "delete_old_trigger_logs": [{"deferral_trigger_logs_pkey"}],
     "delete_old_task_logs": [{"deferral_task_logs_pkey"}],
+    # A batch of due DAGs: the queued runs of each by the active runs' index, the ones to
+    # start by id (test_start_queued_runs_picks_the_runs_once: picked once).
+    "start_queued_runs": [{"deferral_dag_runs_active"}, {"deferral_dag_runs_pkey"}],
 }
 
 #: Plan variants: another set of values for a statement of another name.
@@ -310,3 +335,32 @@ def test_fire_triggers_never_joins_its_two_ctes_in_a_nested_loop(
         assert not (node["Node Type"] == "Nested Loop" and len(ctes) >= 2), (
             f"fire_triggers joins {[c['CTE Name'] for c in ctes]} in a nested loop:\n" + _show(plan)
         )
+
+
+def _per_row(plan: dict[str, Any], repeated: bool = False) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Each node, and whether it runs again for each row of a node above it: under the inner
+    side of a nested loop or in a correlated subplan, and not under an InitPlan (run once)."""
+    yield plan, repeated
+    for child in plan.get("Plans", []):
+        relationship = child.get("Parent Relationship")
+        if relationship == "InitPlan":
+            again = False
+        elif relationship == "SubPlan":
+            again = True
+        else:
+            again = repeated or (plan["Node Type"] == "Nested Loop" and relationship == "Inner")
+        yield from _per_row(child, again)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("stats", ["raw", "analyzed"])
+def test_start_queued_runs_picks_the_runs_once(
+    plan_dbs: dict[str, str], stats: str, generic: bool
+) -> None:
+    # Statistics taken while no run was queued estimate one queued run: the runs to start were
+    # joined to the queued runs in a nested loop that picked them again for each queued run
+    # (the UNION ALL of picked under its inner side), quadratic in a batch of due DAGs.
+    plan = asyncio.run(_explain(plan_dbs[stats], "start_queued_runs", generic=generic))
+    plan.pop("_has_statistics")
+    picks = [again for node, again in _per_row(plan) if node["Node Type"] == "Append"]
+    assert picks == [False], f"start_queued_runs picks its runs per row:\n{_show(plan)}"

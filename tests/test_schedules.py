@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 
 from engine import DAG
@@ -111,6 +112,52 @@ async def test_a_changed_schedule_is_picked_up(store: Store) -> None:
     assert stored is not None
     assert stored.next_dagrun is not None
     assert stored.next_dagrun.hour == 12
+
+
+async def test_recording_an_unchanged_dag_again_does_not_touch_its_row(
+    store: Store, db_url: str
+) -> None:
+    # The scheduler records every DAG of its folder every dag_rescan_interval_s; an upsert that
+    # changed nothing still locked each row (a transaction id and a WAL flush per DAG).
+    today = _midnight(await store.now())
+    dag = daily_dag("unchanged", today - 2 * DAY)
+    await record_dags(store, [dag])
+    conn = await asyncpg.connect(db_url)
+    try:
+
+        async def row_version() -> tuple[str, str]:
+            row = await conn.fetchrow(
+                "SELECT xmin::text, xmax::text FROM deferral_dags WHERE dag_id = $1", dag.dag_id
+            )
+            return row["xmin"], row["xmax"]
+
+        before = await row_version()
+        await record_dags(store, [dag])
+        assert await row_version() == before
+        changed = daily_dag("unchanged", today - 2 * DAY, description="now described")
+        await record_dags(store, [changed])
+        assert await row_version() != before
+    finally:
+        await conn.close()
+    stored = await store.get_dag(dag.dag_id)
+    assert stored is not None
+    assert stored.description == "now described"
+
+
+async def test_every_due_dag_has_its_runs_before_any_run_starts(store: Store) -> None:
+    # Starting runs creates their task instances; a batch of due DAGs waiting for the start of
+    # the batch before it was most of the scheduling delay of a thousand DAGs.
+    today = _midnight(await store.now())
+    dags = [daily_dag(f"batched_{i}", today - 3 * DAY, catchup=True, max_active_runs=2)
+            for i in range(5)]  # fmt: skip
+    await record_dags(store, dags)
+    assert await create_due_runs(store, batch=2) == 15
+    runs = await store.list_runs()
+    assert len(runs) == 15
+    started = [r.started_at for r in runs if r.started_at is not None]
+    assert len(started) == 10  # two of each DAG's three: max_active_runs holds
+    assert {r.state for r in runs if r.started_at is None} == {"queued"}
+    assert max(r.created_at for r in runs) <= min(started)
 
 
 async def test_runs_beyond_max_active_runs_wait_queued_and_never_overlap(store: Store) -> None:

@@ -1,9 +1,10 @@
 """The store's statements for schedules and run admission (a part of :class:`Store`).
 
 Runs made by the scheduler, ``dags trigger`` and ``dags backfill`` are inserted as ``queued``
-and started by ``start_queued_runs`` while the DAG's ``max_active_runs`` lets them, in the
-same transaction as their creation and again whenever a run of the DAG ends. The DAG's row is
-locked first, so creation and admission of one DAG take turns whichever process does them.
+and started by ``start_queued_runs`` while the DAG's ``max_active_runs`` lets them: right
+after their creation (the scheduler's, once every due DAG's runs are created; a manual run's
+in the same transaction) and again whenever a run of the DAG ends. The DAG's row is locked
+first, so creation and admission of one DAG take turns whichever process does them.
 """
 
 from __future__ import annotations
@@ -96,8 +97,7 @@ class ScheduleStore:
     @contextlib.asynccontextmanager
     async def due_dags(self, limit: int) -> AsyncIterator[tuple[Any, list[DueDag]]]:
         """A transaction holding up to ``limit`` due DAGs locked: the caller inserts their runs
-        and sets their next run in it (``insert_runs``, ``start_queued_runs``,
-        ``set_next_dagruns`` with ``conn=``)."""
+        and sets their next run in it (``insert_runs``, ``set_next_dagruns`` with ``conn=``)."""
         async with self._tx() as conn:
             rows = await conn.fetch(self._q["due_dags"], limit)
             yield conn, msgspec.convert([dict(r) for r in rows], list[DueDag])
