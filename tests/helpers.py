@@ -106,9 +106,11 @@ async def claimed_tasks(
     from operators.python import PythonOperator
 
     dag_id = f"{prefix}_{next(_dag_numbers)}"
+    # A pool of their own, as large as the batch: default_pool (128 slots) would admit fewer.
+    await store.set_pool(dag_id, n)
     with DAG(dag_id=dag_id) as dag:
         for i in range(n):
-            PythonOperator(task_id=f"t{i}", python_callable=_noop)
+            PythonOperator(task_id=f"t{i}", python_callable=_noop, pool=dag_id)
     await store.upsert_dag(dag_id, f"{dag_id}.py", dag.serialize_tasks(), None)
     await store.create_dag_run(dag_id, "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, n)
