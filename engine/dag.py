@@ -20,7 +20,7 @@ from engine.timetables import (
     make_timetable,
     to_aware,
 )
-from operators.base import BaseOperator, DagLike, dag_context
+from operators.base import INT32_MAX, BaseOperator, DagLike, dag_context
 
 __all__ = ["DAG", "DagCycleError", "dags_of_module", "forget_module"]
 
@@ -106,18 +106,23 @@ class DAG:
             raise ValueError(f"DAG {dag_id}: schedule {schedule!r} needs a start_date")
         self.schedule = schedule
         self.catchup = bool(catchup)
-        if not isinstance(max_active_runs, int) or max_active_runs < 1:
+        if (
+            not isinstance(max_active_runs, int)
+            or isinstance(max_active_runs, bool)
+            or not 1 <= max_active_runs <= INT32_MAX
+        ):
             raise ValueError(
-                f"DAG {dag_id}: max_active_runs must be an int >= 1, got {max_active_runs!r}"
+                f"DAG {dag_id}: max_active_runs must be an int in [1, {INT32_MAX}], got "
+                f"{max_active_runs!r}"
             )
         self.max_active_runs = max_active_runs
         if max_active_tasks is not None and (
             not isinstance(max_active_tasks, int)
             or isinstance(max_active_tasks, bool)
-            or max_active_tasks < 1
+            or not 1 <= max_active_tasks <= INT32_MAX
         ):
             raise ValueError(
-                f"DAG {dag_id}: max_active_tasks must be an int >= 1 or None, got "
+                f"DAG {dag_id}: max_active_tasks must be an int in [1, {INT32_MAX}] or None, got "
                 f"{max_active_tasks!r}"
             )
         #: Running tasks of this DAG (all its runs) at once; None: no limit of its own.
@@ -233,7 +238,8 @@ class DAG:
                     else ("upstream_task_ids")
                 )
                 weight += sum(self.tasks[o].priority_weight for o in closure(task_id, edges))
-            weights[task_id] = weight
+            # (Summed weights may leave the database's 32-bit integer: clamped, as Airflow does.)
+            weights[task_id] = max(-INT32_MAX - 1, min(weight, INT32_MAX))
         return weights
 
     def serialize_schedule(self) -> dict[str, Any]:

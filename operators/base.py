@@ -86,11 +86,16 @@ DEFAULT_QUEUE = "default"
 WEIGHT_RULES = ("downstream", "upstream", "absolute")
 
 
+#: The database stores these counts and weights as 32-bit integers.
+INT32_MAX = 2**31 - 1
+
+
 def _check_int(task_id: str, name: str, value: object, *, minimum: int | None) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"task {task_id}: {name} must be an int, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"task {task_id}: {name} must be >= {minimum}, got {value!r}")
+    low = -INT32_MAX - 1 if minimum is None else minimum
+    if not low <= value <= INT32_MAX:
+        raise ValueError(f"task {task_id}: {name} must be in [{low}, {INT32_MAX}], got {value!r}")
 
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,249}$")

@@ -175,6 +175,50 @@ def test_priority_weights_follow_each_tasks_own_rule() -> None:
     assert dag.serialize_tasks()[1]["priority"] == 110
 
 
+async def test_summed_weights_past_the_databases_integer_are_clamped_not_a_crash(
+    store: Store,
+) -> None:
+    # Three tasks of 10^9 downstream of each other sum past 2^31 - 1: the scheduler's start of
+    # the run used to fail on it (an error that is not transient ends the scheduler's loop).
+    with DAG(dag_id="heavy") as dag:
+        a = BaseOperator(task_id="a", priority_weight=10**9)
+        b = BaseOperator(task_id="b", priority_weight=10**9)
+        c = BaseOperator(task_id="c", priority_weight=10**9)
+        a >> b >> c
+    assert dag.priority_weights()["a"] == 2**31 - 1
+    await store.upsert_dag("heavy", "heavy.py", dag.serialize_tasks(), None)
+    await store.create_dag_run("heavy", "r1", logical_date=await store.now())
+    assert (await _states(store, "heavy"))["r1.a"] == "scheduled"
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"pool_slots": 2**31}, {"priority_weight": 2**31}, {"max_active_tis_per_dag": 2**31}]
+)
+def test_counts_past_the_databases_integer_are_refused(kwargs: dict[str, int]) -> None:
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"{name} must be in"):
+        BaseOperator(task_id="t", **kwargs)
+    with pytest.raises(ValueError, match="max_active_tasks must be an int in"):
+        DAG(dag_id="too_many", max_active_tasks=2**31)
+
+
+async def test_a_claim_takes_its_queues_task_past_higher_priority_tasks_of_another_queue(
+    store: Store,
+) -> None:
+    # The candidates are read by pool and queue (deferral_ti_runnable_pool starts with both):
+    # fifty gpu tasks ahead in claim order do not stand in a default worker's way.
+    with DAG(dag_id="mixed_queues") as dag:
+        for i in range(50):
+            PythonOperator(task_id=f"gpu{i}", python_callable=lambda: 1, queue="gpu",
+                           priority_weight=100)  # fmt: skip
+        PythonOperator(task_id="cpu", python_callable=lambda: 1)
+    await store.upsert_dag("mixed_queues", "mq.py", dag.serialize_tasks(), None)
+    await store.create_dag_run("mixed_queues", "r1", logical_date=await store.now())
+    worker = await store.register_worker("test", 1, 1)
+    claimed, _ = await store.claim_tasks(worker, 1)
+    assert [ti.task_id for ti in claimed] == ["cpu"]
+
+
 def test_an_unknown_weight_rule_is_refused() -> None:
     with pytest.raises(ValueError, match="weight_rule 'sideways'"):
         BaseOperator(task_id="t", weight_rule="sideways")

@@ -148,10 +148,19 @@ async def test_delete_is_refused_while_a_task_instance_uses_the_pool(
     assert "used by 1 task instance(s)" in result.output
     assert [p.name for p in await store.list_pools("etl")] == ["etl"]
 
-    # Once its task has ended, the pool can go.
+    # Its task ended, but the DAG still names the pool: its next run would fail at claim.
     await store.finish_tasks(
         [TaskOutcome(ti_id=claimed.id, worker_id=worker, try_number=1, kind="success")]
     )
+    result = await ainvoke(db_url, "pools", "delete", "etl")
+    assert result.exit_code == 1, result.output
+    assert "named by tasks of active DAG(s) loads" in result.output
+    assert [p.name for p in await store.list_pools("etl")] == ["etl"]
+
+    # Once the DAG's task uses another pool, the pool can go.
+    with DAG(dag_id="loads") as moved:
+        PythonOperator(task_id="load", python_callable=_noop)
+    await store.upsert_dag("loads", "loads.py", moved.serialize_tasks(), None)
     result = await ainvoke(db_url, "pools", "delete", "etl")
     assert result.exit_code == 0, result.output
     assert "pool etl deleted" in result.output

@@ -333,7 +333,11 @@ DELETE FROM deferral_workers WHERE id = $1;
 -- so the scheduler reaps it. Returns false if the worker's row is gone (it was declared dead
 -- and its tasks reaped).
 WITH w AS (
-    UPDATE deferral_workers SET heartbeat_at = now() WHERE id = $1 RETURNING id
+    UPDATE deferral_workers SET heartbeat_at = now() WHERE id = $1 RETURNING id, queues
+), seen AS (
+    -- its queues are marked as served now (for `deferral tasks why` once it is gone)
+    UPDATE deferral_queues_seen s SET last_seen_at = now()
+    FROM w WHERE s.kind = 'worker' AND s.queue = ANY (w.queues)
 ), t AS (
     UPDATE deferral_task_instances SET heartbeat_at = now()
     WHERE worker_id = $1 AND state = 'running' AND id = ANY ($2::bigint[])
@@ -398,10 +402,12 @@ SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 -- name: unacknowledged_claims
 -- The running task instances held by worker $1 other than the ones it runs ($2): claims that
 -- committed while their reply was lost with the connection. Read only: the worker runs them in
--- the try they were claimed for. Same columns as claim_tasks.
+-- the try they were claimed for (a claim of a task whose pool does not exist is failed, as the
+-- claim would have: missing_pool). Same columns as claim_tasks.
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, ti.next_kwargs,
        ti.next_event, ti.first_try_at, ti.try_started_at, ti.execution_timeout_s, ti.is_leaf,
        ti.run_after, r.logical_date, r.conf, r.data_interval_start, r.data_interval_end, r.run_type,
+       ti.pool, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
        now() AS db_now
 FROM deferral_task_instances ti
 JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
@@ -728,14 +734,21 @@ SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id = $1;
 -- Also counts the triggers it still owns, so it can notice ones removed under it. Carries the
 -- loop's health for the status page (null: unchanged): $3 the p99 of its lag (ms), $4 the
 -- blocks seen, $5 the trigger class of the longest block and $6 its length (ms).
-UPDATE deferral_triggerers
-SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => $2),
-    loop_lag_p99_ms = COALESCE($3, loop_lag_p99_ms),
-    blocked_loops = COALESCE($4, blocked_loops),
-    worst_blocker = COALESCE($5, worst_blocker),
-    worst_block_ms = COALESCE($6, worst_block_ms)
-WHERE id = $1
-RETURNING (SELECT count(*) FROM deferral_triggers WHERE triggerer_id = $1) AS owned;
+-- Its queues are marked as served now (for `deferral tasks why` once it is gone).
+WITH t AS (
+    UPDATE deferral_triggerers
+    SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => $2),
+        loop_lag_p99_ms = COALESCE($3, loop_lag_p99_ms),
+        blocked_loops = COALESCE($4, blocked_loops),
+        worst_blocker = COALESCE($5, worst_blocker),
+        worst_block_ms = COALESCE($6, worst_block_ms)
+    WHERE id = $1
+    RETURNING queues
+), seen AS (
+    UPDATE deferral_queues_seen s SET last_seen_at = now()
+    FROM t WHERE s.kind = 'triggerer' AND s.queue = ANY (t.queues)
+)
+SELECT (SELECT count(*) FROM deferral_triggers WHERE triggerer_id = $1) AS owned FROM t;
 
 -- name: owned_trigger_ids
 -- The triggers a triggerer owns now.
@@ -1511,27 +1524,27 @@ SELECT up.name, up.created, pg_notify('deferral_tasks', '') IS NULL AS woke FROM
 INSERT INTO deferral_pools (name, slots) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
 
 -- name: delete_pool
--- Delete pool $1 unless a task instance not finished yet names it; returns whether it existed,
--- whether it was deleted and how many unfinished task instances use it. (The pool row is
--- locked first: a run created meanwhile ... still finds the pool until this commits.)
+-- Delete pool $1 unless a task instance not finished yet names it, or an active DAG has a
+-- task that names it (its next run would fail at claim for want of the pool); returns whether
+-- it existed, whether it was deleted, how many unfinished task instances use it and which
+-- active DAGs name it.
 WITH target AS (
     SELECT name FROM deferral_pools WHERE name = $1 FOR UPDATE
 ), used AS (
     SELECT count(*) AS n FROM deferral_task_instances
     WHERE pool = $1 AND state NOT IN ('success', 'failed', 'skipped', 'upstream_failed')
+), naming AS (
+    SELECT COALESCE(array_agg(d.dag_id ORDER BY d.dag_id), '{}') AS dag_ids
+    FROM deferral_dags d
+    WHERE d.is_active
+      AND EXISTS (SELECT 1 FROM jsonb_array_elements(d.tasks) t WHERE t ->> 'pool' = $1)
 ), gone AS (
-    DELETE FROM deferral_pools p USING target, used
-    WHERE p.name = target.name AND used.n = 0
+    DELETE FROM deferral_pools p USING target, used, naming
+    WHERE p.name = target.name AND used.n = 0 AND cardinality(naming.dag_ids) = 0
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM target) AS found, EXISTS (SELECT 1 FROM gone) AS deleted,
-       (SELECT n FROM used) AS in_use;
-
--- =============================================================================================
--- "Why is this task not running?" (deferral tasks why, waiting_reason in tasks list --json, the
--- status page's task try page): read-only facts about task instances and what holds them back;
--- engine/why.py turns them into the answer. Not on a hot path (a few statements per listing).
--- =============================================================================================
+       (SELECT n FROM used) AS in_use, (SELECT dag_ids FROM naming) AS dag_ids;
 
 -- name: why_tasks
 -- What may hold back each of the task instances $1 (any state), in one statement for a whole

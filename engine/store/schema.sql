@@ -303,13 +303,14 @@ CREATE INDEX deferral_ti_deferred_pool ON deferral_task_instances (pool) WHERE s
 -- the tasks holding slots (deferral_claim_tasks counts them on every claim)
 CREATE INDEX deferral_ti_busy ON deferral_task_instances (pool)
     WHERE state IN ('running', 'queued');
--- the runnable tasks of a pool in claim order (deferral_claim_tasks reads pool by pool)
+-- the runnable tasks of a pool and queue in claim order (deferral_claim_tasks reads them pool
+-- by pool and queue by queue: the tasks of a queue the worker does not serve are not read)
 CREATE INDEX deferral_ti_runnable_pool
-    ON deferral_task_instances (pool, priority DESC, run_after, id)
+    ON deferral_task_instances (pool, queue, priority DESC, run_after, id)
     WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule');
 
 -- When a queue last had a live worker or triggerer serving it (for "why is this task not
--- running"): written at registration and by the scheduler's housekeeping.
+-- running"): written at registration, by each worker heartbeat and triggerer lease renewal.
 CREATE TABLE deferral_queues_seen (
     kind         text NOT NULL CHECK (kind IN ('worker', 'triggerer')),
     queue        text NOT NULL,
@@ -346,8 +347,13 @@ BEGIN
     PERFORM pg_advisory_xact_lock(74657203);
     RETURN QUERY
     WITH RECURSIVE busy AS MATERIALIZED (
-        SELECT b.pool, b.dag_id, b.task_id, b.pool_slots
+        SELECT b.pool, b.dag_id, b.task_id, b.pool_slots, b.max_active_tis_per_dag
         FROM deferral_task_instances b WHERE b.state IN ('running', 'queued')
+    ), task_full AS MATERIALIZED (
+        -- the tasks at their max_active_tis_per_dag (one set, not a count per row read)
+        SELECT b.dag_id, b.task_id FROM busy b
+        WHERE b.max_active_tis_per_dag IS NOT NULL
+        GROUP BY b.dag_id, b.task_id HAVING count(*) >= min(b.max_active_tis_per_dag)
     ), waiting_pool (pool) AS (
         (SELECT w.pool FROM deferral_task_instances w
          WHERE w.state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
@@ -378,20 +384,20 @@ BEGIN
         -- read: the rows come in the index's order and the read stops at the limit (joined to
         -- the counts, the planner hashed a pool's every runnable row and sorted them).
         SELECT c.* FROM pool_room pr
+        CROSS JOIN unnest(p_queues) AS q (queue)
         CROSS JOIN LATERAL (
             SELECT ti.id, ti.pool, ti.pool_slots, ti.dag_id, ti.task_id, ti.priority,
                    ti.run_after, ti.max_active_tis_per_dag, pr.missing, pr.room AS pool_room
             FROM deferral_task_instances ti
-            WHERE ti.pool = pr.name
+            WHERE ti.pool = pr.name AND ti.queue = q.queue
               AND ti.state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
-              AND ti.run_after <= now() AND ti.queue = ANY (p_queues)
+              AND ti.run_after <= now()
               -- what a full limit holds back is not even looked at
               AND (pr.missing OR ti.pool_slots <= pr.room)
               AND ti.dag_id <> ALL (ARRAY(SELECT f.dag_id FROM dag_full f))
               AND (ti.max_active_tis_per_dag IS NULL
-                   OR (SELECT count(*) FROM busy b
-                       WHERE b.dag_id = ti.dag_id AND b.task_id = ti.task_id)
-                      < ti.max_active_tis_per_dag)
+                   OR (ti.dag_id, ti.task_id) NOT IN (SELECT f.dag_id, f.task_id
+                                                      FROM task_full f))
             ORDER BY ti.priority DESC, ti.run_after, ti.id
             LIMIT CASE WHEN pr.missing THEN p_limit ELSE LEAST(p_limit, GREATEST(pr.room, 0)) END
             FOR UPDATE OF ti SKIP LOCKED

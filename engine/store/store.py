@@ -486,8 +486,8 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
         await self._pool.execute(self._q["ensure_pool"], name, slots)
 
     async def delete_pool(self, name: str) -> None:
-        """Delete a pool; raises PoolNotFound, or PoolInUse while unfinished task instances
-        name it (the default pool is never deleted)."""
+        """Delete a pool; raises PoolNotFound, or PoolInUse while unfinished task instances or
+        tasks of active DAGs name it (the default pool is never deleted)."""
         if name == DEFAULT_POOL:
             raise PoolInUse(
                 f"pool {name} is the pool of every task that names none: it cannot be "
@@ -496,11 +496,20 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
         row = await self._one(self._pool, self._q["delete_pool"], name)
         if not row["found"]:
             raise PoolNotFound(f"no pool named {name!r} (deferral pools list shows them)")
-        if not row["deleted"]:
+        if row["deleted"]:
+            return
+        if row["in_use"]:
             raise PoolInUse(
                 f"pool {name} is used by {row['in_use']} task instance(s) not finished yet: "
                 "delete it once they end (or clear them), or resize it instead"
             )
+        dags = list(row["dag_ids"])
+        shown = ", ".join(dags[:10]) + (f" and {len(dags) - 10} more" if len(dags) > 10 else "")
+        raise PoolInUse(
+            f"pool {name} is named by tasks of active DAG(s) {shown}: their next runs would fail "
+            "for want of it; change those tasks' pool (or remove the DAG files) first, or resize "
+            "the pool instead"
+        )
 
     # -- workers -------------------------------------------------------------------------
 
@@ -588,6 +597,10 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
         was lost after the claim committed). Read only; the same try continues."""
         records = await self._pool.fetch(self._q["unacknowledged_claims"], worker_id, list(running))
         rows, unreadable = self._open_resumes(records, worker_id)
+        # (A claim fails a task whose pool does not exist in a second statement: when that
+        # write was lost too, the task must not run here without its pool.)
+        unreadable += _missing_pools(rows, worker_id)
+        rows = [r for r in rows if not r.get("missing_pool")]
         if unreadable:
             await self._fail_unreadable(unreadable)
         return _from_dicts(rows, ClaimedTask)
