@@ -24,12 +24,12 @@ from engine import DAG
 from engine.cli import cli
 from engine.config import ConfigError, Settings, load
 from engine.dagruns import record_dags
-from engine.store import ClaimedTask, Store
+from engine.store import ClaimedTask, Store, TriggerOutcome
 from engine.store.queries import load_queries
 from engine.testing import LocalEngine, run_engine
 from operators.base import BaseOperator, Context
 from operators.python import PythonOperator
-from tests.helpers import wait_until, waiting_on_locks
+from tests.helpers import never_deferral, wait_until, waiting_on_locks
 from tests.triggers_for_tests import NeverTrigger, WaitTrigger
 
 pytestmark = pytest.mark.anyio
@@ -173,6 +173,46 @@ def test_priority_weights_follow_each_tasks_own_rule() -> None:
         a >> b >> c
     assert dag.priority_weights() == {"a": 1, "b": 110, "c": 111}
     assert dag.serialize_tasks()[1]["priority"] == 110
+
+
+async def test_a_fired_sensor_of_a_pool_counting_deferred_tasks_resumes_before_new_tasks(
+    store: Store,
+) -> None:
+    # The pool is full of its two deferred sensors; three new tasks wait in it, older than the
+    # event. When the trigger fires, the sensors keep their slots and resume: the new tasks,
+    # first in claim order by age, must not take the slots the event freed (they did: a
+    # fired sensor waited behind every new task of a pool kept full).
+    await store.set_pool("sensing", 2, include_deferred=True)
+    with DAG(dag_id="sensing") as sensing:
+        for name in ("a", "b"):
+            PythonOperator(task_id=name, python_callable=lambda: 1, pool="sensing",
+                           weight_rule="absolute")  # fmt: skip
+    await store.upsert_dag("sensing", "sensing.py", sensing.serialize_tasks(), None)
+    await store.create_dag_run("sensing", "r1", logical_date=await store.now())
+    worker = await store.register_worker("test", 1, 10)
+    sensors, _ = await store.claim_tasks(worker, 10)
+    assert sorted(ti.task_id for ti in sensors) == ["a", "b"]
+    for ti in sensors:
+        assert await store.defer_task(ti.id, worker, never_deferral("sensing"))
+
+    with DAG(dag_id="newcomers") as newcomers:
+        for i in range(3):
+            PythonOperator(task_id=f"n{i}", python_callable=lambda: 1, pool="sensing",
+                           weight_rule="absolute")  # fmt: skip
+    await store.upsert_dag("newcomers", "newcomers.py", newcomers.serialize_tasks(), None)
+    await store.create_dag_run("newcomers", "r1", logical_date=await store.now())
+    assert (await store.claim_tasks(worker, 10))[0] == []  # the sensors hold both slots
+
+    triggerer = await store.register_triggerer("test", 1, 10, 60.0)
+    (trigger,) = await store.claim_triggers(triggerer, 10)
+    event = TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="event")
+    await store.fire_triggers(triggerer, [event])
+    resumed, _ = await store.claim_tasks(worker, 10)
+    assert sorted((ti.dag_id, ti.task_id) for ti in resumed) == [
+        ("sensing", "a"),
+        ("sensing", "b"),
+    ]
+    assert all(ti.next_method == "resume" for ti in resumed)
 
 
 async def test_summed_weights_past_the_databases_integer_are_clamped_not_a_crash(

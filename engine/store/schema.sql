@@ -298,8 +298,10 @@ CREATE TABLE deferral_pools (
 INSERT INTO deferral_pools (name, slots, description)
 VALUES ('default_pool', 128, 'the pool of every task that names none');
 
--- the deferred tasks of a pool, counted when the pool includes them
-CREATE INDEX deferral_ti_deferred_pool ON deferral_task_instances (pool) WHERE state = 'deferred';
+-- the deferred tasks of a pool, and those whose trigger fired until a worker claims them:
+-- counted when the pool includes deferred tasks
+CREATE INDEX deferral_ti_deferred_pool ON deferral_task_instances (pool)
+    WHERE state = 'deferred' OR (state = 'scheduled' AND next_method IS NOT NULL);
 -- the tasks holding slots (deferral_claim_tasks counts them on every claim)
 CREATE INDEX deferral_ti_busy ON deferral_task_instances (pool)
     WHERE state IN ('running', 'queued');
@@ -366,11 +368,16 @@ BEGIN
         FROM waiting_pool wp WHERE wp.pool IS NOT NULL
     ), pool_room AS MATERIALIZED (
         -- room is null for a pool that does not exist
-        SELECT wp.pool AS name, p.name IS NULL AS missing, p.slots
+        SELECT wp.pool AS name, p.name IS NULL AS missing, p.include_deferred, p.slots
              - COALESCE((SELECT sum(b.pool_slots) FROM busy b WHERE b.pool = wp.pool), 0)
              - CASE WHEN p.include_deferred
+                    -- (a deferred task whose trigger fired keeps its slot until a
+                    -- worker claims it: it is the same sensor, resuming)
                     THEN COALESCE((SELECT sum(d.pool_slots) FROM deferral_task_instances d
-                                   WHERE d.state = 'deferred' AND d.pool = wp.pool), 0)
+                                   WHERE (d.state = 'deferred'
+                                          OR (d.state = 'scheduled'
+                                              AND d.next_method IS NOT NULL))
+                                     AND d.pool = wp.pool), 0)
                     ELSE 0 END AS room
         FROM waiting_pool wp LEFT JOIN deferral_pools p ON p.name = wp.pool
         WHERE wp.pool IS NOT NULL
@@ -387,11 +394,14 @@ BEGIN
         CROSS JOIN unnest(p_queues) AS q (queue)
         CROSS JOIN LATERAL (
             SELECT ti.id, ti.pool, ti.pool_slots, ti.dag_id, ti.task_id, ti.priority,
-                   ti.run_after, ti.max_active_tis_per_dag, pr.missing, pr.room AS pool_room
+                   ti.run_after, ti.max_active_tis_per_dag, pr.missing, pr.room AS pool_room,
+                   false AS reserved
             FROM deferral_task_instances ti
             WHERE ti.pool = pr.name AND ti.queue = q.queue
               AND ti.state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
               AND ti.run_after <= now()
+              -- (the resumes of a pool that counts deferred tasks hold their slot: below)
+              AND (pr.include_deferred IS NOT TRUE OR ti.next_method IS NULL)
               -- what a full limit holds back is not even looked at
               AND (pr.missing OR ti.pool_slots <= pr.room)
               AND ti.dag_id <> ALL (ARRAY(SELECT f.dag_id FROM dag_full f))
@@ -403,6 +413,28 @@ BEGIN
             FOR UPDATE OF ti SKIP LOCKED
         ) c
         WHERE pr.missing OR pr.room > 0
+        UNION ALL
+        -- The resumes of the pools that count deferred tasks: their slots are theirs already
+        -- (counted above), so they need no room, whatever new tasks wait in the pool.
+        SELECT c.* FROM pool_room pr
+        CROSS JOIN unnest(p_queues) AS q (queue)
+        CROSS JOIN LATERAL (
+            SELECT rs.id, rs.pool, rs.pool_slots, rs.dag_id, rs.task_id, rs.priority,
+                   rs.run_after, rs.max_active_tis_per_dag, pr.missing, pr.room AS pool_room,
+                   true AS reserved
+            FROM deferral_task_instances rs
+            WHERE rs.pool = pr.name AND rs.queue = q.queue
+              AND rs.state = 'scheduled' AND rs.next_method IS NOT NULL
+              AND rs.run_after <= now()
+              AND rs.dag_id <> ALL (ARRAY(SELECT f.dag_id FROM dag_full f))
+              AND (rs.max_active_tis_per_dag IS NULL
+                   OR (rs.dag_id, rs.task_id) NOT IN (SELECT f.dag_id, f.task_id
+                                                      FROM task_full f))
+            ORDER BY rs.priority DESC, rs.run_after, rs.id
+            LIMIT p_limit
+            FOR UPDATE OF rs SKIP LOCKED
+        ) c
+        WHERE pr.include_deferred
     ), roomy AS (
         -- the room each candidate's DAG and task have left (null: no limit)
         SELECT c.*,
@@ -415,8 +447,9 @@ BEGIN
     ), ranked AS (
         -- what the candidates before each one (in claim order) would take of each limit
         SELECT c.*,
-               sum(c.pool_slots) OVER (PARTITION BY c.pool ORDER BY c.priority DESC,
-                                       c.run_after, c.id) AS pool_take,
+               sum(CASE WHEN c.reserved THEN 0 ELSE c.pool_slots END)
+                   OVER (PARTITION BY c.pool ORDER BY c.priority DESC, c.run_after, c.id)
+                   AS pool_take,
                row_number() OVER (PARTITION BY c.dag_id ORDER BY c.priority DESC, c.run_after,
                                   c.id) AS dag_take,
                row_number() OVER (PARTITION BY c.dag_id, c.task_id ORDER BY c.priority DESC,
@@ -425,7 +458,7 @@ BEGIN
         FROM roomy c
     )
     SELECT r.id, r.missing FROM ranked r
-    WHERE (r.missing OR r.pool_take <= r.pool_room)
+    WHERE (r.missing OR r.reserved OR r.pool_take <= r.pool_room)
       AND (r.dag_room IS NULL OR r.dag_take <= r.dag_room)
       AND (r.task_room IS NULL OR r.task_take <= r.task_room)
       AND (p_parallelism <= 0 OR r.all_take <= p_parallelism - (SELECT count(*) FROM busy))
