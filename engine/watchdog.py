@@ -38,6 +38,7 @@ class BlockReport:
         "ended",
         "location",
         "over_limit",
+        "same",
         "samples",
         "since",
         "stable",
@@ -52,10 +53,14 @@ class BlockReport:
         self.duration_s = duration_s
         self.since = since
         self.ended = False
-        #: How many times the watchdog looked while the loop was blocked.
+        #: How many times the watchdog looked while the loop was blocked, and how many of
+        #: those times it saw the first task (``task_name``) running.
         self.samples = 1
-        #: The same task was running every time it looked: that task blocked the loop. False
-        #: means the loop was busy with many callbacks (or collecting garbage), not one culprit.
+        self.same = 1
+        #: The first task was running in more than half of the looks: that task blocked the
+        #: loop. (Not every look: the last one can fall between the blocking callback's return
+        #: and the watchdog's tick, while other callbacks run.) False means the loop was busy
+        #: with many callbacks (or collecting garbage), not one culprit.
         self.stable = True
         #: The block lasted past the watchdog's ``limit_s`` (reported once).
         self.over_limit = False
@@ -168,8 +173,9 @@ class LoopWatchdog:
                     self._emit(report, self._on_block)
                 else:
                     report.samples += 1
-                    if self._culprit()[0] != report.task_name:
-                        report.stable = False
+                    if self._culprit()[0] == report.task_name:
+                        report.same += 1
+                    report.stable = report.same * 2 > report.samples
                     if self.limit_s is not None and lag > self.limit_s and not report.over_limit:
                         report.over_limit = True
                         report.duration_s = lag

@@ -139,7 +139,7 @@ class BlockPolicy:
             held.classpath if held is not None and report.stable else "unknown"
         ).inc(report.duration_s)
         if not report.stable:
-            # Different tasks were running each time the watchdog looked: the loop was busy
+            # Different tasks were running when the watchdog looked: the loop was busy
             # (many callbacks at once, a garbage collection), not blocked by one trigger.
             log.warning(
                 "event loop was busy for %.3fs with many callbacks (first seen: %s)",
@@ -155,7 +155,7 @@ class BlockPolicy:
         )
         if of is None or held is None or self.cancel_blocking_after <= 0:
             return
-        # Only a block seen at least twice, in the same trigger each time, counts against it.
+        # Only a block seen at least twice, in the same trigger most times, counts against it.
         if report.samples < 2:
             return
         trigger_id = of[0]
