@@ -33,6 +33,7 @@ from engine.dag import DAG
 from engine.store import Store
 from engine.store.databases import create_database, drop_database, with_database
 from operators.python import PythonOperator
+from tests.plans import EXPLAIN_GENERIC, plan_nodes, plan_outline
 
 #: Runnable task instances, spread over POOLS pools: what the admission picks from.
 RUNNABLE = 100_000
@@ -133,15 +134,6 @@ def admission_query(function_sql: str, *, generic: bool) -> str:
     return query
 
 
-_EXPLAIN_GENERIC = """
-CREATE FUNCTION pg_temp.explain_generic(query text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE plan text;
-BEGIN
-    EXECUTE 'EXPLAIN (FORMAT JSON, GENERIC_PLAN) ' || query INTO plan;
-    RETURN plan;
-END $$"""
-
-
 async def _explain(url: str, *, generic: bool) -> dict[str, Any]:
     conn = await asyncpg.connect(url)
     try:
@@ -165,7 +157,7 @@ async def _explain(url: str, *, generic: bool) -> dict[str, Any]:
         if generic:
             # Through the simple path of a PL/pgSQL EXECUTE: the extended protocol would ask
             # for values of the parameters that a generic plan leaves open.
-            await conn.execute(_EXPLAIN_GENERIC)
+            await conn.execute(EXPLAIN_GENERIC)
             text = await conn.fetchval("SELECT pg_temp.explain_generic($1)", query)
         else:
             await conn.execute("SET plan_cache_mode = force_custom_plan")
@@ -175,25 +167,6 @@ async def _explain(url: str, *, generic: bool) -> dict[str, Any]:
     plan: dict[str, Any] = json.loads(text)[0]["Plan"]
     plan["_has_statistics"] = stats > 0
     return plan
-
-
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
-def _show(plan: dict[str, Any], depth: int = 0) -> str:
-    """The plan as an indented outline, for failure messages."""
-    what = " ".join(
-        str(plan[k])
-        for k in ("Node Type", "Relation Name", "Index Name", "CTE Name", "Subplan Name")
-        if k in plan
-    )
-    lines = ["  " * depth + what]
-    for child in plan.get("Plans", []):
-        lines.append(_show(child, depth + 1))
-    return "\n".join(lines)
 
 
 def _candidate_reads(plan: dict[str, Any]) -> list[list[str]]:
@@ -224,8 +197,8 @@ def test_admission_reads_candidates_by_pool_in_index_order_at_100k_runnable_rows
 ) -> None:
     plan = asyncio.run(_explain(plan_dbs[stats], generic=generic))
     assert plan.pop("_has_statistics") is (stats == "analyzed")
-    outline = _show(plan)
-    nodes = list(_nodes(plan))
+    outline = plan_outline(plan)
+    nodes = list(plan_nodes(plan))
     reads = _candidate_reads(plan)
     assert reads, f"no read of the candidates:\n{outline}"
     for path in reads:

@@ -28,6 +28,7 @@ import pytest
 
 from engine.store.databases import create_database, drop_database, with_database
 from engine.store.queries import load_queries
+from tests.plans import EXPLAIN_GENERIC, plan_nodes, plan_outline
 
 #: Deferred task instances, each waiting on a trigger of its own (owned by a triggerer).
 WAITING = 100_000
@@ -248,15 +249,6 @@ def plan_dbs(admin_url: str, template_db: str) -> Iterator[dict[str, str]]:
             asyncio.run(drop_database(admin_url, name))
 
 
-_EXPLAIN_GENERIC = """
-CREATE FUNCTION pg_temp.explain_generic(query text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE plan text;
-BEGIN
-    EXECUTE 'EXPLAIN (FORMAT JSON, GENERIC_PLAN) ' || query INTO plan;
-    RETURN plan;
-END $$"""
-
-
 async def _explain(url: str, name: str, *, generic: bool) -> dict[str, Any]:
     sql = load_queries()[_STATEMENT.get(name, name)]
     conn = await asyncpg.connect(url)
@@ -267,7 +259,7 @@ async def _explain(url: str, name: str, *, generic: bool) -> dict[str, Any]:
         if generic:
             # Through the simple path of a PL/pgSQL EXECUTE: the extended protocol would ask
             # for values of the parameters that a generic plan leaves open.
-            await conn.execute(_EXPLAIN_GENERIC)
+            await conn.execute(EXPLAIN_GENERIC)
             text = await conn.fetchval("SELECT pg_temp.explain_generic($1)", sql)
         else:
             await conn.execute("SET plan_cache_mode = force_custom_plan")
@@ -279,25 +271,6 @@ async def _explain(url: str, name: str, *, generic: bool) -> dict[str, Any]:
     return plan
 
 
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
-def _show(plan: dict[str, Any], depth: int = 0) -> str:
-    """The plan as an indented outline, for failure messages."""
-    what = " ".join(
-        str(plan[k])
-        for k in ("Node Type", "Relation Name", "Index Name", "CTE Name", "Subplan Name")
-        if k in plan
-    )
-    lines = ["  " * depth + what]
-    for child in plan.get("Plans", []):
-        lines.append(_show(child, depth + 1))
-    return "\n".join(lines)
-
-
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 @pytest.mark.parametrize("stats", ["raw", "analyzed"])
 @pytest.mark.parametrize("name", sorted(INTENDED))
@@ -306,15 +279,16 @@ def test_hot_statements_use_their_index_at_100k_waiting_rows(
 ) -> None:
     plan = asyncio.run(_explain(plan_dbs[stats], name, generic=generic))
     assert plan.pop("_has_statistics") is (stats == "analyzed")
-    outline = _show(plan)
-    nodes = list(_nodes(plan))
+    outline = plan_outline(plan)
+    nodes = list(plan_nodes(plan))
     used = {n["Index Name"] for n in nodes if "Index Name" in n}
     missing = [sorted(group) for group in INTENDED[name] if not group & used]
     assert not missing, f"{name} uses none of {missing}:\n{outline}"
     for node in nodes:
         if node["Node Type"] == "Nested Loop":
             inner = node["Plans"][1]
-            per_row = {n.get("Index Name") for n in _nodes(inner)} & NEVER_PER_ROW.get(name, set())
+            looked_up = {n.get("Index Name") for n in plan_nodes(inner)}
+            per_row = looked_up & NEVER_PER_ROW.get(name, set())
             assert not per_row, f"{name} looks up {per_row} once per row:\n{outline}"
     seq = [n["Relation Name"] for n in nodes if n["Node Type"] == "Seq Scan"]
     assert not set(seq) & set(BIG_TABLES), f"{name} reads a big table whole:\n{outline}"
@@ -329,11 +303,12 @@ def test_fire_triggers_never_joins_its_two_ctes_in_a_nested_loop(
     # ALL) ran as a nested loop, quadratic in the batch.
     plan = asyncio.run(_explain(plan_dbs[stats], "fire_triggers", generic=generic))
     plan.pop("_has_statistics")
-    for node in _nodes(plan):
+    for node in plan_nodes(plan):
         children = node.get("Plans", [])
         ctes = [c for c in children if c["Node Type"] == "CTE Scan"]
         assert not (node["Node Type"] == "Nested Loop" and len(ctes) >= 2), (
-            f"fire_triggers joins {[c['CTE Name'] for c in ctes]} in a nested loop:\n" + _show(plan)
+            f"fire_triggers joins {[c['CTE Name'] for c in ctes]} in a nested loop:\n"
+            + plan_outline(plan)
         )
 
 
@@ -363,4 +338,4 @@ def test_start_queued_runs_picks_the_runs_once(
     plan = asyncio.run(_explain(plan_dbs[stats], "start_queued_runs", generic=generic))
     plan.pop("_has_statistics")
     picks = [again for node, again in _per_row(plan) if node["Node Type"] == "Append"]
-    assert picks == [False], f"start_queued_runs picks its runs per row:\n{_show(plan)}"
+    assert picks == [False], f"start_queued_runs picks its runs per row:\n{plan_outline(plan)}"
