@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -12,7 +13,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -378,6 +379,21 @@ def _downsample(timeline: list[tuple[float, int, int]]) -> list[list[float]]:
     return out
 
 
+@contextlib.contextmanager
+def _quiet_loggers() -> Iterator[None]:
+    """The engine's INFO lines off while the fleet runs, and put back after: the fleet runs
+    in the caller's process (tests included)."""
+    noisy = [logging.getLogger(name) for name in ("engine", "operators", "triggers")]
+    levels = [logger.level for logger in noisy]
+    for logger in noisy:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(noisy, levels, strict=True):
+            logger.setLevel(level)
+
+
 def run_fleet(
     *,
     modes: Sequence[str],
@@ -392,74 +408,41 @@ def run_fleet(
 ) -> dict[str, Any]:
     """Run the fleet in each mode, one after another, each against a fresh database
     (``pools``: the sensors and the compute tasks each in a pool of their own)."""
-    noisy = [logging.getLogger(name) for name in ("engine", "operators", "triggers")]
-    levels = [logger.level for logger in noisy]
-    for logger in noisy:
-        logger.setLevel(logging.WARNING)
-    try:
-        return _run_fleet(
-            modes=modes,
-            n=n,
-            slots=slots,
-            window_s=window_s,
-            poke_interval_s=poke_interval_s,
-            compute_ms=compute_ms,
-            seed=seed,
-            keep_db=keep_db,
-            pools=pools,
-        )
-    finally:
-        # The fleet runs in the caller's process (tests included): its loggers are put back.
-        for logger, level in zip(noisy, levels, strict=True):
-            logger.setLevel(level)
+    with _quiet_loggers():
+        settings = load_settings()
+        admin_url = database_url(settings)
+        result: dict[str, Any] = {
+            "sensors": n,
+            "slots": slots,
+            "window_s": window_s,
+            "poke_interval_s": poke_interval_s,
+            "compute_ms": compute_ms,
+            "seed": seed,
+            "pools": pools,
+            "machine": _machine(),
+            "modes": {},
+        }
+        for mode in modes:
 
+            async def one(mode: str = mode) -> dict[str, Any]:
+                return await _run_mode(
+                    admin_url,
+                    mode,
+                    n=n,
+                    slots=slots,
+                    window_s=window_s,
+                    poke_interval_s=poke_interval_s,
+                    compute_ms=compute_ms,
+                    seed=seed,
+                    keep_db=keep_db,
+                    pools=pools,
+                )
 
-def _run_fleet(
-    *,
-    modes: Sequence[str],
-    n: int,
-    slots: int,
-    window_s: float,
-    poke_interval_s: float,
-    compute_ms: float,
-    seed: int,
-    keep_db: bool,
-    pools: bool,
-) -> dict[str, Any]:
-    settings = load_settings()
-    admin_url = database_url(settings)
-    result: dict[str, Any] = {
-        "sensors": n,
-        "slots": slots,
-        "window_s": window_s,
-        "poke_interval_s": poke_interval_s,
-        "compute_ms": compute_ms,
-        "seed": seed,
-        "pools": pools,
-        "machine": _machine(),
-        "modes": {},
-    }
-    for mode in modes:
-
-        async def one(mode: str = mode) -> dict[str, Any]:
-            return await _run_mode(
-                admin_url,
-                mode,
-                n=n,
-                slots=slots,
-                window_s=window_s,
-                poke_interval_s=poke_interval_s,
-                compute_ms=compute_ms,
-                seed=seed,
-                keep_db=keep_db,
-                pools=pools,
+            result["modes"][mode] = anyio.run(
+                one, backend="asyncio", backend_options={"use_uvloop": True}
             )
-
-        result["modes"][mode] = anyio.run(
-            one, backend="asyncio", backend_options={"use_uvloop": True}
-        )
-        console.print(f"{mode}: makespan {result['modes'][mode]['makespan_s']} s")
-    return result
+            console.print(f"{mode}: makespan {result['modes'][mode]['makespan_s']} s")
+        return result
 
 
 # -- output -------------------------------------------------------------------------------
