@@ -14,6 +14,7 @@ from engine.store import Store
 from engine.store.downstream import settle
 from engine.store.models import MovedTask
 from engine.web import hooks
+from engine.web.guard import local_path
 from engine.web.views import dag_url, task_url
 
 __all__ = ["ACTION_ROUTES", "TOKEN_ENV", "authorized"]
@@ -45,12 +46,9 @@ def _field(form: Any, name: str) -> str:
 
 
 def _back(form: Any, default: str) -> web.HTTPSeeOther:
-    """Back to the page the action came from (a local path only), or ``default``."""
-    target = form.get("next")
-    # A path on this site only: "//host" and "/\\host" would leave it.
-    if not (isinstance(target, str) and target[:1] == "/" and target[1:2] not in ("/", "\\")):
-        target = default
-    return web.HTTPSeeOther(target)
+    """Back to the page the action came from (a path of this site only, rebuilt), or
+    ``default``."""
+    return web.HTTPSeeOther(local_path(form.get("next")) or default)
 
 
 async def _task(store: Store, form: Any) -> tuple[int, str, str]:

@@ -18,6 +18,7 @@ from engine.retry import TRANSIENT_ERRORS
 from engine.store import Store
 from engine.web import hooks, views
 from engine.web.actions import ACTION_ROUTES, Action, authorized, who
+from engine.web.guard import add_security_headers
 from engine.web.render import environment
 
 __all__ = ["make_app"]
@@ -55,12 +56,7 @@ def _render(
         text=body,
         status=status,
         content_type="text/html",
-        headers={
-            "Cache-Control": "no-store",
-            "X-Content-Type-Options": "nosniff",
-            "Referrer-Policy": "same-origin",
-            "Content-Security-Policy": "default-src 'self'; style-src 'self'; img-src 'self' data:",
-        },
+        headers={"Cache-Control": "no-store"},  # (the security headers: guard.py, on all)
     )
 
 
@@ -206,6 +202,7 @@ def make_app(store: Store, *, token: str | None = None) -> web.Application:
     if token:
         app[TOKEN] = token
     app.on_startup.append(_pools_offered)
+    app.on_response_prepare.append(add_security_headers)
     static = resources.files("engine.web").joinpath("static")
     app.router.add_get("/", _index)
     for path, page in {
