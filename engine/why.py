@@ -18,6 +18,7 @@ counts as gone (``zombie_threshold_s``) come from this process's settings.
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from engine.store.why import RunWait, TaskWait
 
 __all__ = [
+    "LISTED_UPSTREAM",
     "WAITING_STATES",
     "NoSuchTask",
     "explain_run",
@@ -37,6 +39,9 @@ __all__ = [
     "waiting_reasons",
     "why_not_running",
 ]
+
+#: Upstream tasks an answer names; the others are counted by state.
+LISTED_UPSTREAM = 10
 
 #: The states of a task instance that waits for something (the others run or have ended).
 WAITING_STATES = frozenset(
@@ -80,13 +85,23 @@ def _last_seen(at: dt.datetime | None, now: dt.datetime) -> str:
 # -- the reasons, in order --------------------------------------------------------------------
 
 
+def _listed(ids: list[str], states: dict[str, str]) -> str:
+    """Tasks with their states, the first LISTED_UPSTREAM of them, the others counted by
+    state (a join of 5,000 tasks is one line, not 5,000 names)."""
+    shown = ", ".join(f"{u} ({states.get(u, 'not created')})" for u in ids[:LISTED_UPSTREAM])
+    rest = Counter(states.get(u, "not created") for u in ids[LISTED_UPSTREAM:])
+    if not rest:
+        return shown
+    counted = ", ".join(f"{n} {state}" for state, n in sorted(rest.items()))
+    return f"{shown} and {len(ids) - LISTED_UPSTREAM} more ({counted})"
+
+
 def _upstream(w: TaskWait) -> str:
     states = w.upstream_states or {}
     waiting = [u for u in w.upstream if states.get(u) not in TERMINAL_STATES]
     if waiting:
-        listed = ", ".join(f"{u} ({states.get(u, 'not created')})" for u in waiting)
-        return f"upstream not done: waiting for {listed}"
-    done = ", ".join(f"{u} ({states[u]})" for u in w.upstream if u in states)
+        return f"upstream not done: waiting for {_listed(waiting, states)}"
+    done = _listed([u for u in w.upstream if u in states], states)
     return (
         f"upstream done ({done or 'none'}): waiting for the scheduler to apply the trigger "
         f"rule {w.trigger_rule}"

@@ -236,6 +236,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert [d.dag_id for d in await s.dags_overview()] == ["rows"]
     (summary,) = await s.dag_runs("rows")
     assert len(await s.run_task_grid(summary.id)) == 4
+    assert sum((await s.run_task_counts(summary.id)).values()) == 4
     a_try = await s.task_try("rows", "r1", "a")
     assert a_try is not None
     assert a_try.state == "success"

@@ -1201,13 +1201,22 @@ ORDER BY r.id DESC
 LIMIT $2;
 
 -- name: run_task_grid
--- The task instances of one run, for the run's grid: state, try, times and duration.
+-- The task instances of one run, for the run's grid: state, try, times and duration; those in
+-- state $2 only (NULL: all), a page of them ($3 rows, NULL: all, after skipping $4).
 SELECT ti.id, ti.task_id, ti.state, ti.try_number, ti.first_try_at, ti.started_at, ti.ended_at,
        extract(epoch FROM COALESCE(ti.ended_at, now()) - ti.started_at)::float8 AS duration_s,
        ti.trigger_id, ti.upstream
 FROM deferral_task_instances ti
-WHERE ti.dag_run_id = $1
-ORDER BY ti.id;
+WHERE ti.dag_run_id = $1 AND ($2::text IS NULL OR ti.state = $2)
+ORDER BY ti.id
+LIMIT $3 OFFSET $4;
+
+-- name: run_task_counts
+-- How many task instances of one run are in each state.
+SELECT state, count(*)::int AS n
+FROM deferral_task_instances
+WHERE dag_run_id = $1
+GROUP BY state;
 
 -- name: task_try
 -- One task instance by DAG, run and task id, with its trigger and the triggerer holding it,

@@ -94,8 +94,23 @@ class StatusReads:
     async def dag_runs(self, dag_id: str, limit: int = 25) -> list[RunSummary]:
         return _rows(await self._pool.fetch(self._q["dag_runs"], dag_id, limit), RunSummary)
 
-    async def run_task_grid(self, dag_run_pk: int) -> list[GridCell]:
-        return _rows(await self._pool.fetch(self._q["run_task_grid"], dag_run_pk), GridCell)
+    async def run_task_grid(
+        self,
+        dag_run_pk: int,
+        *,
+        state: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[GridCell]:
+        """The run's task instances in the order they were created (the DAG's), those in
+        ``state`` only (None: all), ``limit`` of them (None: all) after skipping ``offset``."""
+        rows = await self._pool.fetch(self._q["run_task_grid"], dag_run_pk, state, limit, offset)
+        return _rows(rows, GridCell)
+
+    async def run_task_counts(self, dag_run_pk: int) -> dict[str, int]:
+        """How many of the run's task instances are in each state (states with none left out)."""
+        rows = await self._pool.fetch(self._q["run_task_counts"], dag_run_pk)
+        return {row["state"]: row["n"] for row in rows}
 
     async def task_try(self, dag_id: str, run_id: str, task_id: str) -> TaskTry | None:
         """One task instance in full, its encrypted values opened (None where no key does)."""

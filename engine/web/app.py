@@ -15,6 +15,7 @@ from aiohttp import web
 
 from engine import __version__
 from engine.retry import TRANSIENT_ERRORS
+from engine.states import STATES
 from engine.store import Store
 from engine.web import hooks, views
 from engine.web.actions import ACTION_ROUTES, Action, authorized, who
@@ -118,12 +119,20 @@ async def _dags(request: web.Request, store: Store) -> tuple[str, dict[str, Any]
 
 
 async def _dag(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
-    return "dag.html", await views.dag_page(store, _param(request, "dag_id"))
+    page = _number(request, "page", int)
+    return "dag.html", await views.dag_page(store, _param(request, "dag_id"), page)
 
 
 async def _run(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
+    state = _text(request, "state")
+    if state is not None and state not in STATES:
+        raise web.HTTPBadRequest(text=f"state must be one of {', '.join(sorted(STATES))}")
     return "run.html", await views.run_page(
-        store, _param(request, "dag_id"), _param(request, "run_id")
+        store,
+        _param(request, "dag_id"),
+        _param(request, "run_id"),
+        state=state,
+        page=_number(request, "page", int),
     )
 
 

@@ -27,6 +27,8 @@ from engine.store.models import (
     WorkerRow,
 )
 from engine.web import hooks
+from engine.web.graph import MAX_DRAWN_TASKS, graph
+from engine.web.paging import Pager, shortened
 from engine.web.render import _age, _ms, _when, decoded, masked, pretty
 
 __all__ = [
@@ -221,76 +223,37 @@ RUN_COLUMNS: list[Column] = [
 ]
 
 
-async def dag_page(store: Store, dag_id: str) -> dict[str, Any]:
+#: The DAG's tasks, listed (paged) when its graph is too large to draw.
+TASK_COLUMNS: list[Column] = [
+    Column("task", lambda t: str(t["task_id"])),
+    Column("upstream", lambda t: shortened([str(u) for u in t.get("upstream", [])])),
+    Column("trigger rule", lambda t: t.get("trigger_rule", "")),
+    Column("pool", lambda t: t.get("pool", "")),
+    Column("retries", lambda t: t.get("retries", ""), numeric=True),
+]
+
+
+async def dag_page(store: Store, dag_id: str, page: int | None = None) -> dict[str, Any]:
     dag = await store.get_dag(dag_id)
     if dag is None:
         raise NotFound(f"no DAG {dag_id!r}")
     runs = await store.dag_runs(dag_id)
+    tasks = None
+    pager = None
+    if len(dag.tasks) > MAX_DRAWN_TASKS:
+        pager = Pager.of(page, len(dag.tasks), lambda n: url("/dag", dag_id=dag_id, page=n))
+        tasks = Table(TASK_COLUMNS, dag.tasks[pager.offset : pager.offset + pager.size])
     return {
         "title": f"DAG {dag_id}",
         "dag": dag,
         "runs": Table(RUN_COLUMNS, runs),
-        "graph": graph(dag.tasks, {}),
+        "graph": graph(dag.tasks),
+        "tasks": tasks,
+        "pager": pager,
     }
 
 
 # -- Run ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Node:
-    task_id: str
-    state: str
-    x: int
-    y: int
-    href: str
-
-
-@dataclass(frozen=True)
-class Graph:
-    nodes: list[Node]
-    edges: list[tuple[int, int, int, int]]
-    width: int
-    height: int
-
-
-_NODE_W, _NODE_H, _GAP_X, _GAP_Y = 160, 28, 40, 12
-
-
-def graph(
-    tasks: list[dict[str, Any]], states: dict[str, str], href: Callable[[str], str] | None = None
-) -> Graph:
-    """The DAG's tasks laid out in columns by depth (longest path from a root), for an SVG."""
-    upstream = {str(t["task_id"]): [str(u) for u in t.get("upstream", [])] for t in tasks}
-    depth: dict[str, int] = {}
-
-    def depth_of(task_id: str, seen: frozenset[str] = frozenset()) -> int:
-        if task_id not in depth:
-            ups = [u for u in upstream.get(task_id, []) if u in upstream and u not in seen]
-            depth[task_id] = 1 + max((depth_of(u, seen | {task_id}) for u in ups), default=-1)
-        return depth[task_id]
-
-    columns: dict[int, list[str]] = {}
-    for task_id in upstream:
-        columns.setdefault(depth_of(task_id), []).append(task_id)
-    place: dict[str, tuple[int, int]] = {}
-    nodes = []
-    for col, ids in sorted(columns.items()):
-        for row, task_id in enumerate(ids):
-            x, y = col * (_NODE_W + _GAP_X) + 4, row * (_NODE_H + _GAP_Y) + 4
-            place[task_id] = (x, y)
-            nodes.append(
-                Node(task_id, states.get(task_id, "none"), x, y, href(task_id) if href else "")
-            )
-    edges = [
-        (place[u][0] + _NODE_W, place[u][1] + _NODE_H // 2, place[t][0], place[t][1] + _NODE_H // 2)
-        for t, ups in upstream.items()
-        for u in ups
-        if u in place
-    ]
-    width = (max(columns, default=0) + 1) * (_NODE_W + _GAP_X) + 8
-    height = max((len(ids) for ids in columns.values()), default=1) * (_NODE_H + _GAP_Y) + 8
-    return Graph(nodes, edges, width, height)
 
 
 def _duration(c: GridCell) -> str:
@@ -304,16 +267,28 @@ GRID_COLUMNS: list[Column] = [
     Column("started", lambda c: _when(c.started_at)),
     Column("ended", lambda c: _when(c.ended_at)),
     Column("duration", _duration, numeric=True),
-    Column("upstream", lambda c: ", ".join(c.upstream)),
+    Column("upstream", lambda c: shortened(c.upstream)),
 ]
 
 
-async def run_page(store: Store, dag_id: str, run_id: str) -> dict[str, Any]:
+async def run_page(
+    store: Store, dag_id: str, run_id: str, *, state: str | None = None, page: int | None = None
+) -> dict[str, Any]:
+    """The run, its tasks a page at a time (those in ``state`` only, when given) and its graph
+    (summarized for a large DAG)."""
     run = await store.get_dag_run(dag_id, run_id)
     if run is None:
         raise NotFound(f"no run {run_id!r} of DAG {dag_id!r}")
-    cells = await store.run_task_grid(run.id)
+    counts = await store.run_task_counts(run.id)
+    shown = sum(counts.values()) if state is None else counts.get(state, 0)
+    pager = Pager.of(
+        page, shown, lambda n: url("/run", dag_id=dag_id, run_id=run_id, state=state, page=n)
+    )
+    cells = await store.run_task_grid(run.id, state=state, limit=pager.size, offset=pager.offset)
     dag = await store.get_dag(dag_id)
+    every = None
+    if dag is None or sum(counts.values()) <= MAX_DRAWN_TASKS:
+        every = await store.run_task_grid(run.id)
     columns = [
         Column("task", lambda c: Link(c.task_id, task_url(dag_id, run_id, c.task_id))),
         *GRID_COLUMNS[1:],
@@ -323,10 +298,20 @@ async def run_page(store: Store, dag_id: str, run_id: str) -> dict[str, Any]:
         "run": run,
         "conf": pretty(masked(run.conf)),
         "grid": Table(columns, cells),
+        "pager": pager,
+        "state": state,
+        "states": [
+            (s, n, url("/run", dag_id=dag_id, run_id=run_id, state=s))
+            for s, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
+        "all_href": run_url(dag_id, run_id),
         "graph": graph(
-            dag.tasks if dag else [{"task_id": c.task_id, "upstream": c.upstream} for c in cells],
-            {c.task_id: c.state for c in cells},
+            dag.tasks
+            if dag
+            else [{"task_id": c.task_id, "upstream": c.upstream} for c in every or []],
+            {c.task_id: c.state for c in every or []},
             lambda task_id: task_url(dag_id, run_id, task_id),
+            counts=counts,
         ),
     }
 
@@ -343,7 +328,7 @@ async def task_page(store: Store, dag_id: str, run_id: str, task_id: str) -> dic
         ("try", ti.try_number),
         ("retries", ti.retries),
         ("trigger rule", ti.trigger_rule),
-        ("upstream", ", ".join(ti.upstream) or "-"),
+        ("upstream", shortened(ti.upstream) or "-"),
         ("priority", ti.priority),
         ("pool", ti.pool),
         ("runnable after", _when(ti.run_after)),
