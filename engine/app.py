@@ -130,7 +130,7 @@ async def run_component(kind: str, settings: Settings) -> None:
     ``spawn``, until its supervisor asks)."""
     logs.set_process_name(kind)
     supervisor = supervisor_fd()
-    metrics = use_metrics(Metrics())
+    metrics = use_metrics(Metrics(max_series=settings.metrics_max_series))
     store = await open_store(settings)
     try:
         made = _MAKERS[kind](store, settings, metrics)

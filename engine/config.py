@@ -43,6 +43,8 @@ DEFAULT_HOME = platformdirs.user_data_dir("deferral")
 #: The first metrics port of ``deferral standalone`` when ``metrics_port`` is unset.
 STANDALONE_METRICS_PORT = 9464
 DEFAULT_LOG_RETENTION_DAYS = 30.0
+#: Trigger classes a metric labels by their own value (engine.metrics.DEFAULT_MAX_SERIES).
+DEFAULT_METRICS_MAX_SERIES = 100
 
 
 def masked_url(url: str) -> str:
@@ -119,6 +121,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Address the metrics server listens on; `0.0.0.0` to be scraped and probed from other
     #: machines (a container's probes, a Prometheus elsewhere).
     metrics_host: str = "127.0.0.1"
+    #: The most trigger classes a metric labelled by class (`deferral_trigger_starts_total`,
+    #: ...) counts under their own label value, per process; further classes, and classes the
+    #: allow-list `trigger_allow` refuses, are counted under `trigger_class="other"` (see
+    #: [cardinality](../howto/metrics.md#cardinality)).
+    metrics_max_series: int = DEFAULT_METRICS_MAX_SERIES
 
     #: Fernet keys that encrypt trigger kwargs, resume kwargs, events and results at rest,
     #: comma-separated: the first encrypts, all decrypt. Make one with `deferral keys
@@ -233,6 +240,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             "triggerer_max_block_s": self.triggerer_max_block_s,
             "scheduler_interval_s": self.scheduler_interval_s,
             "zombie_threshold_s": self.zombie_threshold_s,
+            "metrics_max_series": self.metrics_max_series,
         }
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(

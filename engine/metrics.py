@@ -10,6 +10,14 @@ that is not handed one (the retry helpers, a component built without ``metrics=`
 :func:`current`, created on first use. Tests that want counts of their own pass a fresh
 ``Metrics()`` to the component.
 
+A trigger's class comes from a row of the database, which whoever can write the tables
+chooses: 5,000 rows of distinct classpaths would be 5,000 series of every family labelled by
+class. So a class is a label value only when the trigger allow-list admits it (the
+triggerer hands its list over: :meth:`Metrics.admit_classes`), and each family holds at most
+``max_series`` values of its own (setting ``metrics_max_series``); every other class is
+counted under :data:`OTHER`. Label through :meth:`Metrics.count_by_class` /
+:meth:`Metrics.inc_by_class`, never ``family.labels(classpath)``.
+
 Instrumentation stays off the hot path's per-row work: gauges of what a process holds are
 read at scrape time (``set_function``), claims and writes are observed once per batch, and
 counters by trigger class are counted per batch where a batch exists.
@@ -25,7 +33,9 @@ import asyncpg
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics", "current", "db_error_kind", "use"]
+from engine.config import DEFAULT_METRICS_MAX_SERIES
+
+__all__ = ["DEFAULT_MAX_SERIES", "OTHER", "Metrics", "current", "db_error_kind", "use"]
 
 # The `_created` series double every counter and histogram for little use here.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -35,6 +45,14 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+#: The label value that sums the classes not labelled by their own: refused by the allow-list,
+#: or past a family's cap.
+OTHER = "other"
+#: Label values of the engine's own, always kept: ``unknown`` (no one trigger) and OTHER.
+_OWN_VALUES = frozenset({OTHER, "unknown"})
+#: The most trigger classes one family labels by their own value (setting metrics_max_series).
+DEFAULT_MAX_SERIES = DEFAULT_METRICS_MAX_SERIES
 
 
 def db_error_kind(exc: BaseException) -> str:
@@ -64,9 +82,22 @@ def db_error_kind(exc: BaseException) -> str:
 class Metrics:
     """The metrics of one process (or one component in a test), on their own registry."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        max_series: int = DEFAULT_MAX_SERIES,
+        admit_class: Callable[[str], bool] | None = None,
+    ) -> None:
         from engine import __version__  # (engine/__init__.py sets it after its imports)
 
+        if max_series < 1:
+            raise ValueError(f"max_series must be >= 1, got {max_series!r}")
+        #: Trigger classes one family labels by their own value; the others go to OTHER.
+        self.max_series = max_series
+        self._admit_class = admit_class
+        #: Per family (its name), the classes it labels by their own value.
+        self._classes: dict[str, set[str]] = {}
         self.registry = registry = registry if registry is not None else CollectorRegistry()
         r = registry
         self.build_info = Gauge(
@@ -197,10 +228,36 @@ class Metrics:
 
     # -- helpers the engine calls ----------------------------------------------------------
 
+    def admit_classes(self, allow: Callable[[str], bool] | None) -> None:
+        """Label by a trigger class only when ``allow`` admits it (the trigger allow-list;
+        None: any class, up to the cap)."""
+        self._admit_class = allow
+
+    def class_label(self, family: Counter, trigger_class: str) -> str:
+        """The label value ``trigger_class`` is counted under in ``family``: itself when the
+        allow-list admits it and the family has room (or has it already), else OTHER."""
+        if trigger_class in _OWN_VALUES:
+            return trigger_class
+        seen = self._classes.setdefault(family._name, set())
+        if trigger_class in seen:
+            return trigger_class
+        if len(seen) >= self.max_series or not isinstance(trigger_class, str):
+            return OTHER
+        admit = self._admit_class
+        if admit is not None and not admit(trigger_class):
+            return OTHER
+        seen.add(trigger_class)
+        return trigger_class
+
     def count_by_class(self, counter: Counter, classes: Iterable[str]) -> None:
-        """Add one per item to ``counter``, by trigger class: one increment per class."""
-        for trigger_class, n in _Tally(classes).items():
-            counter.labels(trigger_class).inc(n)
+        """Add one per item to ``counter``, by trigger class: one increment per label value."""
+        tally = _Tally(self.class_label(counter, c) for c in classes)
+        for label, n in tally.items():
+            counter.labels(label).inc(n)
+
+    def inc_by_class(self, counter: Counter, trigger_class: str, amount: float = 1.0) -> None:
+        """Add ``amount`` to ``counter`` under ``trigger_class`` (or OTHER)."""
+        counter.labels(self.class_label(counter, trigger_class)).inc(amount)
 
     def watch_triggerer(self, running: Callable[[], float], capacity: int) -> None:
         self.triggers_running.set_function(running)

@@ -116,7 +116,8 @@ class BlockPolicy:
                 self.max_block_s,
             )
             self._shared.held.drop(trigger_id)
-            self._shared.metrics.trigger_failures.labels(held.classpath).inc()
+            metrics = self._shared.metrics
+            metrics.inc_by_class(metrics.trigger_failures, held.classpath)
 
     def _block_seen(self, report: BlockReport) -> None:
         """Record a block, and count an ended one against its trigger."""
@@ -135,9 +136,12 @@ class BlockPolicy:
         self._count_block(
             report, held.classpath if held is not None else _culprit(report.task_name)
         )
-        self._shared.metrics.loop_blocked.labels(
-            held.classpath if held is not None and report.stable else "unknown"
-        ).inc(report.duration_s)
+        metrics = self._shared.metrics
+        metrics.inc_by_class(
+            metrics.loop_blocked,
+            held.classpath if held is not None and report.stable else "unknown",
+            report.duration_s,
+        )
         if not report.stable:
             # Different tasks were running when the watchdog looked: the loop was busy
             # (many callbacks at once, a garbage collection), not blocked by one trigger.

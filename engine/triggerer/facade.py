@@ -83,6 +83,9 @@ class Triggerer:
         #: A trigger that blocks the loop longer than this is failed (from another thread).
         self.max_block_s = max_block_s
         self.metrics = metrics if metrics is not None else _metrics.current()
+        if allow is not None:
+            # A class the allow-list refuses is counted, but not as a series of its own.
+            self.metrics.admit_classes(allow)
         self._shared = shared = Shared(store, self.metrics)
         self.metrics.watch_triggerer(lambda: len(shared.held), capacity)
         self._lease: LeaseKeeper | None = None

@@ -76,7 +76,7 @@ class Shared:
         held = self.held.get(outcome.trigger_id)
         metrics = self.metrics
         counter = metrics.trigger_failures if outcome.kind == "failed" else metrics.trigger_events
-        counter.labels(held.classpath if held is not None else "unknown").inc()
+        metrics.inc_by_class(counter, held.classpath if held is not None else "unknown")
 
     async def _write(self, batch: list[TriggerOutcome]) -> dict[int, bool]:
         triggerer_id = self.id
