@@ -335,6 +335,24 @@ async def test_stored_task_and_trigger_lines_are_masked(store: Store, db_url: st
     assert listed[0]["result"] == {"password": "***", "rows": 7}
 
 
+def _fails_with_secrets() -> None:
+    raise RuntimeError(f"vault gave {ENGINE_SECRET} for postgresql://u:raised-pw-0001@h/d")
+
+
+async def test_a_stored_error_is_masked_by_the_process_that_raised_it(store: Store) -> None:
+    # The worker knows the secret; whoever reads the error later need not.
+    masking.register_secret(ENGINE_SECRET)
+    with DAG(dag_id="raises") as dag:
+        PythonOperator(task_id="t", python_callable=_fails_with_secrets)
+    async with run_engine(store, dags=[dag]) as engine:
+        tis = await engine.run_dag(dag)
+    assert tis["t"]["state"] == "failed", tis
+    (row,) = await store.list_task_instances(dag_id="raises")
+    assert row.error is not None
+    assert "RuntimeError: vault gave *** for postgresql://u:***@h/d" in row.error
+    _none_shown(row.error, [ENGINE_SECRET, "raised-pw-0001"])
+
+
 # -- deferral tasks test -------------------------------------------------------------------------
 
 TASK_TEST_DAG = """
