@@ -67,8 +67,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     Each field's ``#:`` comment is its row of docs/reference/settings.md; a last line
     ``Default: ...`` says what the default is when the value below is computed or unset."""
 
-    #: PostgreSQL URL. Unset: the embedded server under `home`, shared by every process on the
-    #: machine.
+    #: PostgreSQL URL (`postgresql://USER:PASSWORD@HOST:PORT/DATABASE`; `postgres://` too).
+    #: Unset: the embedded server under `home`, shared by every process on the machine. Its
+    #: password is masked wherever the engine shows values.
     database_url: str | None = None
     #: Folder for the embedded database (`pgdata/`), the demo's log and, when neither
     #: `--config` nor `DEFERRAL_CONFIG` names a file and the current folder has none, the
