@@ -12,15 +12,20 @@ them (``python tools/gen_settings_reference.py``; tests/test_docs.py keeps the t
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import platformdirs
 
+from engine.security.masking import masked_url, redact, register_secret, register_url_password
+
 __all__ = [
+    "SECRET_SETTINGS",
     "ConfigError",
     "Loaded",
     "Settings",
@@ -28,6 +33,7 @@ __all__ = [
     "load",
     "load_settings",
     "masked_url",
+    "register_setting_secrets",
 ]
 
 DEFAULT_WORKER_SLOTS = 16
@@ -47,14 +53,10 @@ DEFAULT_LOG_RETENTION_DAYS = 30.0
 DEFAULT_METRICS_MAX_SERIES = 100
 
 
-def masked_url(url: str) -> str:
-    """A database URL with its password replaced by ``***`` (for messages and listings)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user, colon, _password = creds.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+#: Settings whose values are secrets: never shown, also not in an error about them.
+SECRET_SETTINGS = frozenset({"database_url", "fernet_key"})
+#: The schemes a database URL may have (asyncpg's).
+DATABASE_URL_SCHEMES = ("postgresql", "postgres")
 
 
 class ConfigError(ValueError):
@@ -67,8 +69,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     Each field's ``#:`` comment is its row of docs/reference/settings.md; a last line
     ``Default: ...`` says what the default is when the value below is computed or unset."""
 
-    #: PostgreSQL URL. Unset: the embedded server under `home`, shared by every process on the
-    #: machine.
+    #: PostgreSQL URL (`postgresql://USER:PASSWORD@HOST:PORT/DATABASE`; `postgres://` too).
+    #: Unset: the embedded server under `home`, shared by every process on the machine. Its
+    #: password is masked wherever the engine shows values.
     database_url: str | None = None
     #: Folder for the embedded database (`pgdata/`), the demo's log and, when neither
     #: `--config` nor `DEFERRAL_CONFIG` names a file and the current folder has none, the
@@ -285,6 +288,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ConfigError(
                 f"setting log_format must be 'text' or 'json', not {self.log_format!r}"
             )
+        if self.database_url:
+            problem = _database_url_problem(self.database_url)
+            if problem:
+                raise ConfigError(
+                    "setting database_url must be a PostgreSQL URL "
+                    f"(postgresql://USER:PASSWORD@HOST:PORT/DATABASE): {problem} (the value "
+                    "is not shown: it may hold a password)"
+                )
 
     def __repr__(self) -> str:
         # Keys and passwords must not reach a log or a traceback through a repr of the settings.
@@ -293,7 +304,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 return "'<hidden>'"
             if name == "database_url" and isinstance(value, str):
                 return repr(masked_url(value))
-            return repr(value)
+            return repr(redact(value))
 
         fields = (
             f"{name}={shown(name, value)}" for name, value in msgspec.structs.asdict(self).items()
@@ -307,6 +318,38 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def home_path(self) -> Path:
         return Path(self.home).expanduser()
+
+
+#: Schemes a database URL given by mistake often has (named in the error: safe to show).
+_OTHER_SCHEMES = frozenset(
+    {"mysql", "mariadb", "sqlite", "mssql", "oracle", "redis", "http", "https", "jdbc", "file"}
+)
+
+
+def _database_url_problem(url: str) -> str | None:
+    """What is wrong with a database URL, in words that never quote it (None: nothing)."""
+    scheme, sep, _rest = url.partition("://")
+    if not sep:
+        return "it has no scheme"
+    if scheme.lower() not in DATABASE_URL_SCHEMES:
+        # The scheme is named only when it is a known one (not a password typed in its place).
+        known = scheme.lower() in _OTHER_SCHEMES or re.fullmatch(r"postgres(ql)?\+\w+", scheme)
+        named = f" {scheme!r}" if known else ""
+        return f"its scheme{named} is not {' or '.join(DATABASE_URL_SCHEMES)}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsing the port is the check)
+    except ValueError:
+        return "its host or port does not parse (a port is a number from 0 to 65535)"
+    return None
+
+
+def register_setting_secrets(settings: Settings) -> None:
+    """Mask the secrets these settings hold wherever this process shows values: the database
+    URL's password and the Fernet keys (engine.security.masking)."""
+    register_url_password(settings.database_url)
+    if settings.fernet_key:
+        register_secret([k for k in settings.fernet_key.replace("\n", ",").split(",")])
 
 
 #: Settings that are lists; their environment variables hold comma-separated items.
@@ -407,7 +450,23 @@ def _typed(name: str, value: Any, *, strict: bool, where: str) -> Any:
         return msgspec.convert(value, field.type, strict=strict)
     except msgspec.ValidationError as exc:
         problem = str(exc).split(" - at ")[0]
-        raise ConfigError(f"setting {name} ({where}): {problem}: {value!r}") from None
+        raise ConfigError(f"setting {name} ({where}): {problem}{_given(name, value)}") from None
+
+
+#: The longest value an error about a setting quotes.
+_SHOWN_CHARS = 80
+
+
+def _given(name: str, value: Any) -> str:
+    """What an error says of the value given (after msgspec's words, which name the type
+    expected and the type given): nothing for a secret setting; for others the value, masked
+    (engine.security.masking) and cut short."""
+    if name in SECRET_SETTINGS:
+        return " (the value is not shown: the setting holds a secret)"
+    shown = repr(redact(value))
+    if len(shown) > _SHOWN_CHARS:
+        shown = shown[: _SHOWN_CHARS - 1] + "…"
+    return f": {shown}"
 
 
 def load(

@@ -21,6 +21,8 @@ from typing import Any
 
 import msgspec
 
+from engine.security.masking import redact_text
+
 __all__ = [
     "LIBRARY_LOGGERS",
     "bind",
@@ -109,9 +111,9 @@ class _TextFormatter(logging.Formatter):
         )
         if bound_ids:
             line += f" [{bound_ids}]"
-        line += f" {record.getMessage()}"
+        line += f" {redact_text(record.getMessage())}"
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "\n" + redact_text(self.formatException(record.exc_info))
         return line
 
 
@@ -123,11 +125,11 @@ class _JsonFormatter(logging.Formatter):
             "process": _process,
             "pid": record.process,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact_text(record.getMessage()),
             **getattr(record, "deferral", {}),
         }
         if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+            doc["exc"] = redact_text(self.formatException(record.exc_info))
         return msgspec.json.encode(doc).decode()
 
 
@@ -135,8 +137,10 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     """Send log lines to stderr, with bound ids, as text or one JSON object a line.
 
     The text lines are for people: time, level, ``kind[pid]``, logger, bound ids, message; no
-    source file or line number. Library loggers (:data:`LIBRARY_LOGGERS`) show WARNING and
-    above, or INFO and above when ``level`` is DEBUG."""
+    source file or line number. Messages and tracebacks are masked
+    (:func:`engine.security.masking.redact_text`: registered secrets, secret shapes).
+    Library loggers (:data:`LIBRARY_LOGGERS`) show WARNING and above, or INFO and above when
+    ``level`` is DEBUG."""
     # (While an engine process stores per-trigger and per-try logs, sys.stderr is a proxy
     # (engine/logsink.py): the process's own log goes to the stream behind it.)
     handler = logging.StreamHandler(getattr(sys.stderr, "_deferral_real", sys.stderr))

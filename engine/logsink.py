@@ -37,6 +37,7 @@ import anyio
 
 from engine import logs
 from engine.retry import REFUSED_DATA_ERRORS
+from engine.security.masking import redact_text
 from engine.store.logstore import TaskLogRow, TriggerLogRow
 
 __all__ = [
@@ -480,7 +481,7 @@ class _StreamProxy:
             return self._deferral_real.write(text)
         target.sink.write_text(target, self._name, text)
         if _tee:
-            self._deferral_real.write(text)
+            self._deferral_real.write(redact_text(text))
         return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:

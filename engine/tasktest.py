@@ -11,9 +11,9 @@ afterwards, whatever happened.
 
 What the task and its trigger log (records bound to the task instance or its trigger, from
 loggers outside the engine's own, plus the engine's warnings about them), each deferral
-(classpath and kwargs, secret-looking values masked), each resume (method and event), and the
-outcome (state, try, result, error) come back in a :class:`TaskTestReport`; ``on_line`` also
-gets them as text lines as they happen.
+(classpath and kwargs), each resume (method and event), and the outcome (state, try, result,
+error) come back in a :class:`TaskTestReport`; ``on_line`` also gets them as text lines as they
+happen. Everything reported is masked (:func:`mask_secrets`, engine.security.masking).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import datetime as dt
 import logging
 import math
 import os
-import re
 import secrets
 import time
 import traceback
@@ -36,11 +35,12 @@ import msgspec
 
 from engine import logs, logsink
 from engine.app import trigger_allow_list
-from engine.config import Settings, masked_url
+from engine.config import Settings
 from engine.dag import DAG
 from engine.dagbag import DagBag
 from engine.harness import run_engine
 from engine.keys import Keyring, generate_key
+from engine.security import masking
 from engine.store import Store, database_url
 from engine.store.databases import create_database, drop_database
 from engine.store.models import (
@@ -70,13 +70,7 @@ __all__ = [
 SCRATCH_PREFIX = "deferral_tasktest_"
 _ENDED = ("success", "failed", "skipped", "upstream_failed")
 
-#: Keys whose values are shown as ``***`` (kwargs often carry tokens and passwords).
-_SECRET_KEY = re.compile(
-    r"pass(word|wd)?|secret|token|auth|credential|cookie|api[_-]?key|private[_-]?key|"
-    r"access[_-]?key|signature",
-    re.IGNORECASE,
-)
-_MASK = "***"
+_MASK = masking.MASK
 
 
 class ScratchDatabaseError(RuntimeError):
@@ -133,18 +127,11 @@ class TaskTestReport(msgspec.Struct, frozen=True, kw_only=True):
     trigger_ends: list[dict[str, Any]]
 
 
-def mask_secrets(value: Any, key: str | None = None) -> Any:
-    """``value`` with what looks secret replaced by ``***``: values of keys named like a
-    password, token, secret, API key or credential, and the password of URLs."""
-    if key is not None and _SECRET_KEY.search(key) and value is not None:
-        return _MASK
-    if isinstance(value, dict):
-        return {k: mask_secrets(v, k if isinstance(k, str) else None) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [mask_secrets(v) for v in value]
-    if isinstance(value, str) and "://" in value and "@" in value:
-        return masked_url(value)
-    return value
+def mask_secrets(value: Any) -> Any:
+    """``value`` with its secrets masked (:func:`engine.security.masking.redact`, the one
+    masking function of the engine: registered secrets, sensitive key names such as
+    ``password``, ``token``, ``api_key``, and secret shapes in text such as URL passwords)."""
+    return masking.redact(value)
 
 
 def scratch_database_name() -> str:
@@ -173,7 +160,7 @@ class _Recorder:
         if self.on_line is not None:
             # Called from the task's own context too: shown here, not stored as its log.
             with logsink.unbound():
-                self.on_line(line)
+                self.on_line(masking.redact_text(line))
 
     def deferred(self, deferral: Deferral) -> None:
         try:
@@ -193,17 +180,18 @@ class _Recorder:
 
     def resumed(self, ti: ClaimedTask) -> None:
         assert ti.next_method is not None
-        event = decode_value(ti.next_event) if ti.next_event else None
+        event = mask_secrets(decode_value(ti.next_event)) if ti.next_event else None
         self.resumes.append(SeenResume(method_name=ti.next_method, event=event))
         self.say(f"resumed at {ti.next_method} with {show(event)}")
 
     def trigger_ended(self, outcome: TriggerOutcome) -> None:
         end: dict[str, Any] = {"kind": outcome.kind}
         if outcome.kind == "failed":
-            end["error"] = outcome.error
+            end["error"] = mask_secrets(outcome.error)
             self.say(f"the trigger failed the task: {outcome.error}")
         else:
-            end["payload"] = decode_value(outcome.payload) if outcome.payload else None
+            payload = decode_value(outcome.payload) if outcome.payload else None
+            end["payload"] = mask_secrets(payload)
             self.say(f"the trigger ended the task as {outcome.kind} with {show(end['payload'])}")
         self.trigger_ends.append(end)
 
@@ -302,6 +290,8 @@ class _Capture(logging.Handler):
         exc = None
         if record.exc_info and record.exc_info[0] is not None:
             exc = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        message = masking.redact_text(message)
+        exc = None if exc is None else masking.redact_text(exc)
         line = LogLine(
             ts=record.created,
             level=record.levelname,
@@ -453,8 +443,8 @@ async def _run(
         database=database,
         state=ti["state"],
         try_number=ti["try_number"],
-        result=None if result is None else decode_value(result),
-        error=ti["error"],
+        result=None if result is None else mask_secrets(decode_value(result)),
+        error=None if ti["error"] is None else masking.redact_text(ti["error"]),
         log=recorder.log,
         deferrals=recorder.deferrals,
         resumes=recorder.resumes,

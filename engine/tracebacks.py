@@ -17,6 +17,8 @@ from pathlib import Path
 
 import anyio
 
+from engine.security.masking import redact_text
+
 __all__ = ["format_user_exception"]
 
 _PACKAGE_DIRS = tuple(
@@ -46,7 +48,7 @@ def _trim(te: traceback.TracebackException) -> None:
 
 def format_user_exception(exc: BaseException) -> str:
     """``traceback.format_exception(exc)`` without the engine's leading frames (of ``exc`` and
-    of the exceptions chained to it), stripped of its last newline."""
+    of the exceptions chained to it), stripped of its last newline, secrets masked."""
     top = traceback.TracebackException.from_exception(exc)
     seen: set[int] = set()
     pending = [top]
@@ -58,4 +60,6 @@ def format_user_exception(exc: BaseException) -> str:
         _trim(te)
         pending.extend(e for e in (te.__cause__, te.__context__) if e is not None)
         pending.extend(getattr(te, "exceptions", None) or [])
-    return "".join(top.format()).rstrip()
+    # Stored and shown as the task's or trigger's error: masked with what this process knows
+    # (registered secrets, secret shapes: engine.security.masking), as its log lines are.
+    return redact_text("".join(top.format()).rstrip())

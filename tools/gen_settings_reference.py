@@ -35,15 +35,19 @@ Values are decoded and checked with msgspec. An unknown key in the file, a value
 wrong type (in the file, `worker_slots = "8"` is a string, not a number) or out of range is
 an error that names the setting and where its value came from: the file and the line, the
 environment variable or the flag. (TOML decoders report no positions for values: the line is
-found by looking for `name =` under the `[deferral]` header.) Durations are in seconds, as
-the names say.
+found by looking for `name =` under the `[deferral]` header.) Such an error never quotes the
+value of `database_url` or `fernet_key`, only the type expected and given (a `database_url`
+that is not a `postgresql://` URL, or whose port does not parse, is refused the same way);
+other values are quoted with any secret in them masked. Durations are in seconds, as the names
+say.
 
 `deferral config show` prints every setting with its value and where it came from
 (`default`, `FILE:LINE`, `env DEFERRAL_NAME`, `flag --name`); `--effective` shows what the
 processes derive from unset or relative values (`derived`: the embedded database's folder,
 the key file, the allow-list's patterns; folders made absolute); `--json` prints the same as
-one JSON array of `{"setting", "value", "source"}` objects. Keys are shown as `<hidden>` and
-passwords in URLs as `***`.
+one JSON array of `{"setting", "value", "source"}` objects. Keys are shown as `<hidden>`, and
+passwords in URLs (and any other secret a value holds) as `***`: see
+[secrets masking](../explanation/security.md#secrets-masking).
 
 ```toml
 # deferral.toml

@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from engine.config import ConfigError, Settings
 from engine.runner import run_async
+from engine.security.masking import redact_text
 from engine.store.embedded import EmbeddedServerError
 
 T = TypeVar("T")
@@ -110,7 +111,7 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     try:
         return run_async(fn, *args, loop=settings.event_loop if settings else "uvloop")
     except ConfigError as exc:
-        err_console.print(f"[red]error[/]: {escape(str(exc))}", highlight=False)
+        err_console.print(f"[red]error[/]: {escape(redact_text(str(exc)))}", highlight=False)
         sys.exit(2)
     except (OSError, asyncpg.PostgresError, EmbeddedServerError) as exc:
         where = (
@@ -119,7 +120,8 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
             else "the embedded server"
         )
         err_console.print(
-            f"[red]error[/]: cannot use the database ({where}): {type(exc).__name__}: {exc}"
+            f"[red]error[/]: cannot use the database ({where}): {type(exc).__name__}: "
+            f"{escape(redact_text(str(exc)))}"
         )
         sys.exit(2)
 

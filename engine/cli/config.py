@@ -11,21 +11,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.cli.common import console
-from engine.config import DEFAULT_SOURCE, Loaded, Settings, masked_url
+from engine.config import DEFAULT_SOURCE, Loaded, Settings
+from engine.security.masking import redact
 
 #: Where a value derived by ``--effective`` came from.
 DERIVED = "derived"
 
 
 def _shown(name: str, value: Any) -> Any:
-    """A value as it may be printed: keys hidden, passwords masked."""
+    """A value as it may be printed: keys hidden, passwords masked (the database URL's, and
+    whatever secret any other value holds: engine.security.masking)."""
     if name == "fernet_key" and value:
         return "<hidden>"
-    if name == "database_url" and isinstance(value, str):
-        return masked_url(value)
     if isinstance(value, tuple):
-        return list(value)
-    return value
+        value = list(value)
+    return redact(value)
 
 
 def _effective(settings: Settings, name: str, value: Any, source: str) -> tuple[Any, str]:

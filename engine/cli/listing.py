@@ -1,5 +1,6 @@
 """How the listing commands show what they list: task instance tables and JSON rows, times,
-durations, values as compact JSON, and trigger kwargs with their secrets masked.
+durations, values as compact JSON, and every value that may hold a secret (results, errors,
+rendered fields, run confs, trigger kwargs) masked (engine.security.masking).
 
 Tables never cut an id. In a terminal a long cell folds onto more lines, and a table too wide
 to fold readably is shown one row at a time (``column  value`` lines); with ``--wide``, or
@@ -22,27 +23,15 @@ from rich.table import Table
 from rich.text import Text
 
 from engine.cli.common import console, decode_result, err_console
+from engine.security import masking
 from engine.states import RUN_STATES, STATES
 
 if TYPE_CHECKING:
     from engine.client import RunOutcome
     from engine.store.models import TaskInstance
 
-#: Shown instead of a value whose key looks secret.
-MASK = "***"
-#: A key whose lower-cased name contains one of these holds a secret.
-SECRET_KEY_PARTS = (
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "api_key",
-    "apikey",
-    "authorization",
-    "credential",
-    "private_key",
-    "cookie",
-)
+#: Shown instead of a secret.
+MASK = masking.MASK
 #: The longest result or error a table shows in a terminal without --wide (JSON has it all).
 CELL_CHARS = 60
 
@@ -187,18 +176,14 @@ def jsonable(value: Any) -> Any:
 
 
 def is_secret_key(key: object) -> bool:
-    lowered = str(key).lower()
-    return any(part in lowered for part in SECRET_KEY_PARTS)
+    return masking.is_sensitive_key(key)
 
 
 def mask_secrets(value: Any) -> Any:
-    """``value`` with every value whose key looks secret (``password``, ``token``,
-    ``Authorization``, ... at any depth: headers included) replaced by ``***``."""
-    if isinstance(value, dict):
-        return {k: MASK if is_secret_key(k) else mask_secrets(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [mask_secrets(v) for v in value]
-    return value
+    """``value`` as the CLI shows it: secrets masked at any depth (registered secrets,
+    sensitive key names such as ``password``, ``token``, ``Authorization``, secret shapes in
+    text: engine.security.masking, the one function the status page and the logs use too)."""
+    return masking.redact(value)
 
 
 def masked_kwargs(raw: bytes | None) -> Any:
@@ -249,16 +234,18 @@ def listed_task(row: TaskInstance, *, waiting_reason: str | None = None) -> List
         task_id=row.task_id,
         state=row.state,
         try_number=row.try_number,
-        result=jsonable(decode_result(row.result)),
-        error=row.error,
+        result=mask_secrets(jsonable(decode_result(row.result))),
+        error=None if row.error is None else masking.redact_text(row.error),
         trigger_id=row.trigger_id,
         started_at=row.first_try_at,
         ended_at=row.ended_at,
         retry_at=row.retry_at,
         try_started_at=row.try_started_at,
         duration_s=row.duration_s,
-        previous_error=row.previous_error,
-        rendered=row.rendered_fields,
+        previous_error=(
+            None if row.previous_error is None else masking.redact_text(row.previous_error)
+        ),
+        rendered=mask_secrets(row.rendered_fields),
         waiting_reason=waiting_reason,
     )
 

@@ -13,6 +13,7 @@ import click
 import msgspec
 
 from engine.cli.common import _run
+from engine.security.masking import redact_text
 
 if TYPE_CHECKING:
     from engine.store import LogLine
@@ -29,7 +30,9 @@ P = TypeVar("P")
 
 def print_line(line: LogLine, *, as_json: bool) -> None:
     """One line: ``time level logger message`` (prints: ``[stdout]``/``[stderr]`` in place
-    of the logger), or one JSON object."""
+    of the logger), or one JSON object. The message is masked (it was stored masked; this
+    also masks what a secret registered here, or a line stored earlier, holds)."""
+    line = msgspec.structs.replace(line, message=redact_text(line.message))
     if as_json:
         click.echo(msgspec.json.encode(line).decode())
         return

@@ -9,7 +9,8 @@ import click
 
 from engine import __version__, logs
 from engine.cli.common import PATH_TEXT, TEXT
-from engine.config import ConfigError, load
+from engine.config import ConfigError, load, register_setting_secrets
+from engine.security.masking import register_environment
 from triggers.base import import_object
 
 _COMMANDLINE = click.core.ParameterSource.COMMANDLINE
@@ -104,6 +105,10 @@ def cli(
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     settings = loaded.settings
+    # Known secrets are masked in everything this command shows and logs (the processes it
+    # starts are commands too, and register their own).
+    register_environment()
+    register_setting_secrets(settings)
     logs.configure_logging(settings.log_level, settings.log_format)
     ctx.obj = {"settings": settings, "loaded": loaded}
 

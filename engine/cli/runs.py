@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
+import msgspec
 from rich.table import Table
 
 from engine.cli.common import SECONDS, TEXT, _json, _run, _settings, _usage_exit
@@ -15,6 +16,7 @@ from engine.cli.listing import (
     cell,
     fmt_time,
     interrupted_wait,
+    mask_secrets,
     print_table,
     show_outcome,
     wide_option,
@@ -48,8 +50,8 @@ def runs_list(
     interval, state, and how many of their tasks are in each state.
 
     --json keys: dag_id, run_id, run_type, logical_date, data_interval_start,
-    data_interval_end, state, conf, created_at, ended_at, tasks (task instance counts by
-    state).
+    data_interval_end, state, conf (secrets masked), created_at, ended_at, tasks (task
+    instance counts by state).
     """
     settings = _settings(ctx)
 
@@ -62,7 +64,8 @@ def runs_list(
         finally:
             await store.close()
 
-    rows = _run(main)
+    # A run's conf is shown with its secrets masked (engine.security.masking).
+    rows = [msgspec.structs.replace(row, conf=mask_secrets(row.conf)) for row in _run(main)]
     if as_json:
         _json(rows)
         return

@@ -6,6 +6,7 @@ import anyio
 
 from engine.config import Settings
 from engine.keys import keyring_from_settings
+from engine.security.masking import register_url_password
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
 from engine.store.models import (
     ClaimedTask,
@@ -95,9 +96,11 @@ __all__ = [
 
 def database_url(settings: Settings) -> str:
     """The configured URL, or the embedded server's (started on first use)."""
-    if settings.database_url:
-        return settings.database_url
-    return embedded_database_url(settings.home_path)
+    url = settings.database_url or embedded_database_url(settings.home_path)
+    # Its password is masked wherever this process shows values (also the embedded server's,
+    # generated on first use).
+    register_url_password(url)
+    return url
 
 
 async def open_store(settings: Settings, *, migrate: bool = True) -> Store:

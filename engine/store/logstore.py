@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from engine.security.masking import redact_text
 from engine.states import TERMINAL_STATES, TRY_OUTCOME_STATES
 from engine.store.models import LoggedTry, LogLine, TaskLogs, TriggerLogs
 
@@ -80,14 +81,15 @@ class LogStore:
         self, rows: Sequence[TriggerLogRow], map_trigger_ids: Sequence[int] = ()
     ) -> None:
         """Write trigger lines in one statement, in order; the tries waiting now on
-        ``map_trigger_ids`` are recorded as waiting on them."""
+        ``map_trigger_ids`` are recorded as waiting on them. Messages are stored masked
+        (:func:`engine.security.masking.redact_text`), as are task lines."""
         await self._pool.execute(
             self._q["insert_trigger_logs"],
             [r.trigger_id for r in rows],
             [r.at for r in rows],
             [r.level for r in rows],
             [storable(r.logger) for r in rows],
-            [storable(r.message) for r in rows],
+            [storable(redact_text(r.message)) for r in rows],
             list(map_trigger_ids),
         )
 
@@ -103,7 +105,7 @@ class LogStore:
             [r.level for r in rows],
             [r.stream for r in rows],
             [storable(r.logger) for r in rows],
-            [storable(r.message) for r in rows],
+            [storable(redact_text(r.message)) for r in rows],
         )
 
     # -- reading (the CLI, the status page) ----------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.security.masking import redact_text
+
 if TYPE_CHECKING:
     from engine.store import Store
     from engine.store.models import LogLine, TaskTry
@@ -48,7 +50,8 @@ async def trigger_log_lines(store: Store, trigger_id: int) -> list[str] | None:
 
 def _line(line: LogLine) -> str:
     stamp = line.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    return f"{stamp} {line.level:<7} {line.logger}: {line.message}"
+    # (Stored masked; masked again for lines stored before a secret was known here.)
+    return f"{stamp} {line.level:<7} {line.logger}: {redact_text(line.message)}"
 
 
 async def pools(store: Store) -> list[dict[str, object]] | None:

@@ -4,40 +4,22 @@ templates and static files shipped as package data, and the filters the pages sh
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Any
 
 import jinja2
 import msgspec
 
+from engine.security.masking import MASK, redact
 from triggers.base import decode_value
 
 __all__ = ["MASK", "decoded", "environment", "masked", "pretty"]
 
-#: What a masked secret shows.
-MASK = "***"
-#: Keys whose values are never shown (matched anywhere in the key, case-insensitively).
-_SECRET_KEY = re.compile(
-    r"pass|secret|token|api_?key|private|credential|auth|cookie|session|signature|dsn|conn_uri",
-    re.IGNORECASE,
-)
-#: ``user:password@`` in a URL.
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://[^/:@\s]*):[^@/\s]*@", re.IGNORECASE)
-
 
 def masked(value: Any) -> Any:
-    """``value`` with secrets masked: the values of secret-looking keys, and the passwords of
-    URLs, at any depth."""
-    if isinstance(value, dict):
-        return {
-            k: (MASK if isinstance(k, str) and _SECRET_KEY.search(k) else masked(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [masked(v) for v in value]
-    if isinstance(value, str):
-        return _URL_PASSWORD.sub(r"\g<scheme>:" + MASK + "@", value)
-    return value
+    """``value`` as the pages show it: secrets masked at any depth, by the engine's one
+    masking function (:func:`engine.security.masking.redact`: registered secrets, sensitive
+    key names, secret shapes in text)."""
+    return redact(value)
 
 
 def decoded(raw: bytes | None) -> Any:

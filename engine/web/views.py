@@ -387,7 +387,7 @@ async def task_page(store: Store, dag_id: str, run_id: str, task_id: str) -> dic
 def _rendered(ti: TaskTry) -> list[tuple[str, str]]:
     """What the task's templated fields rendered to at the start of its latest try, secrets
     masked: text as it is (a command reads as one), other values as JSON."""
-    shown = {k: masked(v) for k, v in (ti.rendered_fields or {}).items()}
+    shown: dict[str, Any] = masked(ti.rendered_fields or {})
     return [(k, v if isinstance(v, str) else pretty(v)) for k, v in shown.items()]
 
 
