@@ -1386,6 +1386,25 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::double precis
                          message, n)
 ORDER BY l.n;
 
+-- name: trigger_log_bytes
+-- Bytes of the messages stored so far for each trigger $1, in the order given (the bound of a
+-- trigger's total, when a triggerer first writes lines of a trigger another may have run).
+SELECT COALESCE((SELECT sum(octet_length(l.message)) FROM deferral_trigger_logs l
+                 WHERE l.trigger_id = k.trigger_id), 0)::bigint AS bytes
+FROM unnest($1::bigint[]) WITH ORDINALITY AS k(trigger_id, n)
+ORDER BY k.n;
+
+-- name: task_log_bytes
+-- Bytes of the messages stored so far for each task try ($1 DAG, $2 run, $3 task, $4 try), in
+-- the order given (the bound of a try's total, when a worker first writes lines of a try that
+-- ran elsewhere before: resumed, rescheduled).
+SELECT COALESCE((SELECT sum(octet_length(l.message)) FROM deferral_task_logs l
+                 WHERE l.dag_id = k.dag_id AND l.run_id = k.run_id AND l.task_id = k.task_id
+                   AND l.try_number = k.try_number), 0)::bigint AS bytes
+FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[])
+    WITH ORDINALITY AS k(dag_id, run_id, task_id, try_number, n)
+ORDER BY k.n;
+
 -- name: trigger_logs
 -- Up to $3 lines of trigger $1 after seq $2, oldest first, with whether the trigger still
 -- waits (its row exists) and its classpath then. One statement, so one snapshot: a trigger
