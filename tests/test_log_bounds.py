@@ -64,25 +64,18 @@ async def _trigger_lines(store: Store, trigger_id: int) -> list[LogLine]:
 # -- the sink's rules -----------------------------------------------------------------------
 
 
-async def test_a_try_keeps_its_lines_per_second_however_many_writes_the_others_cause(
-    store: Store,
-) -> None:
-    # No periodic write comes (an hour apart; 100 lines per write): whatever the lines logged
-    # meanwhile, the try keeps its newest 100 and one line says how many went.
-    sink = LogSink(
-        store,
-        "task",
-        limits=LogLimits(max_lines_per_s=100),
-        flush_interval_s=3600,
-        buffer_lines=100,
-    )
+async def test_a_try_keeps_its_lines_per_second_however_many_lines_wait(store: Store) -> None:
+    # No periodic write comes (an hour apart; 1,000 lines per write), while the writer runs:
+    # a thread printing 20,000 lines leaves the newest 1,000 and one line saying how many
+    # went. (1,000 lines waiting used to wake the writer, which wrote them and made room.)
+    sink = LogSink(store, "task", flush_interval_s=3600, buffer_lines=1000)
     sink.open()
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(sink.run)
             token = sink.bind_task(1, "d", "r", "t", 1, fresh=True)
             try:
-                await anyio.to_thread.run_sync(lambda: [print(f"line {n}") for n in range(5000)])
+                await anyio.to_thread.run_sync(lambda: [print(f"line {n}") for n in range(20_000)])
             finally:
                 sink.unbind(token)
             tg.cancel_scope.cancel()
@@ -97,8 +90,8 @@ async def test_a_try_keeps_its_lines_per_second_however_many_writes_the_others_c
         await sink.close()
     lines = await _task_lines(store, "d", "r", "t", 1)
     assert [line.message for line in lines] == [
-        "4900 lines dropped (more than 100 lines in a second: setting log_max_lines_per_s)",
-        *(f"line {n}" for n in range(4900, 5000)),
+        "19000 lines dropped (more than 1000 lines in a second: setting log_max_lines_per_s)",
+        *(f"line {n}" for n in range(19_000, 20_000)),
         "the next second",
     ]
 
