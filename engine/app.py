@@ -19,6 +19,7 @@ from engine.config import Settings
 from engine.dagbag import DagBag, add_to_sys_path
 from engine.health import Check, HealthServer, WithHealth, database_check
 from engine.keys import child_key_env
+from engine.logsink import LogLimits
 from engine.metrics import Metrics
 from engine.metrics import use as use_metrics
 from engine.runner import (
@@ -39,6 +40,7 @@ from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, connection_defaults
 __all__ = [
     "Child",
     "engine_connections",
+    "log_limits",
     "make_scheduler",
     "make_triggerer",
     "make_worker",
@@ -56,6 +58,17 @@ def trigger_allow_list(settings: Settings) -> TriggerAllowList:
     return TriggerAllowList.from_setting(settings.trigger_allow, settings.dags_folder)
 
 
+def log_limits(settings: Settings) -> LogLimits:
+    """The bounds of the stored logs the settings log_* give."""
+    return LogLimits(
+        max_lines_per_s=settings.log_max_lines_per_s,
+        max_try_bytes=settings.log_max_try_bytes,
+        max_trigger_bytes=settings.log_max_trigger_bytes,
+        max_line_bytes=settings.log_max_line_bytes,
+        buffer_bytes=settings.log_buffer_bytes,
+    )
+
+
 def make_worker(store: Store, settings: Settings, metrics: Metrics | None = None) -> Worker:
     return Worker(
         store,
@@ -69,6 +82,7 @@ def make_worker(store: Store, settings: Settings, metrics: Metrics | None = None
         allow=trigger_allow_list(settings),
         default_deferrable=settings.default_deferrable,
         metrics=metrics,
+        log_limits=log_limits(settings),
     )
 
 
@@ -88,6 +102,7 @@ def make_triggerer(store: Store, settings: Settings, metrics: Metrics | None = N
         dags_folder=settings.dags_folder,
         metrics=metrics,
         queues=settings.triggerer_queues,
+        log_limits=log_limits(settings),
     )
 
 

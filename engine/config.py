@@ -51,6 +51,10 @@ STANDALONE_METRICS_PORT = 9464
 DEFAULT_LOG_RETENTION_DAYS = 30.0
 #: Trigger classes a metric labels by their own value (engine.metrics.DEFAULT_MAX_SERIES).
 DEFAULT_METRICS_MAX_SERIES = 100
+DEFAULT_LOG_MAX_LINES_PER_S = 1000
+DEFAULT_LOG_MAX_TOTAL_BYTES = 10 << 20
+DEFAULT_LOG_MAX_LINE_BYTES = 64 << 10
+DEFAULT_LOG_BUFFER_BYTES = 32 << 20
 
 
 #: Settings whose values are secrets: never shown, also not in an error about them.
@@ -212,6 +216,31 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Per-trigger and per-try log lines older than this many days are deleted by the
     #: scheduler (in small batches); 0 keeps them forever.
     log_retention_days: float = DEFAULT_LOG_RETENTION_DAYS
+    #: Lines one trigger or one task try may store a second (more exactly: between two writes
+    #: of its process's log writer, about a second apart). In a second in which it logs more,
+    #: the oldest of them are dropped, and a line `N lines dropped` stands in their place. See
+    #: [logs](../howto/logs.md#bounds-what-a-flood-leaves).
+    log_max_lines_per_s: int = DEFAULT_LOG_MAX_LINES_PER_S
+    #: Bytes of log text (UTF-8) one task try stores in all, counted across its executions
+    #: (deferrals, reschedules) and workers. Past it, its later lines are dropped and one line
+    #: `N lines dropped` says how many, written when the try ends.
+    #: Default: `10485760` (10 MiB)
+    log_max_try_bytes: int = DEFAULT_LOG_MAX_TOTAL_BYTES
+    #: Bytes of log text (UTF-8) one trigger stores in all, as `log_max_try_bytes` for a try:
+    #: past it, one line `N lines dropped`, written when the trigger ends.
+    #: Default: `10485760` (10 MiB)
+    log_max_trigger_bytes: int = DEFAULT_LOG_MAX_TOTAL_BYTES
+    #: A stored log line longer than this many bytes (UTF-8) is cut there and ends with
+    #: `[... N bytes cut]`.
+    #: Default: `65536` (64 KiB)
+    log_max_line_bytes: int = DEFAULT_LOG_MAX_LINE_BYTES
+    #: Memory a worker or a triggerer gives the log lines waiting to be written, all its tries
+    #: or triggers together (each line counts its text and about 200 bytes more). Past it, the
+    #: oldest waiting lines of the same try or trigger make room, or the new line is dropped;
+    #: the next write says how many went (`N lines dropped`). At least `log_max_line_bytes`
+    #: plus 1 KiB.
+    #: Default: `33554432` (32 MiB)
+    log_buffer_bytes: int = DEFAULT_LOG_BUFFER_BYTES
 
     #: Sensors created with `deferrable=None` defer (like Airflow's `default_deferrable`); the
     #: worker hands it to them at run time, in `context["default_deferrable"]` (a sensor that
@@ -244,6 +273,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             "scheduler_interval_s": self.scheduler_interval_s,
             "zombie_threshold_s": self.zombie_threshold_s,
             "metrics_max_series": self.metrics_max_series,
+            "log_max_lines_per_s": self.log_max_lines_per_s,
+            "log_max_try_bytes": self.log_max_try_bytes,
+            "log_max_trigger_bytes": self.log_max_trigger_bytes,
+            "log_max_line_bytes": self.log_max_line_bytes,
         }
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(
@@ -269,6 +302,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ConfigError(
                 "setting log_retention_days must be a finite number >= 0 (0: keep forever), "
                 f"got {self.log_retention_days!r}"
+            )
+        if self.log_buffer_bytes < self.log_max_line_bytes + 1024:
+            raise ConfigError(
+                "setting log_buffer_bytes must be at least log_max_line_bytes + 1024 "
+                f"({self.log_max_line_bytes + 1024}), got {self.log_buffer_bytes!r}"
             )
         if self.event_loop not in ("uvloop", "asyncio"):
             raise ConfigError(

@@ -72,8 +72,9 @@ MAX_REPLY_BYTES = 64 << 20
 PARENT_CHECK_S = 0.2
 #: After the reply, how long the worker reads what the child wrote last.
 READ_REST_S = 2.0
-#: A line of the child's output longer than this is handed on in pieces.
-MAX_OUTPUT_LINE = 64 << 10
+#: Of a line of the child's output, at most this many bytes are kept (the rest is counted as
+#: cut), unless the caller asks for more.
+MAX_OUTPUT_LINE = 256 << 10
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -190,14 +191,18 @@ async def run_isolated(
     *,
     timeout_s: float | None,
     kill_grace_s: float = DEFAULT_KILL_GRACE_S,
-    on_output: Callable[[str], None] | None = None,
+    on_output: Callable[[str, int], None] | None = None,
+    max_line_bytes: int = 0,
 ) -> Reply | None:
     """Run the request in a child process; its reply, or None if ``timeout_s`` passed first
     (the child is then gone: SIGTERM, and SIGKILL after ``kill_grace_s``). If the caller is
     cancelled, the child is stopped the same way. :class:`ChildEnded` if it died unanswered.
 
     ``on_output``: called with each line the child writes to its stderr (its log lines, in
-    the format the request names, and its prints); None: they go where the worker's go."""
+    the format the request names, and its prints) and the bytes cut of it: of a line, what
+    can be stored (``max_line_bytes``) is kept, with room for a JSON log line's quoting;
+    None: they go where the worker's go."""
+    keep = max(MAX_OUTPUT_LINE, 2 * max_line_bytes + 4096)
     proc = await anyio.open_process(
         [sys.executable, "-m", "engine.isolation"],
         stdin=subprocess.PIPE,
@@ -210,7 +215,7 @@ async def run_isolated(
         async with anyio.create_task_group() as tg:
             read_all = anyio.Event()
             if on_output is not None and proc.stderr is not None:
-                tg.start_soon(_read_lines, proc.stderr, on_output, read_all)
+                tg.start_soon(_read_lines, proc.stderr, on_output, read_all, keep)
             else:
                 read_all.set()
             reply: Reply | None = None
@@ -242,24 +247,39 @@ async def run_isolated(
 
 
 async def _read_lines(
-    stream: anyio.abc.ByteReceiveStream, on_line: Callable[[str], None], done: anyio.Event
+    stream: anyio.abc.ByteReceiveStream,
+    on_line: Callable[[str, int], None],
+    done: anyio.Event,
+    keep: int = MAX_OUTPUT_LINE,
 ) -> None:
-    """Hand each line of ``stream`` to ``on_line`` (decoded, without its newline; a line over
-    ``MAX_OUTPUT_LINE`` bytes is handed in pieces) until it ends."""
-    rest = b""
+    """Hand each line of ``stream`` to ``on_line`` (decoded, without its newline) with the
+    bytes cut of it, until it ends: of a line, the first ``keep`` bytes are kept, whatever its
+    length (the worker's memory does not grow with what a child prints)."""
+    line = bytearray()
+    cut = 0
+
+    def hand_on() -> None:
+        nonlocal line, cut
+        on_line(line.decode("utf-8", "replace").rstrip("\r"), cut)
+        line, cut = bytearray(), 0
+
     try:
         async for chunk in stream:
-            rest += chunk
-            *lines, rest = rest.split(b"\n")
-            while len(rest) > MAX_OUTPUT_LINE:
-                lines.append(rest[:MAX_OUTPUT_LINE])
-                rest = rest[MAX_OUTPUT_LINE:]
-            for line in lines:
-                on_line(line.decode("utf-8", "replace").rstrip("\r"))
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start)
+                stop = len(chunk) if end < 0 else end
+                room = max(keep - len(line), 0)
+                line += chunk[start : min(stop, start + room)]
+                cut += max(stop - start - room, 0)
+                if end < 0:
+                    break
+                hand_on()
+                start = end + 1
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass
-    if rest:
-        on_line(rest.decode("utf-8", "replace"))
+    if line or cut:
+        hand_on()
     done.set()
 
 

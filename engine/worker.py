@@ -41,7 +41,7 @@ from engine.crashpoints import crash_point
 from engine.dagbag import DagBag
 from engine.health import Check, freshness
 from engine.keepalive import KeepAlive
-from engine.logsink import NOT_STORED, LogSink, capture_line, capture_record
+from engine.logsink import NOT_STORED, LogLimits, LogSink, capture_line, capture_record
 from engine.outbox import Outbox
 from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
@@ -145,6 +145,7 @@ class Worker:
         default_deferrable: bool = False,
         isolation_kill_grace_s: float = isolation.DEFAULT_KILL_GRACE_S,
         metrics: _metrics.Metrics | None = None,
+        log_limits: LogLimits | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
@@ -176,8 +177,9 @@ class Worker:
         self._limiter = anyio.CapacityLimiter(slots)
         self._dag_lock = anyio.Lock()
         self._outbox = self._new_outbox()
-        #: What the tries log and print (engine/logsink.py), stored per try in batches.
-        self.logs = LogSink(store, "task")
+        #: What the tries log and print (engine/logsink.py), stored per try in batches,
+        #: within the bounds of the settings log_* (``log_limits``).
+        self.logs = LogSink(store, "task", limits=log_limits)
         # A claim failed after it may have committed: look for claims whose reply was lost.
         self._claims_unsure = False
         # Tasks this process gave up on without recording an outcome: never adopted again.
@@ -410,7 +412,11 @@ class Worker:
         worker_id = self.id
         assert worker_id is not None
         with logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number):
-            token = self.logs.bind_task(ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number)
+            # (A try this claim started has nothing stored yet: its total starts at 0.)
+            fresh = ti.next_method is None and ti.try_started_at == ti.db_now
+            token = self.logs.bind_task(
+                ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, fresh=fresh
+            )
             try:
                 await self._run_and_record(ti, worker_id)
             except anyio.get_cancelled_exc_class():
@@ -585,6 +591,7 @@ class Worker:
                 timeout_s=remaining,
                 kill_grace_s=self.isolation_kill_grace_s,
                 on_output=_child_output,
+                max_line_bytes=self.logs.max_line_bytes,
             )
         except isolation.ChildEnded as exc:
             raise isolation.TaskError(str(exc)) from None
@@ -782,7 +789,10 @@ class Worker:
         )
         # The try's own lines get the error before its outcome is written (a reader that sees
         # the try ended has it); the process's log gets it with the state it led to.
-        capture_record(time.time(), "ERROR", log.name, f"try {ti.try_number} failed:\n{error}")
+        # (Stored past the bounds of lines a second and of the try's total: it is the last.)
+        capture_record(
+            time.time(), "ERROR", log.name, f"try {ti.try_number} failed:\n{error}", always=True
+        )
         state = await self._finish(outcome)
         self._lost_if_not(state is not None, ti)
         if state is not None:
@@ -861,11 +871,12 @@ class Worker:
             )
 
 
-def _child_output(line: str) -> None:
+def _child_output(line: str, cut: int = 0) -> None:
     """A line a task's child process (isolation="process") wrote: one of its log lines (as
-    JSON) or a print, stored with the lines of the try (bound in this context)."""
+    JSON) or a print, stored with the lines of the try (bound in this context). ``cut``: bytes
+    of the line cut as it was read (a log line cut so is stored as printed text)."""
     doc: Any = None
-    if line.startswith("{"):
+    if line.startswith("{") and not cut:
         with contextlib.suppress(msgspec.DecodeError):
             doc = msgspec.json.decode(line)
     if isinstance(doc, dict) and {"ts", "level", "logger", "msg"} <= doc.keys():
@@ -876,7 +887,7 @@ def _child_output(line: str) -> None:
             float(doc["ts"]), str(doc["level"]).upper(), str(doc["logger"]), message
         )
     else:
-        stored = capture_line("stderr", line)
+        stored = capture_line("stderr", line, cut=cut)
     if not stored and sys.__stderr__ is not None:
         sys.__stderr__.write(line + "\n")
 

@@ -92,6 +92,19 @@ def test_a_bad_environment_value_names_the_variable() -> None:
         load({"DEFERRAL_METRICS_PORT": "70000"})
 
 
+def test_log_bounds_are_checked_and_reach_the_worker_and_triggerer() -> None:
+    from engine.app import log_limits
+
+    with pytest.raises(ConfigError, match=r"log_max_try_bytes must be > 0.*DEFERRAL_LOG_MAX_TRY"):
+        load({"DEFERRAL_LOG_MAX_TRY_BYTES": "0"})
+    with pytest.raises(ConfigError, match=r"log_buffer_bytes must be at least .*\(5120\)"):
+        load({"DEFERRAL_LOG_MAX_LINE_BYTES": "4096", "DEFERRAL_LOG_BUFFER_BYTES": "5000"})
+    settings = load({"DEFERRAL_LOG_MAX_TRIGGER_BYTES": "1000"}).settings
+    limits = log_limits(settings)
+    assert (limits.max_trigger_bytes, limits.max_try_bytes) == (1000, 10 << 20)
+    assert (limits.max_lines_per_s, limits.max_line_bytes) == (1000, 64 << 10)
+
+
 def test_a_named_file_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="DEFERRAL_CONFIG"):
         load({"DEFERRAL_CONFIG": str(tmp_path / "missing.toml")})

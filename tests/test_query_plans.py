@@ -151,6 +151,8 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
         "trigger_logs": (7, 0, 1000),
         "task_logs": ("d", "r8", "t7", None, 0, 1000),
         "insert_trigger_logs": ([7], [0.0], ["INFO"], ["x"], ["m"], [7]),
+        "trigger_log_bytes": (list(range(1, BATCH + 1)),),
+        "task_log_bytes": (["d"] * 2, ["r8", "r9"], ["t7", "t8"], [1, 1]),
         "start_queued_runs": ([f"s{g}" for g in range(1, DUE + 1)],),
         "delete_old_trigger_logs": (86400.0, 1000, 0),
         "delete_old_task_logs": (86400.0, 1000, 0),
@@ -185,6 +187,10 @@ INTENDED: dict[str, list[set[str]]] = {
     "trigger_logs": [{"deferral_trigger_logs_trigger"}],
     "task_logs": [{"deferral_task_logs_try"}, {"deferral_ti_names"}],
     "insert_trigger_logs": [{"deferral_ti_trigger"}],
+    # What a trigger or try stored before (its total), read once per process that writes
+    # its lines (engine/logsink.py): by trigger, by try.
+    "trigger_log_bytes": [{"deferral_trigger_logs_trigger"}],
+    "task_log_bytes": [{"deferral_task_logs_try"}],
     "delete_old_trigger_logs": [{"deferral_trigger_logs_pkey"}],
     "delete_old_task_logs": [{"deferral_task_logs_pkey"}],
     # A batch of due DAGs: the queued runs of each by the active runs' index, the ones to

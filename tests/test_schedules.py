@@ -256,6 +256,32 @@ async def test_backfill_covers_both_ends_and_reprocesses_as_told(store: Store) -
         every = await backfill(store, dag.dag_id, first, last, reprocess="completed", wait=True)
         assert (every.created, every.failed) == (3, 1)
     assert len(await runs_of(store, dag.dag_id)) == 3
+    # Reprocessed runs made new tries, numbered on from the old ones (their logs apart).
+    tis = await store.list_task_instances(dag_id=dag.dag_id)
+    assert sorted((ti.run_id[-25:-15], ti.try_number) for ti in tis) == [
+        ("2024-01-01", 2), ("2024-01-02", 3), ("2024-01-03", 2),
+    ]  # fmt: skip
+
+
+def _always_fails() -> None:
+    raise ValueError("never works")
+
+
+async def test_a_reprocessed_run_s_tries_number_on_and_get_their_retries_again(
+    store: Store,
+) -> None:
+    with DAG("retried", schedule="@daily", start_date=dt.datetime(2024, 1, 1),
+             is_paused_upon_creation=True) as dag:  # fmt: skip
+        PythonOperator(task_id="t", python_callable=_always_fails, retries=1,
+                       retry_delay=dt.timedelta(0))  # fmt: skip
+    day = dt.datetime(2024, 1, 1)
+    async with run_engine(store, dags=[dag]):
+        for passes in (1, 2, 3):
+            done = await backfill(store, dag.dag_id, day, day, reprocess="completed", wait=True)
+            assert (done.created, done.failed) == (1, 1)
+            (ti,) = await store.list_task_instances(dag_id=dag.dag_id)
+            # Two tries each time (the retry is not used up by the earlier passes).
+            assert (ti.state, ti.try_number) == ("failed", 2 * passes)
 
 
 async def test_an_interrupted_backfill_resumes_where_it_stopped(store: Store) -> None:

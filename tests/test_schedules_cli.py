@@ -182,3 +182,62 @@ async def test_two_scheduler_processes_create_each_interval_once(
         dates = [date for _, date in group]
         gaps = {b - a for a, b in itertools.pairwise(dates)}
         assert gaps == {dt.timedelta(minutes=1)}, (dag_id, dates)
+
+
+RELOG_DAG = """
+import datetime as dt
+from pathlib import Path
+from engine import DAG
+from operators.python import PythonOperator
+
+PASS = Path(__file__).with_name("pass.txt")
+
+
+def talk(logical_date):
+    print(f"pass {PASS.read_text().strip()} of {logical_date.date()}")
+
+
+with DAG("relog", schedule="@daily", start_date=dt.datetime(2024, 1, 1),
+         is_paused_upon_creation=True):
+    PythonOperator(task_id="t", python_callable=talk, retries=1)
+"""
+
+
+@pytest.mark.subprocess
+async def test_a_reprocessed_run_makes_new_tries_whose_logs_are_their_own(
+    db_url: str, tmp_path: Path, children: Children, store: Store
+) -> None:
+    folder = tmp_path / "relog_dags"
+    folder.mkdir()
+    (folder / "relog.py").write_text(textwrap.dedent(RELOG_DAG))
+    env = process_env(db_url, tmp_path, folder)
+    children.env = env
+    run_id = "backfill__2024-01-01T00:00:00+00:00"
+    backfill = ("dags", "backfill", "relog", "--start-date", "2024-01-01",
+                "--end-date", "2024-01-01", "--wait")  # fmt: skip
+    async with explained(children):
+        children.start("worker", name="worker")
+        children.start("scheduler", name="scheduler")
+        (folder / "pass.txt").write_text("one")
+        code, out = cli(env, *backfill, cwd=tmp_path)
+        assert code == 0, out
+        (folder / "pass.txt").write_text("two")
+        code, out = cli(env, *backfill, "--reprocess-behavior", "completed", cwd=tmp_path)
+        assert code == 0, out
+        assert "1 run(s) created" in out, out
+
+    def logs(*args: str) -> list[dict[str, str]]:
+        code, out = cli(env, "tasks", "logs", "relog", run_id, "t", "--json", *args,
+                        cwd=tmp_path)  # fmt: skip
+        assert code == 0, out
+        return [json.loads(line) for line in out.splitlines()]
+
+    # The run's new try is try 2, numbered on from the old one: its log is its own.
+    assert [line["message"] for line in logs()] == ["pass two of 2024-01-01"]
+    assert [line["message"] for line in logs("--try", "2")] == ["pass two of 2024-01-01"]
+    # The old run's try is still there, as try 1.
+    assert [line["message"] for line in logs("--try", "1")] == ["pass one of 2024-01-01"]
+    code, out = cli(env, "tasks", "list", "--dag", "relog", "--run", run_id, "--json", cwd=tmp_path)
+    assert code == 0, out
+    (ti,) = json.loads(out)
+    assert (ti["state"], ti["try_number"]) == ("success", 2)

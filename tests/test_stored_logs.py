@@ -16,7 +16,7 @@ import anyio
 import psutil
 import pytest
 
-from engine import DAG, logsink
+from engine import DAG, logcapture, logsink
 from engine.dagbag import DagBag
 from engine.logsink import LogSink
 from engine.scheduler import Scheduler
@@ -342,14 +342,13 @@ async def test_a_full_buffer_keeps_the_newest_lines_and_says_how_many_went(store
         await sink.close()
     page = await store.task_logs("d", "r", "t", 1)
     assert [line.message for line in page.lines] == [
-        "8 lines dropped (more than 3 between two writes, or too many lines waiting in this "
-        "process)",
+        "8 lines dropped (more than 3 lines in a second: setting log_max_lines_per_s)",
         "line 8",
         "line 9",
         "from a thread",
     ]
     assert page.state is None  # no such task instance: the lines alone
-    assert not isinstance(sys.stdout, logsink._StreamProxy)
+    assert not isinstance(sys.stdout, logcapture._StreamProxy)
 
 
 async def test_retention_deletes_old_lines_in_batches(
@@ -383,7 +382,7 @@ async def test_engine_chatter_stays_out_long_lines_are_cut_odd_text_is_kept(
         try:
             logging.getLogger("engine.worker").info("engine chatter: not stored")
             logging.getLogger("engine.triggerer").warning("engine warning: stored")
-            logging.getLogger("user").warning("x" * (logsink.MAX_LINE_CHARS + 10))
+            logging.getLogger("user").warning("x" * (logsink.DEFAULT_MAX_LINE_BYTES + 10))
             logging.getLogger("user").warning("nul \x00 and a lone surrogate \udce9")
             logging.getLogger("user").warning("kept out", extra={logsink.NOT_STORED: True})
             print("no newline at the end", end="")
@@ -396,7 +395,7 @@ async def test_engine_chatter_stays_out_long_lines_are_cut_odd_text_is_kept(
     messages = [line.message for line in (await store.trigger_logs(42)).lines]
     assert messages == [
         "engine warning: stored",
-        "x" * logsink.MAX_LINE_CHARS + " [... 10 characters cut]",
+        "x" * logsink.DEFAULT_MAX_LINE_BYTES + " [... 10 bytes cut]",
         "nul \\x00 and a lone surrogate \\udce9",
         "no newline at the end",
     ]

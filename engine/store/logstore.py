@@ -108,6 +108,23 @@ class LogStore:
             [storable(redact_text(r.message)) for r in rows],
         )
 
+    async def trigger_log_bytes(self, trigger_ids: Sequence[int]) -> list[int]:
+        """Bytes of the messages stored so far for each trigger, in the order given."""
+        rows = await self._pool.fetch(self._q["trigger_log_bytes"], list(trigger_ids))
+        return [int(r["bytes"]) for r in rows]
+
+    async def task_log_bytes(self, tries: Sequence[tuple[str, str, str, int]]) -> list[int]:
+        """Bytes of the messages stored so far for each task try ``(dag_id, run_id, task_id,
+        try_number)``, in the order given."""
+        rows = await self._pool.fetch(
+            self._q["task_log_bytes"],
+            [t[0] for t in tries],
+            [t[1] for t in tries],
+            [t[2] for t in tries],
+            [t[3] for t in tries],
+        )
+        return [int(r["bytes"]) for r in rows]
+
     # -- reading (the CLI, the status page) ----------------------------------------------------
 
     async def trigger_logs(

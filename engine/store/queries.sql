@@ -185,17 +185,21 @@ WITH free AS (
 ), run AS (
     UPDATE deferral_dag_runs r SET state = 'running', started_at = now()
     WHERE r.id = ANY (ARRAY(SELECT p.id FROM picked p)) AND r.state = 'queued'
-    RETURNING r.id, r.dag_id, r.run_id
+    RETURNING r.id, r.dag_id, r.run_id, r.tries_before
 ), tis AS (
+    -- (A run a backfill reprocessed numbers its tries on from tries_before, as a clear does:
+    -- the retries count past the tries made.)
     INSERT INTO deferral_task_instances (
-        dag_run_id, dag_id, run_id, task_id, state, retries, retry_delay_s,
+        dag_run_id, dag_id, run_id, task_id, state, try_number, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
         trigger_queue, max_active_tis_per_dag)
     SELECT run.id, run.dag_id, run.run_id, t.task_id,
            CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
                 THEN 'scheduled' ELSE 'pending' END,
-           t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
+           COALESCE((run.tries_before ->> t.task_id)::integer, 0),
+           t.retries + COALESCE((run.tries_before ->> t.task_id)::integer, 0), t.retry_delay_s,
+           t.retry_exponential_backoff, t.max_retry_delay_s,
            t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
            t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false),
            COALESCE(t.pool_slots, 1), COALESCE(t.queue, 'default'),
@@ -215,12 +219,20 @@ SELECT run.id, run.dag_id, run.run_id, (SELECT count(*) FROM tis) AS task_count 
 
 -- name: reset_dag_runs
 -- Run ended runs again (a backfill reprocessing them): their task instances go and they wait
--- as 'queued' again, to be started by start_queued_runs. Runs not ended are left alone.
+-- as 'queued' again, to be started by start_queued_runs. The try numbers the task instances
+-- had reached are kept in tries_before (over those kept by an earlier reprocessing), so that
+-- the new ones number their tries on: a try's log lines, stored by try number, stay its own.
+-- Runs not ended are left alone.
 WITH reset AS (
-    UPDATE deferral_dag_runs
-    SET state = 'queued', ended_at = NULL, started_at = NULL
-    WHERE id = ANY ($1::bigint[]) AND state IN ('success', 'failed')
-    RETURNING id
+    UPDATE deferral_dag_runs r
+    SET state = 'queued', ended_at = NULL, started_at = NULL,
+        tries_before = COALESCE(r.tries_before, '{}'::jsonb) || COALESCE(
+            (SELECT jsonb_object_agg(ti.task_id, ti.try_number)
+             FROM deferral_task_instances ti
+             WHERE ti.dag_run_id = r.id AND ti.try_number > 0),
+            '{}'::jsonb)
+    WHERE r.id = ANY ($1::bigint[]) AND r.state IN ('success', 'failed')
+    RETURNING r.id
 ), cleared AS (
     DELETE FROM deferral_task_instances ti USING reset WHERE ti.dag_run_id = reset.id
 )
@@ -1382,6 +1394,25 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::double precis
     WITH ORDINALITY AS l(dag_id, run_id, task_id, try_number, at, level, stream, logger,
                          message, n)
 ORDER BY l.n;
+
+-- name: trigger_log_bytes
+-- Bytes of the messages stored so far for each trigger $1, in the order given (the bound of a
+-- trigger's total, when a triggerer first writes lines of a trigger another may have run).
+SELECT COALESCE((SELECT sum(octet_length(l.message)) FROM deferral_trigger_logs l
+                 WHERE l.trigger_id = k.trigger_id), 0)::bigint AS bytes
+FROM unnest($1::bigint[]) WITH ORDINALITY AS k(trigger_id, n)
+ORDER BY k.n;
+
+-- name: task_log_bytes
+-- Bytes of the messages stored so far for each task try ($1 DAG, $2 run, $3 task, $4 try), in
+-- the order given (the bound of a try's total, when a worker first writes lines of a try that
+-- ran elsewhere before: resumed, rescheduled).
+SELECT COALESCE((SELECT sum(octet_length(l.message)) FROM deferral_task_logs l
+                 WHERE l.dag_id = k.dag_id AND l.run_id = k.run_id AND l.task_id = k.task_id
+                   AND l.try_number = k.try_number), 0)::bigint AS bytes
+FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[])
+    WITH ORDINALITY AS k(dag_id, run_id, task_id, try_number, n)
+ORDER BY k.n;
 
 -- name: trigger_logs
 -- Up to $3 lines of trigger $1 after seq $2, oldest first, with whether the trigger still

@@ -58,6 +58,10 @@ CREATE TABLE deferral_dag_runs (
     data_interval_start timestamptz,
     data_interval_end   timestamptz,
     started_at   timestamptz,
+    -- added by 0013: the try numbers its task instances had reached when a backfill reprocessed
+    -- it ({task_id: try_number}); the new task instances number their tries on from them, so
+    -- each try's log lines stay its own. Null for a run never reprocessed.
+    tries_before jsonb,
     UNIQUE (dag_id, run_id)
 );
 -- the latest successful run before a date (prev_data_interval_start_success); added by 0007

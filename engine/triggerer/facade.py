@@ -29,6 +29,7 @@ from engine.config import (
 )
 from engine.health import Check, freshness
 from engine.lease import LeaseKeeper
+from engine.logsink import LogLimits
 from engine.store import CHANNEL_DEADLINES, CHANNEL_TRIGGERS, Listener, Store
 from engine.triggerer.blocking import BlockPolicy
 from engine.triggerer.claims import Claimer
@@ -68,6 +69,7 @@ class Triggerer:
         dags_folder: str | os.PathLike[str] | None = None,
         metrics: _metrics.Metrics | None = None,
         queues: Sequence[str] = (DEFAULT_QUEUE,),
+        log_limits: LogLimits | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -86,7 +88,7 @@ class Triggerer:
         if allow is not None:
             # A class the allow-list refuses is counted, but not as a series of its own.
             self.metrics.admit_classes(allow)
-        self._shared = shared = Shared(store, self.metrics)
+        self._shared = shared = Shared(store, self.metrics, log_limits)
         self.metrics.watch_triggerer(lambda: len(shared.held), capacity)
         self._lease: LeaseKeeper | None = None
         self._runner = TriggerRunner(shared, cleanup_timeout_s=cleanup_timeout_s)

@@ -10,7 +10,7 @@ import asyncio
 import gc
 import logging
 
-from engine.logsink import LogSink
+from engine.logsink import LogLimits, LogSink
 from engine.metrics import Metrics
 from engine.outbox import Outbox
 from engine.store import Store, TriggerOutcome
@@ -39,7 +39,7 @@ def _substitute(outcome: TriggerOutcome, exc: Exception) -> TriggerOutcome:
 class Shared:
     """The triggerer's registration, held set, outbox and the claim loop's wake-up."""
 
-    def __init__(self, store: Store, metrics: Metrics) -> None:
+    def __init__(self, store: Store, metrics: Metrics, log_limits: LogLimits | None = None) -> None:
         self.store = store
         self.metrics = metrics
         #: This triggerer's registration (None until the lease thread registered it).
@@ -50,8 +50,9 @@ class Shared:
         self.held = HeldSet(on_room=self.claim_wake.set)
         self.fired = 0
         self._frozen_at = 0
-        #: The triggers' log lines (engine/logsink.py), written in batches.
-        self.logs = LogSink(store, "trigger")
+        #: The triggers' log lines (engine/logsink.py), written in batches, within the bounds
+        #: of the settings log_* (``log_limits``).
+        self.logs = LogSink(store, "trigger", limits=log_limits)
         #: Outcomes (events and failures) waiting for the writer.
         self.outbox: Outbox[TriggerOutcome, int, bool] = Outbox(
             "write trigger events",
