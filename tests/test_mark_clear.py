@@ -15,6 +15,7 @@ import pytest
 from engine import DAG
 from engine.store import Deferral, Store, TaskOutcome
 from engine.store.downstream import settle
+from engine.why import explain_task
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 from tests.triggers_for_tests import NeverTrigger
@@ -75,6 +76,12 @@ async def test_a_stopped_try_holds_its_slot_until_reported_gone_and_its_late_wri
     other = await store.register_worker("other", 2, 4)
     assert (await store.claim_tasks(other, 4))[0] == []
     assert (await store.work_left()).runnable == 2  # the stopping try, and the cleared task
+    why = await store.why_task("mc", "r1", "second", worker_stale_s=30)
+    assert why is not None
+    assert why.task is not None
+    assert explain_task(why.task, parallelism=0).startswith(
+        "stopping: try 1 was told to stop (marked failed by me from a test)"
+    )
     beat = await store.heartbeat_worker(worker, [(old.id, 1)])
     assert [(r.ti_id, r.try_number, r.reason) for r in beat.stop] == [
         (old.id, 1, "marked failed by me from a test")
