@@ -213,8 +213,10 @@ class _RecordingStore(Store):
             self.recorder.deferred(deferral)
         return ok
 
-    async def reschedule_task(self, ti_id: int, worker_id: int, at: dt.datetime) -> bool:
-        ok = await super().reschedule_task(ti_id, worker_id, at)
+    async def reschedule_task(
+        self, ti_id: int, worker_id: int, at: dt.datetime, *, try_number: int
+    ) -> bool:
+        ok = await super().reschedule_task(ti_id, worker_id, at, try_number=try_number)
         if ok:
             self.recorder.say(f"rescheduled to {at.isoformat()}")
         return ok

@@ -2,7 +2,8 @@
 ``tasks list --json`` and the status page's task try page give.
 
 The answer is the first reason that holds, in this order: upstream tasks not done; the run not
-started (queued behind max_active_runs); the pool (missing, too small for the task's
+started (queued behind max_active_runs); an earlier try told to stop (a mark or a clear) that
+has not stopped yet; the pool (missing, too small for the task's
 pool_slots, or full); the DAG at max_active_tasks; the task at max_active_tis_per_dag; the
 global parallelism; no live worker serving the task's queue; a retry (or reschedule) not due
 yet; for a deferred task, its trigger, or that no triggerer takes the trigger (none alive for
@@ -212,6 +213,17 @@ def _deferred(w: TaskWait) -> str:
     )
 
 
+def _stopping(w: TaskWait) -> str | None:
+    if w.stopping_try is None:
+        return None
+    since = _when(w.stopping_since, w.db_now) if w.stopping_since else "-"
+    return (
+        f"stopping: try {w.stopping_try} was told to stop ({w.stopping_reason}) at {since} and "
+        f"still runs on worker {w.stopping_worker_id}; the next try starts once it has stopped "
+        "(a def task's thread cannot be stopped: it ends when its code returns)"
+    )
+
+
 def _not_waiting(w: TaskWait) -> str:
     if w.state == "running":
         where = (
@@ -222,6 +234,8 @@ def _not_waiting(w: TaskWait) -> str:
         since = _when(w.try_started_at, w.db_now) if w.try_started_at else "-"
         return f"running: try {w.try_number} on {where}, since {since}"
     ended = f"ended at {_when(w.ended_at, w.db_now)}" if w.ended_at else "ended"
+    if w.stopping_try is not None:
+        ended += f" (try {w.stopping_try} still stopping on worker {w.stopping_worker_id})"
     if w.state == "failed" and w.error:
         lines = [line.strip() for line in w.error.strip().splitlines() if line.strip()]
         return f"failed: {ended}: {lines[-1]}" if lines else f"failed: {ended}"
@@ -238,7 +252,7 @@ def explain_task(w: TaskWait, *, parallelism: int) -> str:
         return _deferred(w)
     if w.state not in _CLAIMABLE:
         return _not_waiting(w)
-    for reason in (_pool(w), _limits(w, parallelism), _no_worker(w), _not_due(w)):
+    for reason in (_stopping(w), _pool(w), _limits(w, parallelism), _no_worker(w), _not_due(w)):
         if reason is not None:
             return reason
     return (

@@ -46,7 +46,7 @@ from engine.outbox import Outbox
 from engine.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
 from engine.states import TaskOutcomeKind
-from engine.store import CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
+from engine.store import CHANNEL_STOP, CHANNEL_TASKS, ClaimedTask, Deferral, Store, TaskOutcome
 from engine.store.downstream import settle
 from engine.tracebacks import format_user_exception
 from engine.wakeup import Wakeup
@@ -113,14 +113,27 @@ class ExecutionTimeout(Exception):
 
 
 class _Lingering:
-    """A thread still running after its task was failed at the execution_timeout."""
+    """A thread still running after its try was failed at the execution_timeout, or was told
+    to stop (a mark or a clear)."""
 
-    __slots__ = ("ended", "ti", "timed_out_at")
+    __slots__ = ("ended", "stopped_by", "ti", "timed_out_at")
 
     def __init__(self, ti: ClaimedTask) -> None:
         self.ti = ti
         self.ended = False
         self.timed_out_at: float | None = None
+        #: Why the try was told to stop (None: it timed out).
+        self.stopped_by: str | None = None
+
+
+class _Leaving:
+    """A try this worker was told to stop (a mark or a clear of its task), until it has."""
+
+    __slots__ = ("reason", "ti")
+
+    def __init__(self, ti: ClaimedTask, reason: str) -> None:
+        self.ti = ti
+        self.reason = reason
 
 
 class InvalidDeferral(ValueError):
@@ -184,9 +197,17 @@ class Worker:
         self._claims_unsure = False
         # Tasks this process gave up on without recording an outcome: never adopted again.
         self._abandoned: set[int] = set()
-        # Threads of tries failed at their execution_timeout that still run (Python cannot
-        # stop a thread), by (task instance, try): each keeps its slot until it ends.
+        # Threads of tries failed at their execution_timeout (or told to stop) that still run
+        # (Python cannot stop a thread), by (task instance, try): each keeps its slot until it
+        # ends.
         self._lingering: dict[tuple[int, int], _Lingering] = {}
+        # Tries told to stop (their task was marked or cleared), by (task instance, try), until
+        # they have: they keep their slots, and the heartbeat reports them as still running
+        # (the database counts them in their pools until it no longer does).
+        self._leaving: dict[tuple[int, int], _Leaving] = {}
+        # The cancel scope of each try running here, by (task instance, try).
+        self._scopes: dict[tuple[int, int], anyio.CancelScope] = {}
+        self._keepalive: KeepAlive | None = None
         self.metrics = metrics if metrics is not None else _metrics.current()
         self.metrics.watch_worker(self._busy, slots)
         #: When the registration or the last heartbeat was written (monotonic clock).
@@ -219,8 +240,8 @@ class Worker:
 
     async def _serve(self, task_status: TaskStatus[None]) -> None:
         self.id = await self._register()
-        listener = self.store.listener(CHANNEL_TASKS)
-        listener.on_notify(lambda _channel, _payload: self._wake.set())
+        listener = self.store.listener(CHANNEL_TASKS, CHANNEL_STOP)
+        listener.on_notify(self._notified)
         await self._listen(listener)
         log.info(
             "worker %s started with %d slots, queues %s",
@@ -236,14 +257,14 @@ class Worker:
                 task_status.started()
                 async with anyio.create_task_group() as tasks:
                     await self._claim_loop(tasks)
-                    if self.running:
+                    if self.running or self._leaving:
                         log.info(
                             "stopping: waiting up to %.0fs for %d running task(s)",
                             self.shutdown_grace_s,
-                            len(self.running),
+                            len(self.running) + len(self._leaving),
                         )
                         with anyio.move_on_after(self.shutdown_grace_s):
-                            while self.running:
+                            while self.running or self._leaving:
                                 await self._idle.wait(None)
                         if self.running:
                             log.warning(
@@ -301,8 +322,17 @@ class Worker:
             log.warning("cannot LISTEN (%s: %s); polling only for now", type(exc).__name__, exc)
 
     def _busy(self) -> int:
-        """Slots taken: running tries, and threads still running past their timeout."""
-        return len(self.running) + len(self._lingering)
+        """Slots taken: running tries, tries told to stop that have not yet, and threads still
+        running past their timeout or their stop."""
+        return len(self.running) + len(self._leaving) + len(self._lingering)
+
+    def _notified(self, channel: str, payload: str) -> None:
+        if channel == CHANNEL_STOP:
+            # A try of this worker was marked or cleared: the heartbeat says which, now.
+            if payload == str(self.id) and self._keepalive is not None:
+                self._keepalive.poke()
+            return
+        self._wake.set()
 
     async def _claim_loop(self, tasks: anyio.abc.TaskGroup) -> None:
         backoff = Backoff()
@@ -369,8 +399,14 @@ class Worker:
 
     def _adopt(self, tasks: anyio.abc.TaskGroup, claimed: list[ClaimedTask]) -> None:
         for ti in claimed:
-            if ti.id in self.running:
-                continue
+            held = self.running.get(ti.id)
+            if held is not None:
+                if held.try_number == ti.try_number:
+                    continue  # (a claim found again among the unacknowledged ones)
+                # The database gave the task a new try while an earlier one still runs here
+                # (this worker was declared dead and registered again): the earlier one ended
+                # there, so it stops here too, and the new one runs.
+                self._stop_try(held, f"superseded by try {ti.try_number}")
             self.running[ti.id] = ti
             tasks.start_soon(self._execute, ti, name=f"ti-{ti.id}")
         self.peak_running = max(self.peak_running, self._busy())
@@ -381,19 +417,30 @@ class Worker:
             await self._listen(listener)
 
         # Retries come at least as often as heartbeats, so a short outage costs no reaping.
-        await KeepAlive(
+        self._keepalive = KeepAlive(
             "heartbeat",
             beat,
             interval_s=self.heartbeat_s,
             max_backoff_s=min(MAX_DELAY_S, self.heartbeat_s),
             errors=TRANSIENT_ERRORS,
             first_after_s=self.heartbeat_s,
-        ).run()
+        )
+        await self._keepalive.run()
+
+    def _tries_here(self) -> list[tuple[int, int]]:
+        """(task instance, try) of every try whose code may still run here."""
+        here = {(ti.id, ti.try_number) for ti in self.running.values()}
+        return sorted(here | self._leaving.keys() | self._lingering.keys())
 
     async def _heartbeat(self) -> None:
         assert self.id is not None
-        if await self.store.heartbeat_worker(self.id, list(self.running)):
+        beat = await self.store.heartbeat_worker(self.id, self._tries_here())
+        if beat.alive:
             self.heartbeat_at = time.monotonic()
+            for request in beat.stop:
+                ti = self.running.get(request.ti_id)
+                if ti is not None and ti.try_number == request.try_number:
+                    self._stop_try(ti, request.reason)
             return
         log.error(
             "worker %s was declared dead (missed heartbeats); its tasks were reaped. "
@@ -408,9 +455,26 @@ class Worker:
         self.heartbeat_at = time.monotonic()
         self._abandoned.clear()  # ids of the old registration: never held by the new one
 
+    def _stop_try(self, ti: ClaimedTask, reason: str) -> None:
+        """Stop a try running here (its task was marked or cleared): cancelled as at its
+        execution_timeout (a thread cannot be stopped: it keeps its slot until it ends, see
+        :meth:`_in_thread`; a child process is stopped). It keeps its slot until it has
+        stopped, and the heartbeat reports it until then."""
+        key = (ti.id, ti.try_number)
+        if self.running.get(ti.id) is ti:
+            del self.running[ti.id]
+        if key in self._leaving:
+            return
+        self._leaving[key] = _Leaving(ti, reason)
+        log.warning("stopping task %s: %s", _name(ti), reason)
+        scope = self._scopes.get(key)
+        if scope is not None:
+            scope.cancel()
+
     async def _execute(self, ti: ClaimedTask) -> None:
         worker_id = self.id
         assert worker_id is not None
+        key = (ti.id, ti.try_number)
         with logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number):
             # (A try this claim started has nothing stored yet: its total starts at 0.)
             fresh = ti.next_method is None and ti.try_started_at == ti.db_now
@@ -418,21 +482,44 @@ class Worker:
                 ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, fresh=fresh
             )
             try:
-                await self._run_and_record(ti, worker_id)
-            except anyio.get_cancelled_exc_class():
-                raise
-            except Exception:
-                # A bug of the worker's own, not the task's: the task is left to the reaper
-                # (retries apply), the process and the other tasks carry on.
-                self._abandoned.add(ti.id)
-                log.exception("recording the end of task instance %s failed", ti.id)
+                # (Cancelled when the try is told to stop; a stop before it started: at once.)
+                with anyio.CancelScope() as scope:
+                    self._scopes[key] = scope
+                    if key in self._leaving:
+                        scope.cancel()
+                    try:
+                        await self._run_and_record(ti, worker_id)
+                    except anyio.get_cancelled_exc_class():
+                        raise
+                    except Exception:
+                        # A bug of the worker's own, not the task's: the task is left to the
+                        # reaper (retries apply), the process and the other tasks carry on.
+                        self._abandoned.add(ti.id)
+                        log.exception("recording the end of task instance %s failed", ti.id)
+                leaving = self._leaving.get(key)
+                if scope.cancelled_caught and leaving is not None:
+                    still = " (its thread still runs)" if key in self._lingering else ""
+                    log.warning("try %d stopped%s: %s", ti.try_number, still, leaving.reason)
+                    # Its lines are stored before it is reported stopped (as a try's are before
+                    # its outcome): a reader that sees its slot free has them all.
+                    self.logs.end(key)
+                    await self.logs.flush_keys([key])
             finally:
-                self.logs.end((ti.id, ti.try_number))
+                self._scopes.pop(key, None)
+                self.logs.end(key)
                 self.logs.unbind(token)
-                self.running.pop(ti.id, None)
+                if self.running.get(ti.id) is ti:
+                    del self.running[ti.id]
+                if self._leaving.pop(key, None) is not None and key not in self._lingering:
+                    self._report_stopped()
                 self.finished += 1
                 self._wake.set()
                 self._idle.set()
+
+    def _report_stopped(self) -> None:
+        """A try told to stop has: the next heartbeat, at once, says so (its slot frees)."""
+        if self._keepalive is not None:
+            self._keepalive.poke()
 
     async def _context(self, op: BaseOperator, ti: ClaimedTask) -> Context:
         """The call's context, with ``op``'s templated fields rendered in place (before
@@ -509,7 +596,9 @@ class Worker:
         self, ti: ClaimedTask, call: Callable[[], Any], remaining: float | None
     ) -> Any:
         """Run ``call`` in a worker thread. Past the timeout the try fails, but the thread
-        cannot be stopped: its slot stays taken (see :meth:`_busy`) until it ends."""
+        cannot be stopped: its slot stays taken (see :meth:`_busy`) until it ends. So does a
+        try told to stop (its task was marked or cleared): the thread is left to end, its slot
+        (and its pool's, as the database counts it) taken until then."""
         loop = asyncio.get_running_loop()
         run = _Lingering(ti)
 
@@ -521,10 +610,25 @@ class Worker:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self._thread_ended, run)
 
-        with anyio.move_on_after(remaining):
-            return await anyio.to_thread.run_sync(
-                body, limiter=self._limiter, abandon_on_cancel=True
-            )
+        key = (ti.id, ti.try_number)
+        try:
+            with anyio.move_on_after(remaining):
+                return await anyio.to_thread.run_sync(
+                    body, limiter=self._limiter, abandon_on_cancel=True
+                )
+        except anyio.get_cancelled_exc_class():
+            leaving = self._leaving.get(key)
+            if leaving is not None and not run.ended:
+                run.stopped_by = leaving.reason
+                self._lingering[key] = run
+                log.warning(
+                    "task %s was told to stop (%s), but its thread cannot be stopped and still "
+                    "runs; its slot, and its pool's, stay taken until it ends (give the task "
+                    'isolation="process" to have it stopped)',
+                    _name(ti),
+                    leaving.reason,
+                )
+            raise
         if not run.ended:
             run.timed_out_at = time.monotonic()
             self._lingering[(ti.id, ti.try_number)] = run
@@ -547,12 +651,20 @@ class Worker:
         if self._lingering.get(key) is not run:
             return
         del self._lingering[key]
-        late = time.monotonic() - (run.timed_out_at or 0.0)
-        log.warning(
-            "the thread of task %s ended %.1fs after its execution_timeout; its slot is free",
-            _name(run.ti),
-            late,
-        )
+        if run.stopped_by is not None:
+            log.warning(
+                "the thread of task %s, told to stop (%s), ended; its slot is free",
+                _name(run.ti),
+                run.stopped_by,
+            )
+            self._report_stopped()
+        else:
+            late = time.monotonic() - (run.timed_out_at or 0.0)
+            log.warning(
+                "the thread of task %s ended %.1fs after its execution_timeout; its slot is free",
+                _name(run.ti),
+                late,
+            )
         self._wake.set()
         self._idle.set()
 
@@ -748,7 +860,8 @@ class Worker:
             return
         try:
             ok = await with_db_retry(
-                "reschedule", lambda: self.store.reschedule_task(ti.id, worker_id, at)
+                "reschedule",
+                lambda: self.store.reschedule_task(ti.id, worker_id, at, try_number=ti.try_number),
             )
         except Exception as exc:  # not transient: the database refused it
             await self._refuse(ti, worker_id, "the task's reschedule could not be stored", exc)

@@ -5,10 +5,14 @@
   the literals ``queries.sql`` compares the kinds with.
 * A stateful property test drives the real store, in random orders, through every operation
   that moves a task instance (claim, finish, stale finish, defer, reschedule, fire, duplicate
-  and stale fire, deferral timeout, zombie reap, retry, triggerer lease loss) while a
-  test-only audit trigger records every change of state in the database. After each step:
-  every move is in ``TRANSITIONS``, no try of a task instance got two outcomes, try numbers
-  only count up on a claim, and no task waits on a trigger that is gone.
+  and stale fire, deferral timeout, zombie reap, retry, triggerer lease loss, and an
+  operator's mark and clear, with the worker's heartbeats reporting which tries still run)
+  while a test-only audit trigger records every change of state in the database. After each
+  step: every move is in ``TRANSITIONS`` (or is the mark or clear just made), no try of a task
+  instance got two outcomes of its own, try numbers only count up on a claim, no task waits on
+  a trigger that is gone, a write of a try that no longer holds its task (a late outcome after
+  a mark or a clear included) moves nothing, and no new try starts while an earlier one told
+  to stop still runs.
 """
 
 from __future__ import annotations
@@ -191,7 +195,8 @@ CREATE TRIGGER sm_audit AFTER INSERT OR UPDATE ON deferral_task_instances
 """
 RESET_SQL = """
 TRUNCATE deferral_dag_runs, deferral_task_instances, deferral_triggers, deferral_workers,
-         deferral_triggerers, sm_audit RESTART IDENTITY CASCADE
+         deferral_triggerers, deferral_stopping_tries, deferral_audit, deferral_task_logs,
+         sm_audit RESTART IDENTITY CASCADE
 """
 
 
@@ -251,6 +256,14 @@ class StoreMachine(RuleBasedStateMachine):
         self.trigger_claims: list[tuple[int, int, int]] = []
         self.seen = 0
         self.last_step = "reset"
+        #: The tries whose code still runs on the current worker (it heartbeats them).
+        self.here: set[tuple[int, int]] = set()
+        #: Audit ids of the moves an operator made (a mark, a clear): not a try's own outcome.
+        self.overrides: list[int] = []
+        #: What the last mark or clear may move a task to.
+        self.override_to: frozenset[str] = frozenset()
+        #: Claims of tries told to stop (by a mark or a clear) that their worker stopped.
+        self.stopped: list[tuple[int, int, int]] = []
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         async def call() -> Any:
@@ -307,6 +320,12 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             assert not moved, f"{self.last_step}: a stale claim moved the task: {moved}"
 
+    def _left(self, claim: tuple[int, int, int]) -> None:
+        """The try's code has ended on its worker (after writing its outcome, or not)."""
+        ti_id, worker, try_number = claim
+        if worker == self.worker:
+            self.here.discard((ti_id, try_number))
+
     @initialize()
     def reset(self) -> None:
         self._sql("execute", RESET_SQL)
@@ -322,6 +341,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.last_step = f"claim({n})"
         claimed, _ = self._call(self.store.claim_tasks, self.worker, n)
         self.claims += [(ti.id, self.worker, ti.try_number) for ti in claimed]
+        self.here |= {(ti.id, ti.try_number) for ti in claimed}
 
     @precondition(lambda self: self.claims)
     @rule(data=st.data(), kind=st.sampled_from(sorted(TASK_OUTCOME_KINDS)), no_retry=st.booleans())
@@ -334,6 +354,7 @@ class StoreMachine(RuleBasedStateMachine):
         outcome = TaskOutcome(ti_id=ti_id, worker_id=worker, try_number=try_number, kind=kind,
                               error=error, no_retry=no_retry)  # fmt: skip
         self._as_claim(claim, lambda: self._write(self.store.finish_tasks, [outcome]))
+        self._left(claim)
 
     @precondition(lambda self: self.claims)
     @rule(
@@ -347,6 +368,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.last_step = f"defer({ti_id}, try {try_number}, {tag}, {timeout_s})"
         deferral = msgspec.structs.replace(_deferral(tag, timeout_s), try_number=try_number)
         self._as_claim(claim, lambda: self._call(self.store.defer_task, ti_id, worker, deferral))
+        self._left(claim)
 
     @precondition(lambda self: self.claims)
     @rule(data=st.data())
@@ -355,10 +377,13 @@ class StoreMachine(RuleBasedStateMachine):
         ti_id, worker, try_number = claim
         self.last_step = f"reschedule({ti_id}, try {try_number})"
         at = self._call(self.store.now)
-        # (reschedule_task checks the worker, not the try number.)
         self._as_claim(
-            claim, lambda: self._call(self.store.reschedule_task, ti_id, worker, at), any_try=True
+            claim,
+            lambda: self._call(
+                self.store.reschedule_task, ti_id, worker, at, try_number=try_number
+            ),
         )
+        self._left(claim)
 
     @rule()
     def reap_zombies(self) -> None:
@@ -366,8 +391,117 @@ class StoreMachine(RuleBasedStateMachine):
         worker's row goes, so work continues with a new registration."""
         self.last_step = "reap_zombies"
         self._write(self.store.reap_zombie_tasks, 0.0)
-        if not self._call(self.store.heartbeat_worker, self.worker, []):
+        if not self._call(self.store.heartbeat_worker, self.worker, sorted(self.here)).alive:
             self.worker = self._call(self.store.register_worker, "sm", 1, 10)
+            self.here = set()
+
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        """A try's code ends without writing anything (it was cancelled after a stop)."""
+        claim = data.draw(_recent_or_any(self.claims))
+        self.last_step = f"leave({claim})"
+        self._left(claim)
+
+    @rule()
+    def heartbeat(self) -> None:
+        """The worker reports the tries whose code still runs: the ones told to stop that no
+        longer run are settled, the others come back to be stopped."""
+        self.last_step = f"heartbeat({sorted(self.here)})"
+        beat = self._call(self.store.heartbeat_worker, self.worker, sorted(self.here))
+        assert beat.alive, self.last_step
+        stopping = self._sql(
+            "fetch",
+            "SELECT ti_id, try_number FROM deferral_stopping_tries WHERE worker_id = $1",
+            self.worker,
+        )
+        left = {(r["ti_id"], r["try_number"]) for r in stopping}
+        assert left <= self.here, f"{self.last_step}: stopped tries kept: {left - self.here}"
+        assert {(r.ti_id, r.try_number) for r in beat.stop} == left, self.last_step
+
+    # -- an operator ------------------------------------------------------------------------
+
+    def _override(self, ti_id: int, step: str, moves_to: frozenset[str], call: Any) -> None:
+        """The operator's own move of the task instance (its first); what it sets off after
+        (the task's resolution, its downstream tasks') moves by the table."""
+        self.last_step = step
+        self.override_to = moves_to
+        since = self._last_audit()
+        call()
+        self.overrides += [r["id"] for r in self._moved(since, ti_id)[:1]]
+
+    @rule(
+        data=st.data(),
+        state=st.sampled_from(["success", "failed", "skipped"]),
+        rerun=st.booleans(),
+    )
+    def mark(self, data: st.DataObject, state: str, rerun: bool) -> None:
+        ti_id = self._a_task(data)
+        self._override(
+            ti_id,
+            f"mark({ti_id}, {state}, rerun={rerun})",
+            frozenset({state}),
+            lambda: self._call(self.store.mark_task, ti_id, state, who="sm"),
+        )
+        if rerun:
+            self._stop_and_claim()
+
+    @rule(data=st.data(), rerun=st.booleans())
+    def clear(self, data: st.DataObject, rerun: bool) -> None:
+        ti_id = self._a_task(data)
+        self._override(
+            ti_id,
+            f"clear({ti_id}, rerun={rerun})",
+            frozenset({"scheduled", "pending"}),
+            lambda: self._call(self.store.clear_task, ti_id, who="sm"),
+        )
+        if rerun:
+            self._stop_and_claim()
+
+    def _a_task(self, data: st.DataObject) -> int:
+        """A running task instance (most often) or any. (The draws do not depend on what the
+        database holds, so that hypothesis can replay them.)"""
+        rows = self._sql("fetch", "SELECT id, state FROM deferral_task_instances ORDER BY id")
+        running = [r["id"] for r in rows if r["state"] == "running"]
+        prefer_running = data.draw(st.booleans())
+        n = data.draw(st.integers(min_value=0, max_value=5))  # (_dag() has 6 tasks)
+        pick = running if prefer_running and running else [r["id"] for r in rows]
+        return int(pick[n % len(pick)])
+
+    def _stop_and_claim(self) -> None:
+        """The worker stops the tries it was told to stop, reports them gone, and claims (the
+        old tries' claims stay, to write late)."""
+        beat = self._call(self.store.heartbeat_worker, self.worker, sorted(self.here))
+        stopped = {(r.ti_id, r.try_number) for r in beat.stop}
+        self.stopped += [(i, self.worker, n) for i, n in sorted(stopped)]
+        self.here -= stopped
+        self.heartbeat()
+        self.claim(3)
+
+    @precondition(lambda self: self.stopped)
+    @rule(
+        data=st.data(),
+        write=st.sampled_from(["success", "failed", "skipped", "defer", "reschedule"]),
+    )
+    def late_write(self, data: st.DataObject, write: str) -> None:
+        """A try told to stop writes what it would have (its worker had not seen the stop, or
+        its thread ended after it): nothing moves, whatever try now runs."""
+        claim = data.draw(st.sampled_from(self.stopped))
+        ti_id, worker, try_number = claim
+        self.last_step = f"late_write({ti_id}, try {try_number}, {write})"
+        if write == "defer":
+            deferral = msgspec.structs.replace(_deferral("x", None), try_number=try_number)
+            call: Any = lambda: self._call(self.store.defer_task, ti_id, worker, deferral)  # noqa: E731
+        elif write == "reschedule":
+            at = self._call(self.store.now)
+            call = lambda: self._call(  # noqa: E731
+                self.store.reschedule_task, ti_id, worker, at, try_number=try_number
+            )
+        else:
+            outcome = TaskOutcome(ti_id=ti_id, worker_id=worker, try_number=try_number,
+                                  kind=write, error="x")  # type: ignore[arg-type]  # fmt: skip
+            call = lambda: self._write(self.store.finish_tasks, [outcome])  # noqa: E731
+        self._as_claim(claim, call)
 
     # -- triggerers -------------------------------------------------------------------------
 
@@ -443,6 +577,10 @@ class StoreMachine(RuleBasedStateMachine):
             if r["old_state"] is None:
                 assert r["new_state"] in ("pending", "scheduled"), f"created {move}: {where}"
                 continue
+            if r["id"] in self.overrides:
+                assert r["new_state"] in self.override_to, f"{move} by an operator: {where}"
+                assert r["new_try"] == r["old_try"], f"an operator changed the try: {where}"
+                continue
             assert move in TRANSITIONS, f"{move} is not in the transition table: {where}"
             if r["new_try"] != r["old_try"]:
                 assert r["new_try"] == r["old_try"] + 1, f"try {r['old_try']}->{r['new_try']}"
@@ -450,14 +588,36 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def one_outcome_per_try(self) -> None:
+        # (Counted since the task instance's last mark or clear: a clear keeps the try number,
+        # and a task resolved by its trigger rule before may be resolved again.)
         twice = self._sql(
             "fetch",
-            "SELECT ti_id, old_try, array_agg(new_state ORDER BY id) AS states FROM sm_audit "
-            "WHERE old_state IS NOT NULL AND new_state = ANY ($1::text[]) "
-            "GROUP BY ti_id, old_try HAVING count(*) > 1",
+            "SELECT a.ti_id, a.old_try, array_agg(a.new_state ORDER BY a.id) AS states "
+            "FROM sm_audit a "
+            "WHERE a.old_state IS NOT NULL AND a.new_state = ANY ($1::text[]) "
+            "AND a.id > COALESCE((SELECT max(o.id) FROM sm_audit o "
+            "                     WHERE o.ti_id = a.ti_id AND o.id = ANY ($2::bigint[])), 0) "
+            "GROUP BY a.ti_id, a.old_try HAVING count(*) > 1",
             sorted(TRY_OUTCOME_STATES),
+            self.overrides,
         )
         assert not twice, f"a try got two outcomes after {self.last_step}: {twice}"
+
+    @invariant()
+    def no_new_try_while_an_earlier_one_stops(self) -> None:
+        """A try told to stop keeps its task instance from starting another until it has
+        stopped; it belongs to a worker that exists (one reaped took its tries with it)."""
+        rows = self._sql(
+            "fetch",
+            "SELECT s.ti_id, s.try_number, ti.try_number AS latest, ti.state, "
+            "w.id IS NOT NULL AS worker_known FROM deferral_stopping_tries s "
+            "JOIN deferral_task_instances ti ON ti.id = s.ti_id "
+            "LEFT JOIN deferral_workers w ON w.id = s.worker_id",
+        )
+        for r in rows:
+            assert r["worker_known"], f"{dict(r)} after {self.last_step}"
+            assert r["latest"] == r["try_number"], f"new try while stopping: {dict(r)}"
+            assert r["state"] != "running", f"running while stopping: {dict(r)}"
 
     @invariant()
     def no_task_waits_on_a_trigger_that_is_gone(self) -> None:

@@ -155,14 +155,15 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert (await s.get_dag_run("rows", "r1")).id == run_pk
 
     worker = await s.register_worker("test", 1, 10)
-    assert await s.heartbeat_worker(worker, [])
+    assert (await s.heartbeat_worker(worker, [])).alive
     claimed, _ = await s.claim_tasks(worker, 10)
     by_name = {ti.task_id: ti for ti in claimed}
     assert set(by_name) == {"a", "c", "d"}
     assert len(await s.unacknowledged_claims(worker, [by_name["a"].id])) == 2
     assert await s.set_rendered_fields(by_name["a"].id, worker, 1, {"cmd": "echo 2026"})
     assert await s.prev_success_interval_start("rows", now) is None
-    assert await s.reschedule_task(by_name["d"].id, worker, now + dt.timedelta(hours=1))
+    later = now + dt.timedelta(hours=1)
+    assert await s.reschedule_task(by_name["d"].id, worker, later, try_number=1)
     assert await s.defer_task(by_name["c"].id, worker, _deferral(None))
     done = TaskOutcome(ti_id=by_name["a"].id, worker_id=worker, try_number=1, kind="success")
     finished = await s.finish_tasks([done])
@@ -243,13 +244,13 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert isinstance(await s.triggers_page(classpath="Never"), list)
     assert isinstance(await s.trigger_class_counts(), list)
     assert isinstance(await s.oldest_waits(), list)
-    assert [m.state for m in await s.clear_task(a_try.id, who="t", target="a")] == ["scheduled"]
-    assert [m.state for m in await s.mark_task(a_try.id, "failed", who="t", target="a")] == [
-        "failed"
-    ]
+    assert (await s.clear_task(a_try.id, who="t")).state == "scheduled"
+    assert (await s.mark_task(a_try.id, "failed", who="t")).state == "failed"
+    assert [o.state for o in await s.clear_tasks([a_try.id], who="t")] == ["scheduled"]
+    assert [o.state for o in await s.mark_tasks([a_try.id], "skipped", who="t")] == ["skipped"]
     assert await s.cancel_trigger(-1, who="t") == []
     await s.record_audit("t", "look", "rows")
-    assert len(await s.list_audit()) == 4
+    assert len(await s.list_audit()) == 6
     await s.unregister_worker(worker)
     await _schedule_calls(s)
 

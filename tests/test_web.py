@@ -441,13 +441,25 @@ async def test_clear_puts_the_task_back_to_scheduled_keeping_its_try(
     assert (audit.who, audit.action, audit.target) == ("127.0.0.1", "clear", f"{DAG_ID}/r1/a")
     text = await page(acting, "/audit")
     assert f"{ESCAPED}/r1/a" in text
-    # A running task is not cleared.
+    # A running task is cleared too: its try is told to stop, and the next waits for it.
     worker = await scene.store.register_worker("w2", 1, 4)
-    await scene.store.claim_tasks(worker, 10)
+    (claimed,), _ = await scene.store.claim_tasks(worker, 10)
     response = await acting.post(
         "/actions/clear", data=_task_form("a", token=TOKEN), allow_redirects=False
     )
-    assert response.status == 409
+    assert response.status == 303
+    ti = await scene.store.task_try(DAG_ID, "r1", "a")
+    assert ti is not None
+    assert (ti.state, ti.try_number, ti.worker_id) == ("scheduled", 2, None)
+    beat = await scene.store.heartbeat_worker(worker, [(claimed.id, claimed.try_number)])
+    assert [(r.ti_id, r.try_number) for r in beat.stop] == [(claimed.id, 2)]
+    assert beat.stop[0].reason == "cleared by 127.0.0.1 from the status page"
+    audit = (await scene.store.list_audit())[0]
+    assert (audit.action, audit.detail["was"], audit.detail["stopping_worker"]) == (
+        "clear",
+        "running",
+        worker,
+    )
 
 
 async def test_mark_success_settles_the_downstream_tasks(

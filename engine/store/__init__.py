@@ -35,10 +35,12 @@ from engine.store.models import (
     WaitingTask,
     WorkLeft,
 )
+from engine.store.overrides import MARK_STATES, VIA_PAGE, Override
 from engine.store.store import (
     CHANNEL_DEADLINES,
     CHANNEL_FINISHED,
     CHANNEL_RUNS,
+    CHANNEL_STOP,
     CHANNEL_TASKS,
     CHANNEL_TRIGGERS,
     DagRunNotFound,
@@ -54,8 +56,11 @@ __all__ = [
     "CHANNEL_DEADLINES",
     "CHANNEL_FINISHED",
     "CHANNEL_RUNS",
+    "CHANNEL_STOP",
     "CHANNEL_TASKS",
     "CHANNEL_TRIGGERS",
+    "MARK_STATES",
+    "VIA_PAGE",
     "ClaimedTask",
     "ClaimedTrigger",
     "Dag",
@@ -73,6 +78,7 @@ __all__ = [
     "LogLine",
     "LoggedTry",
     "MovedTask",
+    "Override",
     "PoolInUse",
     "PoolNotFound",
     "Store",

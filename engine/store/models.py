@@ -27,6 +27,7 @@ __all__ = [
     "Fleet",
     "FleetTriggerer",
     "GridCell",
+    "Heartbeat",
     "LogLine",
     "LoggedTry",
     "MovedTask",
@@ -36,6 +37,7 @@ __all__ = [
     "RunSquare",
     "RunSummary",
     "SchedulerRow",
+    "StopRequest",
     "TaskInstance",
     "TaskLogs",
     "TaskOutcome",
@@ -173,8 +175,27 @@ class FiredTriggers(msgspec.Struct, frozen=True, kw_only=True):
 # -- reads ---------------------------------------------------------------------------------
 
 
+class StopRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A try a worker was told to stop (a mark or a clear), and why."""
+
+    ti_id: int
+    try_number: int
+    reason: str
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker's heartbeat learned: whether the worker is still registered, how many
+    tries it was told to stop were settled as ended (their slots free), and the tries it runs
+    that it must stop."""
+
+    alive: bool
+    stopped: int
+    stop: list[StopRequest]
+
+
 class PoolRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A pool and what it holds: ``running`` and ``deferred`` in pool slots, ``queued``
+    """A pool and what it holds: ``running`` (running tries, and tries told to stop that have
+    not stopped yet) and ``deferred`` in pool slots, ``queued``
     runnable tasks waiting for admission, ``open`` slots left (deferred ones count only with
     ``include_deferred``; negative once the pool is shrunk below what runs in it)."""
 

@@ -340,23 +340,45 @@ SELECT id FROM w;
 DELETE FROM deferral_workers WHERE id = $1;
 
 -- name: heartbeat_worker
--- One statement keeps a worker and the tasks it runs ($2: the ids it is running now) alive.
--- A task the database says the worker holds but that it does not run stops being kept alive,
--- so the scheduler reaps it. Returns false if the worker's row is gone (it was declared dead
--- and its tasks reaped).
+-- One statement keeps a worker and the tries it runs alive ($2: their task instance ids, $3:
+-- their try numbers; tries it was told to stop that have not ended yet included), and settles
+-- the tries it was told to stop (deferral_stopping_tries, written by mark_tasks and
+-- clear_tasks): those it no longer runs have ended, and their rows go (their slots are free:
+-- the workers are woken to claim); those it still runs come back (stop_ids, stop_tries,
+-- stop_reasons) for it to stop. A try the database says the worker holds but that it does not
+-- run stops being kept alive, so the scheduler reaps it; a try of a task instance that has
+-- moved on to a later try is not kept alive by an earlier one. alive is false if the worker's
+-- row is gone (it was declared dead and its tasks reaped).
 WITH w AS (
     UPDATE deferral_workers SET heartbeat_at = now() WHERE id = $1 RETURNING id, queues
 ), seen AS (
     -- its queues are marked as served now (for `deferral tasks why` once it is gone)
     UPDATE deferral_queues_seen s SET last_seen_at = now()
     FROM w WHERE s.kind = 'worker' AND s.queue = ANY (w.queues)
+), mine AS (
+    SELECT m.id, m.try_number FROM unnest($2::bigint[], $3::integer[]) AS m(id, try_number)
 ), t AS (
-    UPDATE deferral_task_instances SET heartbeat_at = now()
-    WHERE worker_id = $1 AND state = 'running' AND id = ANY ($2::bigint[])
+    UPDATE deferral_task_instances ti SET heartbeat_at = now()
+    WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.id = ANY ($2::bigint[])
+      AND (ti.id, ti.try_number) IN (SELECT m.id, m.try_number FROM mine m)
       AND EXISTS (SELECT 1 FROM w)
     RETURNING 1
+), stopped AS (
+    DELETE FROM deferral_stopping_tries s
+    WHERE s.worker_id = $1
+      AND (s.ti_id, s.try_number) NOT IN (SELECT m.id, m.try_number FROM mine m)
+    RETURNING 1
+), woke AS (
+    SELECT pg_notify('deferral_tasks', '') FROM (SELECT 1 FROM stopped LIMIT 1) one
+), stop AS (
+    SELECT s.ti_id, s.try_number, s.reason FROM deferral_stopping_tries s
+    WHERE s.worker_id = $1 AND (s.ti_id, s.try_number) IN (SELECT m.id, m.try_number FROM mine m)
 )
-SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks;
+SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks,
+       (SELECT count(*) FROM stopped) AS stopped, (SELECT count(*) FROM woke) AS woke,
+       ARRAY(SELECT stop.ti_id FROM stop ORDER BY stop.ti_id) AS stop_ids,
+       ARRAY(SELECT stop.try_number FROM stop ORDER BY stop.ti_id) AS stop_tries,
+       ARRAY(SELECT stop.reason FROM stop ORDER BY stop.ti_id) AS stop_reasons;
 
 -- name: claim_tasks
 -- Claim up to $2 runnable task instances of the queues $3 for worker $1, admitted by
@@ -462,10 +484,11 @@ WHERE ti.id = o.id AND ti.worker_id IS NOT DISTINCT FROM o.worker_id AND ti.stat
 RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id;
 
 -- name: reschedule_task
--- A sensor in reschedule mode gives its slot back until $3.
+-- A sensor in reschedule mode gives its slot back until $3: try $4 of task instance $1, if
+-- worker $2 still holds it (an earlier try's late reschedule cannot move a later try).
 UPDATE deferral_task_instances
 SET state = 'up_for_reschedule', run_after = $3, worker_id = NULL
-WHERE id = $1 AND worker_id = $2 AND state = 'running'
+WHERE id = $1 AND worker_id = $2 AND state = 'running' AND try_number = $4
 RETURNING id;
 
 -- name: defer_task
@@ -586,9 +609,23 @@ FROM decided d
 WHERE ti.id = d.id AND d.new_state IS NOT NULL AND ti.state = 'pending'
 RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;
 
+-- name: lock_runs_to_finish
+-- Lock the runs (of $1, or every running run when $1 is null) whose task instances all look
+-- finished, before finish_dag_runs ends them in the same transaction. finish_dag_runs looks again
+-- in a statement of its own (a fresh snapshot): a clear that reopened a run (clear_tasks, which
+-- writes its row) while this waited for its lock is seen there, not ended over.
+SELECT r.id FROM deferral_dag_runs r
+WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY ($1::bigint[]))
+  AND NOT EXISTS (
+      SELECT 1 FROM deferral_task_instances ti
+      WHERE ti.dag_run_id = r.id
+        AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed'))
+ORDER BY r.id
+FOR UPDATE OF r;
+
 -- name: finish_dag_runs
--- End the runs (of $1, or every running run when $1 is null) whose task instances are all
--- finished: failed if a leaf task failed or could not run for a failed upstream, else success.
+-- End the runs $1 (locked by lock_runs_to_finish) whose task instances are all finished:
+-- failed if a leaf task failed or could not run for a failed upstream, else success.
 UPDATE deferral_dag_runs r
 SET state = CASE WHEN EXISTS (
                 SELECT 1 FROM deferral_task_instances ti
@@ -596,7 +633,7 @@ SET state = CASE WHEN EXISTS (
                   AND ti.state IN ('failed', 'upstream_failed'))
             THEN 'failed' ELSE 'success' END,
     ended_at = now()
-WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY ($1::bigint[]))
+WHERE r.state = 'running' AND r.id = ANY ($1::bigint[])
   AND NOT EXISTS (
       SELECT 1 FROM deferral_task_instances ti
       WHERE ti.dag_run_id = r.id
@@ -680,12 +717,14 @@ GROUP BY state ORDER BY state;
 
 -- name: work_left
 -- What an engine has left to do now (engine.testing's drain): task instances runnable now or
--- queued or running, deferrals whose deadline is due or whose trigger no triggerer has claimed
--- yet, and runs whose tasks are all finished but which are not ended yet, or that wait queued.
+-- queued or running, tries told to stop that have not stopped yet, deferrals whose deadline is
+-- due or whose trigger no triggerer has claimed yet, and runs whose tasks are all finished but
+-- which are not ended yet, or that wait queued.
 SELECT
     (SELECT count(*) FROM deferral_task_instances
      WHERE (state IN ('scheduled', 'up_for_retry', 'up_for_reschedule') AND run_after <= now())
-        OR state IN ('queued', 'running')) AS runnable,
+        OR state IN ('queued', 'running'))
+    + (SELECT count(*) FROM deferral_stopping_tries) AS runnable,
     (SELECT count(*) FROM deferral_task_instances ti
      LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id
      WHERE ti.state = 'deferred'
@@ -1162,11 +1201,14 @@ SELECT id, hostname, pid, version, started_at, heartbeat_at,
 FROM deferral_schedulers ORDER BY id;
 
 -- name: fleet_workers
--- Every registered worker, with its heartbeat age and the slots it uses now.
+-- Every registered worker, with its heartbeat age and the slots it uses now (its running tries,
+-- and the tries it was told to stop that have not stopped yet).
 SELECT w.id, w.hostname, w.pid, w.version, w.slots, w.started_at, w.heartbeat_at,
        extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_s,
-       (SELECT count(*) FROM deferral_task_instances ti
-        WHERE ti.worker_id = w.id AND ti.state = 'running')::int AS running
+       ((SELECT count(*) FROM deferral_task_instances ti
+         WHERE ti.worker_id = w.id AND ti.state = 'running')
+        + (SELECT count(*) FROM deferral_stopping_tries s WHERE s.worker_id = w.id))::int
+           AS running
 FROM deferral_workers w ORDER BY w.id;
 
 -- name: fleet_triggerers
@@ -1289,14 +1331,27 @@ WHERE ti.state = 'deferred'
 ORDER BY t.created_at, ti.id
 LIMIT $1;
 
--- name: clear_task
--- The status page's "clear": task instance $1 goes back to scheduled, as Airflow's clear: the
--- try number is kept (the next try counts up from it) and the retries start again (retries
--- become the DAG's retries for the task past the tries made). Its wait, result and error go;
--- its run runs again if it had ended. Refused (no row) while queued or running.
-WITH cleared AS (
+-- name: clear_tasks
+-- Clear task instances $1 ($2 who did it, $3 how), as Airflow's clear: each runs again. The
+-- try number is kept (the next claim counts it up) and the retries start again (retries become
+-- the DAG's retries for the task past the tries made); its wait, result and error go. A task
+-- without upstreams (or whose rule is 'always') is scheduled, the others pending (the caller
+-- resolves them by their trigger rules: a task whose upstream failed does not run). A running
+-- try is told to stop as mark_tasks tells it, and no new try of the task starts until it has
+-- stopped; a deferred task leaves its trigger; an audit row and a line in the log of its
+-- latest try; its run runs again if it had ended. Returns one row per task instance cleared.
+WITH old AS (
+    SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
+           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag
+    FROM deferral_task_instances ti
+    WHERE ti.id = ANY ($1::bigint[])
+    ORDER BY ti.id
+    FOR UPDATE
+), cleared AS (
     UPDATE deferral_task_instances ti
-    SET state = 'scheduled', run_after = now(), worker_id = NULL, heartbeat_at = NULL,
+    SET state = CASE WHEN cardinality(ti.upstream) = 0 OR ti.trigger_rule = 'always'
+                     THEN 'scheduled' ELSE 'pending' END,
+        run_after = now(), worker_id = NULL, heartbeat_at = NULL,
         trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
         next_method = NULL, next_kwargs = NULL, next_event = NULL, result = NULL,
         error = NULL, ended_at = NULL, first_try_at = NULL,
@@ -1306,34 +1361,159 @@ WITH cleared AS (
              WHERE d.dag_id = ti.dag_id AND task ->> 'task_id' = ti.task_id
              LIMIT 1),
             GREATEST(ti.retries - ti.try_number, 0))
-    WHERE ti.id = $1 AND ti.state NOT IN ('queued', 'running')
+    FROM old o
+    WHERE ti.id = o.id
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), live AS (
+    -- the workers of the running tries, kept from going until this commits (a worker reaped
+    -- meanwhile took its tries with it: nothing is left to stop)
+    SELECT w.id FROM deferral_workers w
+    WHERE w.id IN (SELECT o.worker_id FROM old o WHERE o.state IN ('running', 'queued'))
+    FOR KEY SHARE
+), stopping AS (
+    INSERT INTO deferral_stopping_tries (ti_id, try_number, worker_id, pool, pool_slots, dag_id,
+                                         task_id, max_active_tis_per_dag, reason)
+    SELECT o.id, o.try_number, o.worker_id, o.pool, o.pool_slots, o.dag_id, o.task_id,
+           o.max_active_tis_per_dag, format('cleared by %s from %s', $2::text, $3::text)
+    FROM old o JOIN live ON live.id = o.worker_id
+    WHERE o.state IN ('running', 'queued')
+    ON CONFLICT DO NOTHING
+    RETURNING ti_id, worker_id
+), told AS (
+    -- a wake-up for each worker told to stop a try (its heartbeat is the backstop)
+    SELECT pg_notify('deferral_stop', s.worker_id::text)
+    FROM (SELECT DISTINCT stopping.worker_id FROM stopping) s
+), audited AS (
+    INSERT INTO deferral_audit (who, action, target, detail)
+    SELECT $2::text, 'clear', o.dag_id || '/' || o.run_id || '/' || o.task_id,
+           jsonb_strip_nulls(jsonb_build_object(
+               'ti', o.id, 'try', o.try_number, 'was', o.state, 'via', $3::text,
+               'stopping_worker', s.worker_id, 'left_trigger', o.trigger_id))
+    FROM old o LEFT JOIN stopping s ON s.ti_id = o.id
+), logged AS (
+    -- a line in the log of the try it happened to (the latest)
+    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                    logger, message)
+    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, now(), 'WARNING', 'log',
+           'deferral.override',
+           format('cleared by %s from %s', $2::text, $3::text) || CASE
+               WHEN s.worker_id IS NOT NULL
+               THEN format(' (was %s on worker %s: told to stop the try)', o.state, s.worker_id)
+               WHEN o.trigger_id IS NOT NULL
+               THEN format(' (was %s on trigger %s: left it)', o.state, o.trigger_id)
+               ELSE format(' (was %s)', o.state) END
+    FROM old o LEFT JOIN stopping s ON s.ti_id = o.id
 ), reopened AS (
+    -- its run runs again if it had ended, to end anew. (Its row is written, and so locked,
+    -- even while running: a scheduler ending the run meanwhile waits for this to commit, then
+    -- looks again: finish_dag_runs.)
     UPDATE deferral_dag_runs r SET state = 'running', ended_at = NULL
-    FROM cleared c WHERE r.id = c.dag_run_id AND r.state <> 'running'
+    WHERE r.id IN (SELECT o.dag_run_id FROM old o)
 )
-SELECT id, dag_run_id, task_id, state, is_leaf, pg_notify('deferral_tasks', '') AS woke
-FROM cleared;
+SELECT c.id, c.dag_run_id, c.task_id, c.state, c.is_leaf, o.dag_id, o.run_id,
+       o.state AS was, o.try_number, s.worker_id AS stopping_worker_id,
+       o.trigger_id AS left_trigger_id, (SELECT count(*) FROM told) AS told
+FROM cleared c
+JOIN old o ON o.id = c.id
+LEFT JOIN stopping s ON s.ti_id = c.id
+ORDER BY c.id;
 
--- name: mark_task
--- The status page's "mark success / failed": task instance $1 ends in state $2 whatever it
--- was doing (a running try's own outcome is then refused: it no longer holds the task; a
--- waiting one leaves its trigger). Its run runs again if it had ended, so that it ends anew
--- with this state. Returns what moved (the caller settles the downstream tasks).
-WITH marked AS (
+-- name: mark_tasks
+-- Mark task instances $1 as $2 ('success', 'failed' or 'skipped') whatever they were doing; $3
+-- who did it, $4 how (e.g. 'the status page'). In one statement, per task instance not
+-- already in state $2:
+-- * it ends in state $2 (failed: with the error "marked failed by <who> from <how>");
+-- * a running try is told to stop: recorded in deferral_stopping_tries until its worker
+--   reports it gone (it keeps counting in its pool and limits meanwhile), its worker woken on
+--   deferral_stop (payload: the worker id); the try's own outcome is refused from now on (it
+--   no longer holds the task);
+-- * a deferred task leaves its trigger (its event, should it come, moves nothing; the caller
+--   drops the trigger if nobody else waits on it: lock_left_triggers, delete_orphan_triggers);
+-- * an audit row, and a line in the log of its latest try;
+-- * its run runs again if it had ended, to end anew.
+-- Returns one row per task instance changed (the caller settles the downstream tasks).
+WITH old AS (
+    SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
+           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag
+    FROM deferral_task_instances ti
+    WHERE ti.id = ANY ($1::bigint[]) AND ti.state <> $2
+    ORDER BY ti.id
+    FOR UPDATE
+), marked AS (
     UPDATE deferral_task_instances ti
     SET state = $2::deferral_task_outcome, ended_at = now(),
         started_at = COALESCE(ti.started_at, now()),
         worker_id = NULL, trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
         next_method = NULL, next_kwargs = NULL, next_event = NULL,
-        error = CASE WHEN $2 = 'failed' THEN $3 ELSE NULL END
-    WHERE ti.id = $1 AND ti.state <> $2
+        error = CASE WHEN $2 = 'failed'
+                     THEN format('marked failed by %s from %s', $3::text, $4::text) END
+    FROM old o
+    WHERE ti.id = o.id
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), live AS (
+    -- the workers of the running tries, kept from going until this commits (a worker reaped
+    -- meanwhile took its tries with it: nothing is left to stop)
+    SELECT w.id FROM deferral_workers w
+    WHERE w.id IN (SELECT o.worker_id FROM old o WHERE o.state IN ('running', 'queued'))
+    FOR KEY SHARE
+), stopping AS (
+    INSERT INTO deferral_stopping_tries (ti_id, try_number, worker_id, pool, pool_slots, dag_id,
+                                         task_id, max_active_tis_per_dag, reason)
+    SELECT o.id, o.try_number, o.worker_id, o.pool, o.pool_slots, o.dag_id, o.task_id,
+           o.max_active_tis_per_dag,
+           format('marked %s by %s from %s', $2::text, $3::text, $4::text)
+    FROM old o JOIN live ON live.id = o.worker_id
+    WHERE o.state IN ('running', 'queued')
+    ON CONFLICT DO NOTHING
+    RETURNING ti_id, worker_id
+), told AS (
+    -- a wake-up for each worker told to stop a try (its heartbeat is the backstop)
+    SELECT pg_notify('deferral_stop', s.worker_id::text)
+    FROM (SELECT DISTINCT stopping.worker_id FROM stopping) s
+), audited AS (
+    INSERT INTO deferral_audit (who, action, target, detail)
+    SELECT $3::text, 'mark_' || $2::text, o.dag_id || '/' || o.run_id || '/' || o.task_id,
+           jsonb_strip_nulls(jsonb_build_object(
+               'ti', o.id, 'try', o.try_number, 'was', o.state, 'via', $4::text,
+               'stopping_worker', s.worker_id, 'left_trigger', o.trigger_id))
+    FROM old o LEFT JOIN stopping s ON s.ti_id = o.id
+), logged AS (
+    -- a line in the log of the try it happened to (the latest)
+    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                    logger, message)
+    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, now(), 'WARNING', 'log',
+           'deferral.override',
+           format('marked %s by %s from %s', $2::text, $3::text, $4::text) || CASE
+               WHEN s.worker_id IS NOT NULL
+               THEN format(' (was %s on worker %s: told to stop the try)', o.state, s.worker_id)
+               WHEN o.trigger_id IS NOT NULL
+               THEN format(' (was %s on trigger %s: left it)', o.state, o.trigger_id)
+               ELSE format(' (was %s)', o.state) END
+    FROM old o LEFT JOIN stopping s ON s.ti_id = o.id
 ), reopened AS (
+    -- its run runs again if it had ended, to end anew. (Its row is written, and so locked,
+    -- even while running: a scheduler ending the run meanwhile waits for this to commit, then
+    -- looks again: finish_dag_runs.)
     UPDATE deferral_dag_runs r SET state = 'running', ended_at = NULL
-    FROM marked m WHERE r.id = m.dag_run_id AND r.state <> 'running'
+    WHERE r.id IN (SELECT o.dag_run_id FROM old o)
 )
-SELECT id, dag_run_id, task_id, state, is_leaf FROM marked;
+SELECT c.id, c.dag_run_id, c.task_id, c.state, c.is_leaf, o.dag_id, o.run_id,
+       o.state AS was, o.try_number, s.worker_id AS stopping_worker_id,
+       o.trigger_id AS left_trigger_id, (SELECT count(*) FROM told) AS told
+FROM marked c
+JOIN old o ON o.id = c.id
+LEFT JOIN stopping s ON s.ti_id = c.id
+ORDER BY c.id;
+
+-- name: lock_left_triggers
+-- Lock the triggers that the deferred task instances among $1 wait on, before a mark or a clear
+-- makes them leave (in the same transaction, first: a trigger firing locks its row before its
+-- waiters, and so does this). delete_orphan_triggers then drops those nobody waits on any more.
+SELECT t.id FROM deferral_triggers t
+WHERE t.id IN (SELECT ti.trigger_id FROM deferral_task_instances ti
+               WHERE ti.id = ANY ($1::bigint[]) AND ti.state = 'deferred')
+ORDER BY t.id
+FOR UPDATE OF t;
 
 -- name: cancel_trigger
 -- The status page's "cancel a trigger": the task instances waiting on trigger $1 fail with the
@@ -1519,7 +1699,8 @@ WITH gone AS (
 SELECT count(*) AS n FROM gone;
 
 -- name: list_pools
--- Every pool with what it holds: running (pool slots of running tries), deferred (of deferred
+-- Every pool with what it holds: running (pool slots of running tries, and of tries told to
+-- stop that have not stopped yet, as deferral_claim_tasks counts them), deferred (of deferred
 -- tasks, counted against the pool only where include_deferred), queued (runnable tasks waiting
 -- for admission: due now, not running yet) and open (slots left; negative once a pool is
 -- shrunk below what runs in it). $1: one pool (null: all).
@@ -1534,13 +1715,19 @@ WITH use AS (
                        'up_for_reschedule')
       AND ($1::text IS NULL OR ti.pool = $1)
     GROUP BY ti.pool
+), stopping AS (
+    SELECT s.pool, sum(s.pool_slots) AS slots FROM deferral_stopping_tries s
+    WHERE $1::text IS NULL OR s.pool = $1
+    GROUP BY s.pool
 )
 SELECT p.name, p.slots, p.include_deferred, p.description,
-       COALESCE(u.running, 0)::integer AS running, COALESCE(u.queued, 0)::integer AS queued,
+       (COALESCE(u.running, 0) + COALESCE(st.slots, 0))::integer AS running,
+       COALESCE(u.queued, 0)::integer AS queued,
        COALESCE(u.deferred, 0)::integer AS deferred,
-       (p.slots - COALESCE(u.running, 0)
+       (p.slots - COALESCE(u.running, 0) - COALESCE(st.slots, 0)
         - CASE WHEN p.include_deferred THEN COALESCE(u.deferred, 0) ELSE 0 END)::integer AS open
 FROM deferral_pools p LEFT JOIN use u ON u.pool = p.name
+LEFT JOIN stopping st ON st.pool = p.name
 WHERE $1::text IS NULL OR p.name = $1
 ORDER BY p.name;
 
@@ -1596,7 +1783,9 @@ SELECT EXISTS (SELECT 1 FROM target) AS found, EXISTS (SELECT 1 FROM gone) AS de
 -- seconds, silence counted as reap_zombie_tasks counts it) and when a worker serving it was
 -- last seen; for a deferred task its trigger, the triggerer holding it and the live
 -- triggerers (lease not expired, as claim_triggers requires) of its trigger queue, how many
--- of them have room, and when one was last seen; for a running task its worker.
+-- of them have room, and when one was last seen; for a running task its worker; a try of it
+-- told to stop (a mark or a clear) that its worker has not seen end yet. The tries told to
+-- stop count as running, as deferral_claim_tasks counts them.
 WITH t AS MATERIALIZED (
     SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number,
            ti.retries, ti.run_after, ti.try_started_at, ti.ended_at, ti.error, ti.upstream,
@@ -1610,6 +1799,8 @@ WITH t AS MATERIALIZED (
 ), busy AS MATERIALIZED (
     SELECT b.pool, b.dag_id, b.task_id, b.pool_slots
     FROM deferral_task_instances b WHERE b.state IN ('running', 'queued')
+    UNION ALL
+    SELECT s.pool, s.dag_id, s.task_id, s.pool_slots FROM deferral_stopping_tries s
 ), pool_use AS (
     SELECT p.name, p.slots, p.include_deferred,
            COALESCE((SELECT sum(b.pool_slots) FROM busy b WHERE b.pool = p.name), 0) AS running,
@@ -1663,6 +1854,8 @@ SELECT t.id, t.dag_id, t.run_id, t.task_id, t.state, t.try_number, t.retries, t.
        t.trigger_id, t.trigger_found, t.trigger_classpath, t.trigger_created_at,
        t.trigger_timeout_at, t.deadline_kind, t.trigger_queue, t.triggerer_id,
        r.hostname AS triggerer_hostname, r.pid AS triggerer_pid,
+       st.try_number AS stopping_try, st.worker_id AS stopping_worker_id,
+       st.reason AS stopping_reason, st.since AS stopping_since,
        COALESCE(tq.live, 0)::integer AS live_triggerers,
        COALESCE(tq.with_room, 0)::integer AS triggerers_with_room,
        GREATEST(ts.last_seen_at, tq.last_heartbeat) AS triggerer_last_seen,
@@ -1678,6 +1871,10 @@ LEFT JOIN deferral_workers w ON w.id = t.worker_id AND t.state = 'running'
 LEFT JOIN deferral_triggerers r ON r.id = t.triggerer_id
 LEFT JOIN triggerer_queues tq ON tq.queue = t.trigger_queue AND t.state = 'deferred'
 LEFT JOIN deferral_queues_seen ts ON ts.kind = 'triggerer' AND ts.queue = t.trigger_queue
+LEFT JOIN LATERAL (
+    SELECT s.try_number, s.worker_id, s.reason, s.since FROM deferral_stopping_tries s
+    WHERE s.ti_id = t.id ORDER BY s.try_number DESC LIMIT 1
+) st ON true
 ORDER BY t.id;
 
 -- name: why_run

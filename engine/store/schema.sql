@@ -324,9 +324,34 @@ CREATE TABLE deferral_queues_seen (
     PRIMARY KEY (kind, queue)
 );
 
+-- Tries told to stop (added by 0013). A mark or a
+-- clear of a running task ends or resets the task instance at once, and the try that was
+-- running is recorded here until the worker running it reports it gone: its worker learns of
+-- it through its heartbeat (woken by a notification on deferral_stop) and cancels it; until
+-- then the try still counts in its pool, its DAG's and task's limits and the parallelism
+-- (deferral_claim_tasks below), and no new try of the task instance is admitted. A worker's
+-- row going (reaped after missed heartbeats, or unregistered) takes its rows with it.
+CREATE TABLE deferral_stopping_tries (
+    ti_id                  bigint NOT NULL,
+    try_number             integer NOT NULL,
+    worker_id              bigint NOT NULL REFERENCES deferral_workers (id) ON DELETE CASCADE,
+    -- what the try holds while it stops (copied from its task instance)
+    pool                   text NOT NULL,
+    pool_slots             integer NOT NULL,
+    dag_id                 text NOT NULL,
+    task_id                text NOT NULL,
+    max_active_tis_per_dag integer,
+    -- who stopped it, and how (for the worker's log of the try)
+    reason                 text NOT NULL,
+    since                  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (ti_id, try_number)
+);
+CREATE INDEX deferral_stopping_tries_worker ON deferral_stopping_tries (worker_id);
+
 -- Admit and claim up to p_limit runnable task instances of the queues p_queues for worker
 -- p_worker, highest priority first (ties: oldest run_after, then id), within every limit:
--- the pool's slots (running tasks, and deferred ones where the pool includes them), the DAG's
+-- the pool's slots (running tasks, tries told to stop that have not stopped yet, and deferred
+-- ones where the pool includes them), the DAG's
 -- max_active_tasks, the task's max_active_tis_per_dag and p_parallelism (running tasks across
 -- all workers; 0: no limit). A task whose pool does not exist is claimed too, with
 -- missing_pool set: the worker fails it at once naming the pool.
@@ -355,6 +380,10 @@ BEGIN
     WITH RECURSIVE busy AS MATERIALIZED (
         SELECT b.pool, b.dag_id, b.task_id, b.pool_slots, b.max_active_tis_per_dag
         FROM deferral_task_instances b WHERE b.state IN ('running', 'queued')
+        UNION ALL
+        -- the tries told to stop (a mark or a clear) that their worker has not seen end yet
+        SELECT s.pool, s.dag_id, s.task_id, s.pool_slots, s.max_active_tis_per_dag
+        FROM deferral_stopping_tries s
     ), task_full AS MATERIALIZED (
         -- the tasks at their max_active_tis_per_dag (one set, not a count per row read)
         SELECT b.dag_id, b.task_id FROM busy b
@@ -408,6 +437,8 @@ BEGIN
               AND (pr.include_deferred IS NOT TRUE OR ti.next_method IS NULL)
               -- what a full limit holds back is not even looked at
               AND (pr.missing OR ti.pool_slots <= pr.room)
+              -- no new try while an earlier try of the task is still stopping
+              AND ti.id <> ALL (ARRAY(SELECT s.ti_id FROM deferral_stopping_tries s))
               AND ti.dag_id <> ALL (ARRAY(SELECT f.dag_id FROM dag_full f))
               AND (ti.max_active_tis_per_dag IS NULL
                    OR (ti.dag_id, ti.task_id) NOT IN (SELECT f.dag_id, f.task_id
@@ -430,6 +461,7 @@ BEGIN
             WHERE rs.pool = pr.name AND rs.queue = q.queue
               AND rs.state = 'scheduled' AND rs.next_method IS NOT NULL
               AND rs.run_after <= now()
+              AND rs.id <> ALL (ARRAY(SELECT s.ti_id FROM deferral_stopping_tries s))
               AND rs.dag_id <> ALL (ARRAY(SELECT f.dag_id FROM dag_full f))
               AND (rs.max_active_tis_per_dag IS NULL
                    OR (rs.dag_id, rs.task_id) NOT IN (SELECT f.dag_id, f.task_id

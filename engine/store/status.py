@@ -1,6 +1,7 @@
 """The store's part for the status page (engine/web/) and the schedulers' registry: reads of
-the fleet, DAGs, runs, task tries and triggers, and the page's actions, each written to the
-audit table. Mixed into :class:`engine.store.store.Store`; none of it is on a hot path."""
+the fleet, DAGs, runs, task tries and triggers, and the page's trigger cancel, written to the
+audit table (marks and clears: engine/store/overrides.py). Mixed into
+:class:`engine.store.store.Store`; none of it is on a hot path."""
 
 from __future__ import annotations
 
@@ -159,19 +160,6 @@ class StatusReads:
             rows = await conn.fetch(self._q[query], *args)
             await conn.execute(self._q["record_audit"], who, action, target, detail)
         return _rows(rows, MovedTask)
-
-    async def clear_task(self, ti_id: int, *, who: str, target: str) -> list[MovedTask]:
-        """Back to scheduled with the try number kept (Airflow's clear); audited. Nothing
-        moves while the task is queued or running."""
-        return await self._audited(who, "clear", target, {"ti": ti_id}, "clear_task", ti_id)
-
-    async def mark_task(self, ti_id: int, state: str, *, who: str, target: str) -> list[MovedTask]:
-        """End a task instance as ``success`` or ``failed``; audited. The caller settles its
-        downstream tasks (engine/store/downstream.py)."""
-        error = f"marked failed by {who} from the status page" if state == "failed" else None
-        return await self._audited(
-            who, f"mark_{state}", target, {"ti": ti_id}, "mark_task", ti_id, state, error
-        )
 
     async def cancel_trigger(self, trigger_id: int, *, who: str) -> list[MovedTask]:
         """Fail the task instances waiting on a trigger and drop it; audited."""

@@ -29,8 +29,10 @@ from engine.store.models import (
     EndedRun,
     FinishedTask,
     FiredTriggers,
+    Heartbeat,
     MovedTask,
     PoolRow,
+    StopRequest,
     TaskInstance,
     TaskOutcome,
     TimedOutTask,
@@ -40,6 +42,7 @@ from engine.store.models import (
     TriggerWaiters,
     WorkLeft,
 )
+from engine.store.overrides import TaskOverrides
 from engine.store.queries import load_queries, migrations
 from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
@@ -50,6 +53,7 @@ __all__ = [
     "CHANNEL_DEADLINES",
     "CHANNEL_FINISHED",
     "CHANNEL_RUNS",
+    "CHANNEL_STOP",
     "CHANNEL_TASKS",
     "CHANNEL_TRIGGERS",
     "DagRunNotFound",
@@ -71,6 +75,8 @@ CHANNEL_DEADLINES = "deferral_deadlines"
 CHANNEL_FINISHED = "deferral_finished"
 #: A DAG run ended; the payload is "<dag_id> <run_id> <state>".
 CHANNEL_RUNS = "deferral_runs"
+#: A mark or a clear told a worker to stop a running try; the payload is the worker's id.
+CHANNEL_STOP = "deferral_stop"
 
 #: How many times a process tries to connect and migrate at start before giving up.
 CONNECT_ATTEMPTS = 6
@@ -161,10 +167,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
+class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
     """A pool of connections and one method per named query (or per transaction of them).
     The statements of schedules and run admission are in :mod:`engine.store.schedules`; the
-    status page's reads and actions in engine/store/status.py; the log lines' in
+    status page's reads and actions in engine/store/status.py; marks and clears in
+    engine/store/overrides.py; the log lines' in
     engine/store/logs.py; the reads of "why is this task not running" in engine/store/why.py."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
@@ -382,9 +389,12 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
     async def finish_dag_runs(self, run_ids: Sequence[int] | None = None) -> list[EndedRun]:
         """End the runs whose tasks are all finished; announces each on ``deferral_runs``."""
         async with self._tx() as conn:
-            rows = await conn.fetch(
-                self._q["finish_dag_runs"], None if run_ids is None else list(run_ids)
+            locked = await conn.fetch(
+                self._q["lock_runs_to_finish"], None if run_ids is None else list(run_ids)
             )
+            if not locked:
+                return []
+            rows = await conn.fetch(self._q["finish_dag_runs"], [r["id"] for r in locked])
             for row in rows:
                 await conn.execute(
                     self._q["notify"],
@@ -524,10 +534,30 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
     async def unregister_worker(self, worker_id: int) -> None:
         await self._pool.execute(self._q["unregister_worker"], worker_id)
 
-    async def heartbeat_worker(self, worker_id: int, running: Sequence[int]) -> bool:
-        """Keep the worker and the task instances it runs alive; False if it was reaped."""
-        row = await self._pool.fetchrow(self._q["heartbeat_worker"], worker_id, list(running))
-        return bool(row and row["alive"])
+    async def heartbeat_worker(
+        self, worker_id: int, running: Sequence[tuple[int, int]]
+    ) -> Heartbeat:
+        """Keep the worker and the tries it runs (``running``: (task instance id, try number)
+        pairs, tries told to stop that still run included) alive; the tries it was told to
+        stop that it no longer runs are settled (their slots free), and those it still runs
+        come back for it to stop. ``alive`` is False if the worker was reaped."""
+        row = await self._one(
+            self._pool,
+            self._q["heartbeat_worker"],
+            worker_id,
+            [ti_id for ti_id, _ in running],
+            [try_number for _, try_number in running],
+        )
+        return Heartbeat(
+            alive=row["alive"],
+            stopped=row["stopped"],
+            stop=[
+                StopRequest(ti_id=i, try_number=n, reason=r)
+                for i, n, r in zip(
+                    row["stop_ids"], row["stop_tries"], row["stop_reasons"], strict=True
+                )
+            ],
+        )
 
     async def claim_tasks(
         self,
@@ -621,8 +651,14 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
         )
         return _structs(rows, FinishedTask)
 
-    async def reschedule_task(self, ti_id: int, worker_id: int, at: dt.datetime) -> bool:
-        row = await self._pool.fetchrow(self._q["reschedule_task"], ti_id, worker_id, at)
+    async def reschedule_task(
+        self, ti_id: int, worker_id: int, at: dt.datetime, *, try_number: int
+    ) -> bool:
+        """Give try ``try_number``'s slot back until ``at``; False if the worker no longer
+        holds that try (nothing is written)."""
+        row = await self._pool.fetchrow(
+            self._q["reschedule_task"], ti_id, worker_id, at, try_number
+        )
         return row is not None
 
     async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:

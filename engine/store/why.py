@@ -72,6 +72,12 @@ class TaskWait(msgspec.Struct, frozen=True, kw_only=True):
     triggerer_id: int | None
     triggerer_hostname: str | None
     triggerer_pid: int | None
+    #: A try of it told to stop (its task was marked or cleared) that its worker has not seen
+    #: end yet: the try, the worker, why and since when (None: none).
+    stopping_try: int | None = None
+    stopping_worker_id: int | None = None
+    stopping_reason: str | None = None
+    stopping_since: dt.datetime | None = None
     #: Live triggerers (lease not expired) serving the trigger queue, and how many have room.
     live_triggerers: int
     triggerers_with_room: int
