@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -295,10 +295,13 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
         tasks: list[dict[str, Any]],
         description: str | None,
         schedule: dict[str, Any] | None = None,
+        *,
+        fingerprint: str | None = None,
     ) -> bool:
         """Record a DAG (``schedule``: :meth:`engine.dag.DAG.serialize_schedule`; None: no
-        schedule). Returns whether its next scheduled run must be computed again (a new DAG or
-        a changed schedule)."""
+        schedule; ``fingerprint``: the hash of it all, :mod:`engine.dagrecord`). Returns
+        whether its next scheduled run must be computed again (a new DAG or a changed
+        schedule)."""
         sched = schedule or {}
         row = await self._one(
             self._pool,
@@ -317,8 +320,17 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
             sched.get("params") or {},
             list(sched.get("tags") or ()),
             sched.get("max_active_tasks"),
+            fingerprint,
         )
         return bool(row["reschedule"])
+
+    async def dags_to_record(self, fingerprints: Mapping[str, str]) -> set[str]:
+        """Of these DAGs (id: hash of what a scan found), the ids whose row is missing,
+        inactive or records something else."""
+        rows = await self._pool.fetch(
+            self._q["dags_to_record"], list(fingerprints), list(fingerprints.values())
+        )
+        return {r["dag_id"] for r in rows}
 
     async def deactivate_missing_dags(
         self, folder: str, found: Iterable[str], failed_files: Iterable[str]
