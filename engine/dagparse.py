@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -55,6 +56,9 @@ TIMEOUT_SETTING = "dag_file_processor_timeout_s"
 RESERVED_NAMES = frozenset({"engine", "triggers", "operators", "benchmarks"})
 
 _FD_ENV = "DEFERRAL_DAGPARSE_FD"
+_PARENT_ENV = "DEFERRAL_DAGPARSE_PARENT"
+#: How often the child checks that its parent still runs.
+_PARENT_CHECK_S = 0.5
 #: At most this much of a dead child's stderr goes into an import error.
 _STDERR_TAIL = 2000
 
@@ -194,6 +198,7 @@ def _child_env(write_fd: int, folder: Path | None) -> dict[str, str]:
     skip = {str(folder)} if folder is not None else set()
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and p not in skip)
     env[_FD_ENV] = str(write_fd)
+    env[_PARENT_ENV] = str(os.getpid())
     return env
 
 
@@ -277,7 +282,21 @@ def _read_results(
     return False
 
 
+def _exit_with_parent(parent: int) -> None:
+    """End this child once its parent is gone (it runs in a session of its own, so nothing
+    else stops it: a scheduler that stopped or died while a file hung at import would leave
+    it running for good)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _child_main(argv: list[str]) -> None:
+    _exit_with_parent(int(os.environ[_PARENT_ENV]))
     out = os.fdopen(int(os.environ[_FD_ENV]), "w", buffering=1)
     folder = Path(argv[0]) if argv[0] else None
     if folder is not None:

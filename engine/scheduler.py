@@ -12,6 +12,13 @@
   ``dag_rescan_interval_s``, and at once when asked (:func:`request_rescan`, which
   ``dags trigger`` uses for a DAG it does not know yet).
 
+The folder is scanned by a task of its own, beside the scheduling loop: a file that takes a
+minute to import holds up the recording of the DAGs, never a pass of the loop (runs are
+created, started and ended meanwhile, and readiness holds). A scan imports only the files
+whose content changed and writes only the DAGs whose record changed (engine/dagbag.py,
+engine/dagrecord.py): a scan of an unchanged folder costs a ``stat`` per file and two
+statements.
+
 Rescan requests go over two channels: a requester LISTENs on ``deferral_dag_rescanned``, then
 NOTIFYs ``deferral_dag_rescan`` with a token of its own; a scheduler answers
 ``scanning <token>`` when it starts the rescan and ``done <token>`` when the DAGs are recorded.
@@ -23,16 +30,19 @@ import contextlib
 import datetime as dt
 import logging
 import math
+import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 
 from engine import metrics as _metrics
 from engine.dagbag import DagBag
-from engine.dagruns import create_due_runs, record_dags
+from engine.dagrecord import DagRecorder
+from engine.dagruns import create_due_runs
 from engine.health import Check, freshness
 from engine.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.states import STATES
@@ -50,6 +60,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Asks running schedulers to rescan their DAGs folder now (payload: the requester's token).
 CHANNEL_DAG_RESCAN = "deferral_dag_rescan"
@@ -75,12 +86,13 @@ LOG_RETENTION_BATCH = 1000
 LOG_RETENTION_BATCHES = 20
 
 
-async def sync_dags(store: Store, dagbag: DagBag) -> int:
+async def sync_dags(store: Store, dagbag: DagBag, recorder: DagRecorder | None = None) -> int:
     """Parse the DAGs folder and record every DAG's structure and schedule; returns how many.
     The DAGs recorded from this folder that it no longer holds (file removed, or DAG removed
-    from its file) are marked inactive: no more scheduled runs of them."""
-    dags = await anyio.to_thread.run_sync(dagbag.collect)
-    count = await record_dags(store, dags.values())
+    from its file) are marked inactive: no more scheduled runs of them. ``recorder``: the one
+    that recorded this bag's DAGs before (it remembers what it serialized)."""
+    dags = await in_daemon_thread(dagbag.collect, name="dag-scan")
+    count = await (recorder or DagRecorder(store)).record(dags.values())
     if dagbag.folder is not None:
         gone = await store.deactivate_missing_dags(
             str(dagbag.folder), dags.keys(), dagbag.import_errors.keys()
@@ -93,6 +105,32 @@ async def sync_dags(store: Store, dagbag: DagBag) -> int:
                 dagbag.folder,
             )
     return count
+
+
+async def in_daemon_thread(func: Callable[[], T], *, name: str) -> T:
+    """``func()`` in a daemon thread of its own. Unlike a worker thread of anyio, a cancelled
+    caller does not wait for it, and it does not hold up the process's exit: a DAG file that
+    takes minutes to import must not delay a stopping scheduler (its import child notices
+    that its parent is gone and ends, engine/dagparse.py)."""
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, func()))
+        except BaseException as exc:  # handed to the caller
+            outcome.append((False, exc))
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    await done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    result: T = value
+    return result
 
 
 async def request_rescan(
@@ -152,12 +190,18 @@ class Scheduler:
         self._rescan_tokens: list[str] = []
         self._dag_ids: frozenset[str] | None = None
         self._wake = Wakeup()
+        #: Wakes the DAG scan task (a rescan request, a stop).
+        self._rescan = Wakeup()
         self._stopping = False
         self._orphans_swept_at = -math.inf
         #: Database time at which the scheduler regained contact after losing it (None: it
         #: never lost it). Heartbeats are not counted as missed before then.
         self.contact_since: dt.datetime | None = None
         self._contact_lost = False
+        #: Records the DAGs of the folder, remembering what it serialized.
+        self.recorder = DagRecorder(store)
+        #: Scans of the DAGs folder completed (for tests and introspection).
+        self.dag_scans = 0
         #: Setting ``log_retention_days`` (0: log lines are kept forever).
         self.log_retention_days = log_retention_days
         self._logs_swept_at = -math.inf
@@ -178,6 +222,7 @@ class Scheduler:
         a stopped scheduler stays stopped."""
         self._stopping = True
         self._wake.set()
+        self._rescan.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
@@ -190,42 +235,13 @@ class Scheduler:
             # Listening before the first scan: a rescan asked for once that scan is logged
             # is seen.
             await self._listen(listener)
-            if self.dagbag is not None:
-                dagbag = self.dagbag
-                await with_db_retry("record DAGs", lambda: self._sync_dags(dagbag))
             self.id = await with_db_retry("register the scheduler", self.store.register_scheduler)
-            task_status.started()
-            last_sync = last_housekeeping = time.monotonic()
-            backoff = Backoff()
-            while not self._stopping:
-                try:
-                    if self._contact_lost:
-                        self.contact_since = await self.store.now()
-                        self._contact_lost = False
-                    await self.finish_runs()
-                    await self.create_runs()
-                    now = time.monotonic()
-                    if now - last_housekeeping >= self.interval_s:
-                        last_housekeeping = now
-                        await self.housekeeping()
-                        await self._listen(listener)
-                    if self.dagbag is not None and (
-                        self._rescan_tokens or now - last_sync >= self.dag_rescan_interval_s
-                    ):
-                        last_sync = now
-                        await self._sync_dags(self.dagbag)
-                    # Inside the try: the query that finds the next due run can lose its
-                    # connection as any other (it once took the scheduler down).
-                    wait_s = await self._until_next_pass()
-                except TRANSIENT_ERRORS as exc:
-                    # The workers may have lost the database too: their heartbeats are counted
-                    # again only from when contact is back.
-                    self._contact_lost = True
-                    await backoff.wait("scheduler pass", exc)
-                    continue
-                backoff.reset()
-                self.pass_at = time.monotonic()
-                await self._wake.wait(wait_s)
+            async with anyio.create_task_group() as tg:
+                if self.dagbag is not None:
+                    tg.start_soon(self._scan_dags, self.dagbag, name="scheduler-dag-scan")
+                task_status.started()
+                await self._schedule(listener)
+                tg.cancel_scope.cancel()
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
@@ -233,10 +249,56 @@ class Scheduler:
                     with contextlib.suppress(*TRANSIENT_ERRORS):
                         await self.store.unregister_scheduler(self.id)
 
+    async def _schedule(self, listener: Listener) -> None:
+        """The scheduling loop: passes until stopped. No pass waits for the DAGs folder."""
+        last_housekeeping = time.monotonic()
+        backoff = Backoff()
+        while not self._stopping:
+            try:
+                if self._contact_lost:
+                    self.contact_since = await self.store.now()
+                    self._contact_lost = False
+                await self.finish_runs()
+                await self.create_runs()
+                now = time.monotonic()
+                if now - last_housekeeping >= self.interval_s:
+                    last_housekeeping = now
+                    await self.housekeeping()
+                    await self._listen(listener)
+                # Inside the try: the query that finds the next due run can lose its
+                # connection as any other (it once took the scheduler down).
+                wait_s = await self._until_next_pass()
+            except TRANSIENT_ERRORS as exc:
+                # The workers may have lost the database too: their heartbeats are counted
+                # again only from when contact is back.
+                self._contact_lost = True
+                await backoff.wait("scheduler pass", exc)
+                continue
+            backoff.reset()
+            self.pass_at = time.monotonic()
+            await self._wake.wait(wait_s)
+
+    async def _scan_dags(self, dagbag: DagBag) -> None:
+        """Scan the folder and record its DAGs every ``dag_rescan_interval_s`` and when asked,
+        beside the scheduling loop (which never waits for it)."""
+        backoff = Backoff()
+        while not self._stopping:
+            try:
+                await self._sync_dags(dagbag)
+            except TRANSIENT_ERRORS as exc:
+                await backoff.wait("recording DAGs", exc)
+                continue
+            backoff.reset()
+            self.dag_scans += 1
+            if not self._rescan_tokens:
+                await self._rescan.wait(self.dag_rescan_interval_s)
+
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == CHANNEL_DAG_RESCAN:
             self._rescan_tokens.append(payload)
-        self._wake.set()
+            self._rescan.set()
+        else:
+            self._wake.set()
 
     async def _sync_dags(self, dagbag: DagBag) -> None:
         """Scan the folder and record its DAGs, answering the rescan requests it serves. Logs
@@ -245,20 +307,25 @@ class Scheduler:
         tokens, self._rescan_tokens = self._rescan_tokens, []
         for token in tokens:
             await self.store.notify(CHANNEL_DAG_RESCANNED, f"scanning {token}")
+        imports, written = dagbag.imports, self.recorder.written
         try:
-            await sync_dags(self.store, dagbag)
+            await sync_dags(self.store, dagbag, self.recorder)
         except BaseException:
             self._rescan_tokens[:0] = tokens  # served by the next try
             raise
         for token in tokens:
             await self.store.notify(CHANNEL_DAG_RESCANNED, f"done {token}")
         dag_ids = frozenset(dagbag.dags)
-        if dag_ids != self._dag_ids or dagbag.newly_reported:
+        imported, wrote = dagbag.imports - imports, self.recorder.written - written
+        if dag_ids != self._dag_ids or dagbag.newly_reported or imported or wrote:
             errors = len(dagbag.import_errors)
             log.info(
-                "recorded %d DAG(s) from %s%s; next scan in %g s (setting dag_rescan_interval_s)",
+                "recorded %d DAG(s) from %s (%d file(s) imported, %d DAG(s) written)%s; next "
+                "scan in %g s (setting dag_rescan_interval_s)",
                 len(dag_ids),
                 dagbag.folder,
+                imported,
+                wrote,
                 f", {errors} file(s) failed to import" if errors else "",
                 self.dag_rescan_interval_s,
             )
