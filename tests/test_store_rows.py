@@ -263,6 +263,9 @@ async def _schedule_calls(s: Any) -> None:
     tasks, schedule = dag.serialize_tasks(), dag.serialize_schedule()
     assert await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule)
     assert not await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule)
+    assert await s.dags_to_record({dag.dag_id: "h1"}) == {dag.dag_id}  # none recorded
+    await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule, fingerprint="h1")
+    assert await s.dags_to_record({dag.dag_id: "h1", "unknown": "h2"}) == {"unknown"}
     assert await s.deactivate_missing_dags("/elsewhere", [], []) == []
     assert await s.last_scheduled_interval(dag.dag_id) is None
     following = day + dt.timedelta(days=1)
