@@ -19,6 +19,9 @@ whose content changed and writes only the DAGs whose record changed (engine/dagb
 engine/dagrecord.py): a scan of an unchanged folder costs a ``stat`` per file and two
 statements.
 
+A third task probes the database every second or so, to know when the scheduler could reach
+it (engine/contact.py): heartbeats missed while the database hung are not a worker's silence.
+
 Rescan requests go over two channels: a requester LISTENs on ``deferral_dag_rescanned``, then
 NOTIFYs ``deferral_dag_rescan`` with a token of its own; a scheduler answers
 ``scanning <token>`` when it starts the rescan and ``done <token>`` when the DAGs are recorded.
@@ -40,6 +43,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from engine import metrics as _metrics
+from engine.contact import Contact, max_gap_s, probe_interval_s
 from engine.dagbag import DagBag
 from engine.dagrecord import DagRecorder
 from engine.dagruns import create_due_runs
@@ -194,10 +198,9 @@ class Scheduler:
         self._rescan = Wakeup()
         self._stopping = False
         self._orphans_swept_at = -math.inf
-        #: Database time at which the scheduler regained contact after losing it (None: it
-        #: never lost it). Heartbeats are not counted as missed before then.
-        self.contact_since: dt.datetime | None = None
-        self._contact_lost = False
+        #: When this scheduler could reach the database (engine/contact.py): heartbeats are
+        #: counted as missed only over its current unbroken contact.
+        self.contact = Contact()
         #: Records the DAGs of the folder, remembering what it serialized.
         self.recorder = DagRecorder(store)
         #: Scans of the DAGs folder completed (for tests and introspection).
@@ -216,6 +219,18 @@ class Scheduler:
         #: When the last pass of the loop completed (monotonic clock; readiness).
         self.pass_at: float | None = None
         self._fleet_at = -math.inf
+
+    @property
+    def contact_since(self) -> dt.datetime | None:
+        """Database time at which the scheduler's current unbroken contact with the database
+        began (None: none yet). Heartbeats are not counted as missed before then."""
+        return self.contact.since
+
+    @property
+    def max_gap_s(self) -> float:
+        """The longest gap between two contacts that counts as unbroken contact (half of
+        ``zombie_threshold_s``)."""
+        return max_gap_s(self.zombie_threshold_s)
 
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` (which then returns at once) and more than once;
@@ -237,6 +252,7 @@ class Scheduler:
             await self._listen(listener)
             self.id = await with_db_retry("register the scheduler", self.store.register_scheduler)
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self._keep_contact, name="scheduler-contact")
                 if self.dagbag is not None:
                     tg.start_soon(self._scan_dags, self.dagbag, name="scheduler-dag-scan")
                 task_status.started()
@@ -255,9 +271,8 @@ class Scheduler:
         backoff = Backoff()
         while not self._stopping:
             try:
-                if self._contact_lost:
-                    self.contact_since = await self.store.now()
-                    self._contact_lost = False
+                if self.contact.broken:
+                    self.contact.seen(await self.store.now(), self.max_gap_s)
                 await self.finish_runs()
                 await self.create_runs()
                 now = time.monotonic()
@@ -271,12 +286,24 @@ class Scheduler:
             except TRANSIENT_ERRORS as exc:
                 # The workers may have lost the database too: their heartbeats are counted
                 # again only from when contact is back.
-                self._contact_lost = True
+                self.contact.lost()
                 await backoff.wait("scheduler pass", exc)
                 continue
             backoff.reset()
             self.pass_at = time.monotonic()
             await self._wake.wait(wait_s)
+
+    async def _keep_contact(self) -> None:
+        """Probe the database every :func:`engine.contact.probe_interval_s`: each answer is a
+        contact at the database time its statement started."""
+        while not self._stopping:
+            try:
+                at = await self.store.now()
+            except TRANSIENT_ERRORS:
+                self.contact.lost()  # (the scheduling loop reports its own errors)
+            else:
+                self.contact.seen(at, self.max_gap_s)
+            await anyio.sleep(probe_interval_s(self.zombie_threshold_s))
 
     async def _scan_dags(self, dagbag: DagBag) -> None:
         """Scan the folder and record its DAGs every ``dag_rescan_interval_s`` and when asked,
@@ -369,8 +396,16 @@ class Scheduler:
         return min(self.interval_s, max(next_in, MIN_WAIT_S))
 
     async def housekeeping(self) -> None:
-        zombies = await self.store.reap_zombie_tasks(
-            self.zombie_threshold_s, contact_since=self.contact_since
+        # (No contact since the last failure: nothing is reaped until there is.)
+        zombies = (
+            []
+            if self.contact.broken
+            else await self.store.reap_zombie_tasks(
+                self.zombie_threshold_s,
+                contact_since=self.contact.since,
+                last_contact=self.contact.last,
+                max_gap_s=self.max_gap_s,
+            )
         )
         await settle(self.store, zombies)
         for row in zombies:

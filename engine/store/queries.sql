@@ -1054,9 +1054,16 @@ FROM deferral_triggerers r ORDER BY r.id;
 -- Running task instances whose worker stopped heartbeating $1 seconds ago fail their try
 -- (retries apply), and the dead workers' rows go. Silence counts only from when a heartbeat
 -- could have arrived: not before the server last started (an outage or restart is not the
--- workers' fault), nor before $2 (when the scheduler regained contact after losing it; null
--- if it never lost it).
-WITH zombies AS (
+-- workers' fault), nor before $2 (when the scheduler's current unbroken contact with the
+-- database began, engine/contact.py; null: not known).
+-- Nothing is reaped when this statement starts more than $4 seconds after the scheduler's
+-- last contact $3 (null: no check): the database (or the scheduler) was frozen in between,
+-- and this may be the first statement it answers after the freeze, with every heartbeat as
+-- old as the freeze.
+WITH contact AS (
+    SELECT $3::timestamptz IS NULL
+           OR now() <= $3::timestamptz + make_interval(secs => $4) AS unbroken
+), zombies AS (
     UPDATE deferral_task_instances
     SET state = deferral_fail_state(try_number, retries),
         run_after = deferral_retry_at(try_number, retry_delay_s, retry_exponential_backoff,
@@ -1067,11 +1074,13 @@ WITH zombies AS (
     WHERE state = 'running'
       AND GREATEST(heartbeat_at, pg_postmaster_start_time(), $2::timestamptz)
           < now() - make_interval(secs => $1)
+      AND (SELECT unbroken FROM contact)
     RETURNING id, dag_run_id, task_id, state, is_leaf
 ), dead AS (
     DELETE FROM deferral_workers
     WHERE GREATEST(heartbeat_at, pg_postmaster_start_time(), $2::timestamptz)
           < now() - make_interval(secs => $1)
+      AND (SELECT unbroken FROM contact)
 )
 SELECT * FROM zombies;
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -173,6 +175,9 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
         self._q = load_queries()
         #: Seals trigger kwargs, resume kwargs, events and results; no keys: plaintext.
         self.keyring = keyring or Keyring()
+        #: The worker's heartbeats go on a connection of their own (heartbeat_worker).
+        self._heartbeat_conn: asyncpg.Connection | None = None
+        self._heartbeat_lock = asyncio.Lock()
 
     @classmethod
     async def connect(
@@ -218,6 +223,7 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
         return store
 
     async def close(self) -> None:
+        self._drop_heartbeat_connection()
         await self._pool.close()
 
     async def __aenter__(self) -> Store:
@@ -536,10 +542,41 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
     async def unregister_worker(self, worker_id: int) -> None:
         await self._pool.execute(self._q["unregister_worker"], worker_id)
 
-    async def heartbeat_worker(self, worker_id: int, running: Sequence[int]) -> bool:
-        """Keep the worker and the task instances it runs alive; False if it was reaped."""
-        row = await self._pool.fetchrow(self._q["heartbeat_worker"], worker_id, list(running))
+    async def heartbeat_worker(
+        self, worker_id: int, running: Sequence[int], *, timeout_s: float | None = None
+    ) -> bool:
+        """Keep the worker and the task instances it runs alive; False if it was reaped.
+
+        With ``timeout_s``, the heartbeat goes on a connection of its own, and the call
+        (connecting included) is bounded: past it, TimeoutError, and that connection is dropped
+        (the next call makes a new one). A connection that hangs (a half-open socket, a stuck
+        backend), or a pool whose connections all wait on hung statements, must not keep the
+        worker silent while the scheduler, which reaches the database, counts the silence."""
+        if timeout_s is None:
+            row = await self._pool.fetchrow(self._q["heartbeat_worker"], worker_id, list(running))
+            return bool(row and row["alive"])
+        async with self._heartbeat_lock:
+            deadline = time.monotonic() + timeout_s
+            try:
+                conn = self._heartbeat_conn
+                if conn is None or conn.is_closed():
+                    conn = await asyncpg.connect(self.url, timeout=timeout_s)
+                    self._heartbeat_conn = conn
+                row = await conn.fetchrow(
+                    self._q["heartbeat_worker"],
+                    worker_id,
+                    list(running),
+                    timeout=max(deadline - time.monotonic(), 0.001),
+                )
+            except BaseException:
+                self._drop_heartbeat_connection()
+                raise
         return bool(row and row["alive"])
+
+    def _drop_heartbeat_connection(self) -> None:
+        conn, self._heartbeat_conn = self._heartbeat_conn, None
+        if conn is not None:
+            conn.terminate()
 
     async def claim_tasks(
         self,
@@ -923,14 +960,23 @@ class Store(ScheduleStore, StatusReads, LogStore, WhyReads):
     # -- scheduler housekeeping ----------------------------------------------------------
 
     async def reap_zombie_tasks(
-        self, threshold_s: float, *, contact_since: dt.datetime | None = None
+        self,
+        threshold_s: float,
+        *,
+        contact_since: dt.datetime | None = None,
+        last_contact: dt.datetime | None = None,
+        max_gap_s: float = 0.0,
     ) -> list[MovedTask]:
         """Fail the running tries whose worker missed heartbeats for ``threshold_s`` seconds.
         Only heartbeats the database could have received count as missed: none before the
-        server last started, nor before ``contact_since`` (when the caller regained contact
-        with the database after losing it; the workers likely lost it too). Returns what
-        moved, which the caller settles (engine/store/downstream.py)."""
-        rows = await self._pool.fetch(self._q["reap_zombie_tasks"], threshold_s, contact_since)
+        server last started, nor before ``contact_since`` (when the caller's unbroken contact
+        with the database began; engine/contact.py). With ``last_contact`` (the database
+        time of the caller's latest contact), nothing is reaped if this statement starts more
+        than ``max_gap_s`` after it. Returns what moved, which the caller settles
+        (engine/store/downstream.py)."""
+        rows = await self._pool.fetch(
+            self._q["reap_zombie_tasks"], threshold_s, contact_since, last_contact, max_gap_s
+        )
         return _structs(rows, MovedTask)
 
     async def delete_orphan_triggers(self, min_age_s: float) -> int:
