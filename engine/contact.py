@@ -12,7 +12,8 @@ over time it could itself reach the database:
   before a freeze and answered after it proves nothing about the freeze);
 * contacts closer than ``max_gap_s`` to each other are one unbroken stretch; a longer gap
   (the database hung, the network was cut, or the scheduler itself was paused or starved: it
-  cannot tell, and it need not) starts a new stretch. ``since`` is the start of the current
+  cannot tell, and it need not) starts a new stretch, and so does the first pass of the
+  scheduler's own that succeeds after one failed. ``since`` is the start of the current
   stretch; heartbeats are counted as missed only after it;
 * the reap itself is guarded too: its statement carries the last contact and reaps nothing
   when it starts more than ``max_gap_s`` after it (the reap may be the first statement that
@@ -86,3 +87,14 @@ class Contact:
     def lost(self) -> None:
         """A statement failed: the next contact begins a new stretch."""
         self._broken = True
+
+    def restart(self, at: dt.datetime) -> None:
+        """Begin a new stretch at ``at``, the database time of the first statement of the
+        caller's own work answered after it failed, even if a probe reached the database
+        earlier: the scheduler's passes (and the workers, whose heartbeats retry as its passes
+        do) may have waited out a backoff after the database came back."""
+        if self.since is None or at > self.since:
+            self.since = at
+        if self.last is None or at > self.last:
+            self.last = at
+        self._broken = False

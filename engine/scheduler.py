@@ -269,10 +269,13 @@ class Scheduler:
         """The scheduling loop: passes until stopped. No pass waits for the DAGs folder."""
         last_housekeeping = time.monotonic()
         backoff = Backoff()
+        failed = False
         while not self._stopping:
             try:
-                if self.contact.broken:
-                    self.contact.seen(await self.store.now(), self.max_gap_s)
+                if failed or self.contact.broken:
+                    # Silence counts from here: this loop could not do its work until now.
+                    self.contact.restart(await self.store.now())
+                    failed = False
                 await self.finish_runs()
                 await self.create_runs()
                 now = time.monotonic()
@@ -287,6 +290,7 @@ class Scheduler:
                 # The workers may have lost the database too: their heartbeats are counted
                 # again only from when contact is back.
                 self.contact.lost()
+                failed = True
                 await backoff.wait("scheduler pass", exc)
                 continue
             backoff.reset()

@@ -58,6 +58,18 @@ def test_a_failure_makes_the_next_contact_begin_a_stretch() -> None:
     assert (contact.since, contact.broken, contact.gaps) == (_at(0.3), False, 0)
 
 
+def test_the_schedulers_own_recovery_restarts_the_stretch_after_a_probes_contact() -> None:
+    # The probe reached the database at 5 s, the scheduler's pass (after its backoff) at 9 s:
+    # the count begins at 9 s, and a later probe's answer does not move it back.
+    contact = Contact()
+    contact.seen(_at(0), max_gap_s=1.0)
+    contact.lost()
+    contact.seen(_at(5), max_gap_s=1.0)
+    contact.restart(_at(9))
+    contact.seen(_at(9.5), max_gap_s=1.0)
+    assert (contact.since, contact.last, contact.broken) == (_at(9), _at(9.5), False)
+
+
 def test_the_gap_and_the_probe_follow_the_zombie_threshold() -> None:
     assert max_gap_s(30.0) == 15.0
     assert probe_interval_s(30.0) == 1.0  # at most a second
