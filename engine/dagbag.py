@@ -11,6 +11,12 @@ A file is imported again only when it changed: its modification time, size or in
 only when the ``stat`` differs). A file rewritten with the same bytes (a deploy that copies the
 whole folder, a ``touch``) is not imported again; its new ``stat`` is remembered.
 
+A file still importing in its child after ``SLOW_IMPORT_S`` is left to finish there (within
+its ``dag_file_processor_timeout_s``) while the files after it go to another child: one slow
+file holds up no other. ``collect()`` then waits for it by default; the scheduler's periodic
+scan does not (``collect(wait_slow=False)``: the file's DAGs are loaded by a later scan, once
+its import ended), nor does :meth:`DagBag.get_dag` for a DAG found without it.
+
 A new or changed file is first imported in a child process (:mod:`engine.dagparse`), within
 ``dag_file_processor_timeout_s``; only if that succeeded is it imported here, where the worker
 and the scheduler need its DAG objects. So a file that calls ``sys.exit()``, raises
@@ -50,10 +56,14 @@ from engine.crashpoints import crash_point
 from engine.dag import DAG, dags_of_module, forget_module
 from operators.base import BaseOperator
 
-__all__ = ["NO_FOLDER_HINT", "DagBag", "add_to_sys_path", "error_summary"]
+__all__ = ["NO_FOLDER_HINT", "SLOW_IMPORT_S", "DagBag", "add_to_sys_path", "error_summary"]
 
 
 log = logging.getLogger(__name__)
+
+#: A file still importing (in its child) after this many seconds is left to finish there while
+#: the files after it are checked.
+SLOW_IMPORT_S = 2.0
 
 #: What to do when a process needs DAGs and has no folder (in errors that come of it).
 NO_FOLDER_HINT = "pass --dags FOLDER or set DEFERRAL_DAGS_FOLDER"
@@ -163,6 +173,9 @@ class DagBag:
         self._extra: dict[str, DAG] = {}
         #: Files whose import overran its time, with the ``stat`` they had then.
         self._overran: dict[Path, FileStat] = {}
+        #: Files still importing in a child of their own (slow), with their ``stat`` and
+        #: content digest.
+        self._slow: dict[Path, tuple[FileStat, str, dagparse.SlowImport]] = {}
         #: The import error last logged for each path: its ``stat`` and summary.
         self._reported: dict[str, tuple[FileStat | None, str]] = {}
         #: Paths whose error the reload in progress logged.
@@ -201,10 +214,17 @@ class DagBag:
                     found.append(Path(root) / name)
         return found
 
-    def collect(self) -> Mapping[str, DAG]:
-        """(Re)load every file whose modification time changed; returns all DAGs."""
+    def collect(self, *, wait_slow: bool = True) -> Mapping[str, DAG]:
+        """(Re)load every file whose content changed; returns all DAGs. ``wait_slow=False``:
+        a file whose import is slow (:data:`SLOW_IMPORT_S`) is not waited for; its DAGs are
+        loaded by a later call once its import ended."""
         with self._reload_lock:
-            return self._collect()
+            return self._collect(wait_slow)
+
+    @property
+    def slow_imports(self) -> list[Path]:
+        """The files whose import goes on in a child of their own (not loaded yet)."""
+        return list(self._slow)
 
     def reserved_entries(self) -> dict[Path, str]:
         """The modules and packages at the top of the folder named like one of the engine's
@@ -228,9 +248,10 @@ class DagBag:
                 found[entry] = error
         return found
 
-    def _collect(self) -> Mapping[str, DAG]:
+    def _collect(self, wait_slow: bool) -> Mapping[str, DAG]:
         reserved = self.reserved_entries()
         files = [f for f in self.files() if not any(f == r or r in f.parents for r in reserved)]
+        self._drop_stale_slow(set(files))
         self._errors = dict(self._snapshot.import_errors)
         self._new_reports = []
         for entry, error in reserved.items():
@@ -239,11 +260,31 @@ class DagBag:
         changed = [c for c in map(self._needs_import, files) if c is not None]
         if changed:
             crash_point("dagbag.parse")
-            checked = dagparse.check_files(
-                self.folder, [file for file, _, _ in changed], timeout_s=self.processor_timeout_s
+            checked, slow = dagparse.check_files(
+                self.folder,
+                [file for file, _, _ in changed],
+                timeout_s=self.processor_timeout_s,
+                slow_s=SLOW_IMPORT_S,
             )
+            signatures = {file: (stat, digest) for file, stat, digest in changed}
+            for job in slow:
+                log.info(
+                    "DAG file %s is still importing after %g s: the other files go on; its DAGs "
+                    "are loaded once its import ends (within %g s, setting %s)",
+                    job.file,
+                    SLOW_IMPORT_S,
+                    self.processor_timeout_s,
+                    dagparse.TIMEOUT_SETTING,
+                )
+                self._slow[job.file] = (*signatures[job.file], job)
             for file, stat, digest in changed:
-                self._load(file, stat, digest, checked[file])
+                if file in checked:
+                    self._load(file, stat, digest, checked[file])
+        for file, (stat, digest, job) in list(self._slow.items()):
+            ended, result = (True, job.wait()) if wait_slow else job.poll()
+            if ended:
+                del self._slow[file]
+                self._load(file, stat, digest, result)
         seen = set(files)
         for gone in set(self._modules) - seen:
             del self._modules[gone]
@@ -284,14 +325,26 @@ class DagBag:
         else:
             log.error("DAG file %s failed to import: %s\n%s", path, summary, detail)
 
+    def _drop_stale_slow(self, files: set[Path]) -> None:
+        """Stop the slow imports of files gone or changed since they began (a changed one
+        is checked again)."""
+        for file, (stat, _, job) in list(self._slow.items()):
+            current = _stat(file) if file in files else None
+            if current != stat:
+                job.close()
+                del self._slow[file]
+
     def _needs_import(self, file: Path) -> tuple[Path, FileStat, str] | None:
         """``(file, stat, digest)`` if the file is new or its content changed since it was
-        imported (or since it overran); None when it is unchanged or gone. A file whose
-        ``stat`` changed but not its bytes keeps its module: only the new ``stat`` is kept."""
+        imported (or since it overran); None when it is unchanged, gone, or its import still
+        runs. A file whose ``stat`` changed but not its bytes keeps its module: only the new
+        ``stat`` is kept."""
         try:
             stat = file_stat(file)
         except OSError:
             return None  # removed since it was listed
+        if file in self._slow:
+            return None  # (a changed one was dropped from the slow imports first)
         known = self._modules.get(file)
         if (known is not None and known.stat == stat) or self._overran.get(file) == stat:
             return None
@@ -366,9 +419,12 @@ class DagBag:
         return dag is not None and not (dag.fileloc and self._changed(snapshot, dag.fileloc))
 
     def get_dag(self, dag_id: str) -> DAG:
-        """The DAG, (re)loading the folder first if it is unknown or its file changed."""
+        """The DAG, (re)loading the folder first if it is unknown or its file changed. A slow
+        file (another DAG's, maybe) is waited for only if the DAG is not found without it."""
         if not self.is_current(dag_id):
-            self.collect()
+            self.collect(wait_slow=False)
+            if dag_id not in self._snapshot.dags and self._slow:
+                self.collect()
         snapshot = self._snapshot
         dag = snapshot.dags.get(dag_id)
         if dag is None:

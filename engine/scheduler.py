@@ -23,8 +23,10 @@ A third task probes the database every second or so, to know when the scheduler 
 it (engine/contact.py): heartbeats missed while the database hung are not a worker's silence.
 
 Rescan requests go over two channels: a requester LISTENs on ``deferral_dag_rescanned``, then
-NOTIFYs ``deferral_dag_rescan`` with a token of its own; a scheduler answers
-``scanning <token>`` when it starts the rescan and ``done <token>`` when the DAGs are recorded.
+NOTIFYs ``deferral_dag_rescan`` with a token of its own (and the id of the DAG it looks for,
+``<token> <dag_id>``); a scheduler answers ``scanning <token>`` when it starts the rescan and
+``done <token>`` when the DAGs are recorded. A DAG file whose import is slow is waited for by
+that rescan only if the DAG asked for was not found without it (or no DAG was named).
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Asks running schedulers to rescan their DAGs folder now (payload: the requester's token).
+#: Asks running schedulers to rescan their DAGs folder now (payload: the requester's token, and
+#: after a space the DAG id it looks for, if any).
 CHANNEL_DAG_RESCAN = "deferral_dag_rescan"
 #: Their answers: ``scanning <token>``, then ``done <token>``.
 CHANNEL_DAG_RESCANNED = "deferral_dag_rescanned"
@@ -90,12 +93,19 @@ LOG_RETENTION_BATCH = 1000
 LOG_RETENTION_BATCHES = 20
 
 
-async def sync_dags(store: Store, dagbag: DagBag, recorder: DagRecorder | None = None) -> int:
+async def sync_dags(
+    store: Store,
+    dagbag: DagBag,
+    recorder: DagRecorder | None = None,
+    *,
+    wait_slow: bool = True,
+) -> int:
     """Parse the DAGs folder and record every DAG's structure and schedule; returns how many.
     The DAGs recorded from this folder that it no longer holds (file removed, or DAG removed
     from its file) are marked inactive: no more scheduled runs of them. ``recorder``: the one
-    that recorded this bag's DAGs before (it remembers what it serialized)."""
-    dags = await in_daemon_thread(dagbag.collect, name="dag-scan")
+    that recorded this bag's DAGs before (it remembers what it serialized). ``wait_slow``:
+    wait for files whose import is slow (else they are recorded by a later call)."""
+    dags = await in_daemon_thread(lambda: dagbag.collect(wait_slow=wait_slow), name="dag-scan")
     count = await (recorder or DagRecorder(store)).record(dags.values())
     if dagbag.folder is not None:
         gone = await store.deactivate_missing_dags(
@@ -138,11 +148,16 @@ async def in_daemon_thread(func: Callable[[], T], *, name: str) -> T:
 
 
 async def request_rescan(
-    store: Store, *, answer_s: float = RESCAN_ANSWER_S, done_s: float = RESCAN_DONE_S
+    store: Store,
+    dag_id: str | None = None,
+    *,
+    answer_s: float = RESCAN_ANSWER_S,
+    done_s: float = RESCAN_DONE_S,
 ) -> bool:
     """Ask the running schedulers to rescan their DAGs folders now and wait until one has
-    recorded what it found; False when no scheduler answered within ``answer_s`` (none is
-    running, or it is busy) or the rescan did not end within ``done_s``."""
+    recorded what it found (``dag_id``: the DAG looked for; a slow file is waited for only if
+    that DAG is not found without it); False when no scheduler answered within ``answer_s``
+    (none is running, or it is busy) or the rescan did not end within ``done_s``."""
     token = uuid.uuid4().hex
     started, done = anyio.Event(), anyio.Event()
 
@@ -157,7 +172,7 @@ async def request_rescan(
     try:
         if not listener.connected:
             return False
-        await store.notify(CHANNEL_DAG_RESCAN, token)
+        await store.notify(CHANNEL_DAG_RESCAN, token if dag_id is None else f"{token} {dag_id}")
         with anyio.move_on_after(answer_s):
             await started.wait()
         if not started.is_set():
@@ -190,8 +205,8 @@ class Scheduler:
         self.timeout_backstop_grace_s = timeout_backstop_grace_s
         #: Seconds between two scans of the DAGs folder (setting ``dag_rescan_interval_s``).
         self.dag_rescan_interval_s = dag_rescan_interval_s
-        #: Tokens of the rescan requests not yet served.
-        self._rescan_tokens: list[str] = []
+        #: The rescan requests not yet served: their token, and the DAG each looks for.
+        self._rescan_tokens: list[tuple[str, str | None]] = []
         self._dag_ids: frozenset[str] | None = None
         self._wake = Wakeup()
         #: Wakes the DAG scan task (a rescan request, a stop).
@@ -326,7 +341,8 @@ class Scheduler:
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == CHANNEL_DAG_RESCAN:
-            self._rescan_tokens.append(payload)
+            token, _, dag_id = payload.partition(" ")
+            self._rescan_tokens.append((token, dag_id or None))
             self._rescan.set()
         else:
             self._wake.set()
@@ -336,15 +352,19 @@ class Scheduler:
         a line when the DAGs or the import errors changed (the errors themselves are logged by
         the bag, once per change of their file), saying when the next scan is."""
         tokens, self._rescan_tokens = self._rescan_tokens, []
-        for token in tokens:
+        for token, _ in tokens:
             await self.store.notify(CHANNEL_DAG_RESCANNED, f"scanning {token}")
         imports, written = dagbag.imports, self.recorder.written
         try:
-            await sync_dags(self.store, dagbag, self.recorder)
+            await sync_dags(self.store, dagbag, self.recorder, wait_slow=False)
+            wanted = {dag_id for _, dag_id in tokens}
+            if tokens and dagbag.slow_imports and not wanted <= set(dagbag.dags):
+                # A DAG asked for (or any, when none was named) may be in a slow file.
+                await sync_dags(self.store, dagbag, self.recorder, wait_slow=True)
         except BaseException:
             self._rescan_tokens[:0] = tokens  # served by the next try
             raise
-        for token in tokens:
+        for token, _ in tokens:
             await self.store.notify(CHANNEL_DAG_RESCANNED, f"done {token}")
         dag_ids = frozenset(dagbag.dags)
         imported, wrote = dagbag.imports - imports, self.recorder.written - written

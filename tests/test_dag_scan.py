@@ -71,10 +71,20 @@ _SLOW = """
 """
 
 
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine", *args], env=env, capture_output=True, timeout=60
+    )
+
+
 @pytest.mark.subprocess
+@pytest.mark.parametrize("when", ["on_change", "at_start"])
 async def test_a_dag_file_hanging_at_import_holds_up_no_scheduling_pass(
-    store: Store, children: Children, tmp_path: Path
+    store: Store, children: Children, tmp_path: Path, when: str
 ) -> None:
+    # The slow file hangs when it changes under a running scheduler (on_change: its scan
+    # re-imports it) or from the first scan on (at_start). Meanwhile runs of other DAGs run and
+    # end, a new DAG file is found when `dags trigger` asks for it, and /readyz stays ready.
     dags = tmp_path / "dags"
     dags.mkdir()
     block, started, release = (tmp_path / n for n in ("block", "started", "release"))
@@ -86,7 +96,11 @@ async def test_a_dag_file_hanging_at_import_holds_up_no_scheduling_pass(
         )
         slow.write_text(textwrap.dedent(source))
 
-    write_slow("before")
+    if when == "at_start":
+        block.write_text("")
+        write_slow("after")
+    else:
+        write_slow("before")
     (dags / "canary.py").write_text(textwrap.dedent(_CANARY))
     port = free_port()
     children.env.update(
@@ -94,68 +108,73 @@ async def test_a_dag_file_hanging_at_import_holds_up_no_scheduling_pass(
         DEFERRAL_DAG_RESCAN_INTERVAL_S="0.2",
         DEFERRAL_DAG_FILE_PROCESSOR_TIMEOUT_S="600",  # the hang must not end by itself
     )
+    # (The CLI without the folder: it asks the scheduler, as on a machine without the files.)
+    cli_env = {k: v for k, v in children.env.items() if k != "DEFERRAL_DAGS_FOLDER"}
     readyz = f"http://127.0.0.1:{port}/readyz"
 
-    async def run_state(run_id: str) -> str | None:
-        run = await store.get_dag_run("canary", run_id)
+    async def slow_tasks() -> list[str]:
+        dag = await store.get_dag("slow")
+        return [] if dag is None else [t["task_id"] for t in dag.tasks]
+
+    async def known(dag_id: str) -> bool:
+        return await store.get_dag(dag_id) is not None
+
+    async def run_state(dag_id: str, run_id: str) -> str | None:
+        run = await store.get_dag_run(dag_id, run_id)
         return None if run is None else run.state
 
     async with explained(children):
         children.start("scheduler", "--metrics-port", str(port), name="scheduler")
         children.start("worker", name="worker")
+        await wait_until(lambda: known("canary"), what="the first scan")
+        if when == "on_change":
 
-        async def recorded(task_id: str) -> bool:
-            dag = await store.get_dag("slow")
-            return dag is not None and [t["task_id"] for t in dag.tasks] == [task_id]
+            async def recorded_before() -> bool:
+                return await slow_tasks() == ["before"]
 
-        async def canary_known() -> bool:
-            return await store.get_dag("canary") is not None
-
-        await wait_until(lambda: recorded("before"), what="the first scan")
-        await wait_until(canary_known, what="the first scan")
-        # The worker loads the folder once, with a run of the canary, before the hang.
-        await store.create_dag_run("canary", "warm", logical_date=await store.now())
-
-        async def ended(run_id: str) -> bool:
-            return await run_state(run_id) not in (None, "running", "queued")
-
-        await wait_until(lambda: ended("warm"), what="the warm-up run to end")
-
-        block.write_text("")
-        write_slow("after")  # changed: the next scan imports it, and hangs there
+            await wait_until(recorded_before, what="the first scan")
+            block.write_text("")
+            write_slow("after")  # changed: the next scan imports it, and hangs there
 
         async def hanging() -> bool:
             return started.exists()
 
         await wait_until(hanging, what="the scheduler's scan to hang in the slow file")
-        cli_env = {k: v for k, v in children.env.items() if k != "DEFERRAL_DAGS_FOLDER"}
-        trigger = await anyio.to_thread.run_sync(
-            lambda: subprocess.run(
-                [sys.executable, "-m", "engine", "dags", "trigger", "canary", "--run-id", "c1"],
-                env=cli_env,
-                capture_output=True,
-                timeout=60,
-            )
-        )
-        assert trigger.returncode == 0, trigger.stderr.decode()
         answers: list[int] = []
 
-        async def canary_ended_while_ready() -> bool:
+        async def ended_while_ready(dag_id: str, run_id: str) -> bool:
             answers.append(await anyio.to_thread.run_sync(_get, readyz))
-            return await ended("c1")
+            return await run_state(dag_id, run_id) not in (None, "running", "queued")
 
+        trigger = await anyio.to_thread.run_sync(
+            lambda: _cli(cli_env, "dags", "trigger", "canary", "--run-id", "c1")
+        )
+        assert trigger.returncode == 0, trigger.stderr.decode()
         # Before the fix the scan ran in the loop's pass: the run's end waited for the import
         # (and /readyz failed once the pass was 15 s late).
-        await wait_until(canary_ended_while_ready, what="the canary run to end during the hang")
-        assert await run_state("c1") == "success"
+        await wait_until(lambda: ended_while_ready("canary", "c1"), what="the canary run")
+        assert await run_state("canary", "c1") == "success"
+
+        # A new file, asked for by `dags trigger`: the rescan it asks for does not wait for the
+        # slow file either.
+        (dags / "canary2.py").write_text(textwrap.dedent(_CANARY).replace("canary", "canary2"))
+        trigger = await anyio.to_thread.run_sync(
+            lambda: _cli(cli_env, "dags", "trigger", "canary2", "--run-id", "c2")
+        )
+        assert trigger.returncode == 0, trigger.stderr.decode()
+        await wait_until(lambda: ended_while_ready("canary2", "c2"), what="the second canary")
+        assert await run_state("canary2", "c2") == "success"
         assert answers
         assert set(answers) == {200}, answers
         assert not release.exists()
-        assert not await recorded("after")  # still hanging
+        assert await slow_tasks() == ([] if when == "at_start" else ["before"])  # still hanging
 
         release.write_text("")
-        await wait_until(lambda: recorded("after"), what="the slow file to be recorded")
-    assert (await store.get_dag_run("canary", "c1")) is not None
+
+        async def recorded_after() -> bool:
+            return await slow_tasks() == ["after"]
+
+        await wait_until(recorded_after, what="the slow file to be recorded")
 
 
 # -- big DAGs, unchanged ---------------------------------------------------------------------
