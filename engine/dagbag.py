@@ -420,11 +420,12 @@ class DagBag:
 
     def get_dag(self, dag_id: str) -> DAG:
         """The DAG, (re)loading the folder first if it is unknown or its file changed. A slow
-        file (another DAG's, maybe) is waited for only if the DAG is not found without it."""
+        file is waited for only if it is the DAG's or the DAG is not found without it."""
         if not self.is_current(dag_id):
             self.collect(wait_slow=False)
-            if dag_id not in self._snapshot.dags and self._slow:
-                self.collect()
+            found = self._snapshot.dags.get(dag_id)
+            if self._slow and (found is None or Path(found.fileloc) in self._slow):
+                self.collect()  # (its file is slow to import: its new code is waited for)
         snapshot = self._snapshot
         dag = snapshot.dags.get(dag_id)
         if dag is None:

@@ -31,8 +31,10 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -261,7 +263,6 @@ class _Job:
         self.deadline = self.current_started + timeout_s
         self._buffer = b""
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
-        self._closed = False
         read_fd, write_fd = os.pipe()
         self._fd = read_fd
         try:
@@ -280,6 +281,9 @@ class _Job:
             raise
         finally:
             os.close(write_fd)
+        # A job dropped while its child still runs (a slow import nobody polls any more: its
+        # bag was dropped, or the process exits) stops it all the same.
+        self._finalizer = weakref.finalize(self, _end_job, self.child, read_fd, self._stderr)
 
     @property
     def finished(self) -> bool:
@@ -338,18 +342,24 @@ class _Job:
     def _stop(self) -> None:
         """Kill the child with its process group (no more results come)."""
         self.ended = True
-        with contextlib.suppress(ProcessLookupError):  # (what it started goes with it)
-            os.killpg(self.child.pid, signal.SIGKILL)
-        self.child.wait()
+        _kill(self.child)
 
     def close(self) -> None:
         """Stop the child and free what it held; harmless twice."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stop()
-        os.close(self._fd)
-        self._stderr.close()
+        self.ended = True
+        self._finalizer()
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # (what it started goes with it)
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _end_job(child: subprocess.Popen[bytes], fd: int, stderr: IO[bytes]) -> None:
+    _kill(child)
+    os.close(fd)
+    stderr.close()
 
 
 def _child_env(write_fd: int, folder: Path | None) -> dict[str, str]:

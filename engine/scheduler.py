@@ -108,9 +108,9 @@ async def sync_dags(
     dags = await in_daemon_thread(lambda: dagbag.collect(wait_slow=wait_slow), name="dag-scan")
     count = await (recorder or DagRecorder(store)).record(dags.values())
     if dagbag.folder is not None:
-        gone = await store.deactivate_missing_dags(
-            str(dagbag.folder), dags.keys(), dagbag.import_errors.keys()
-        )
+        # (A file still importing keeps its DAGs as they were, as one that failed to import.)
+        kept = [*dagbag.import_errors.keys(), *map(str, dagbag.slow_imports)]
+        gone = await store.deactivate_missing_dags(str(dagbag.folder), dags.keys(), kept)
         for dag_id in gone:
             log.warning(
                 "DAG %s is no longer in %s: no more scheduled runs of it (its runs stay; it "

@@ -18,7 +18,7 @@ import pytest
 
 from engine.dagbag import DagBag
 from engine.keys import Keyring
-from engine.scheduler import Scheduler, request_rescan
+from engine.scheduler import Scheduler, request_rescan, sync_dags
 from engine.store import Store
 from tests.conftest import TEST_FERNET_KEY
 from tests.helpers import free_port, wait_until
@@ -175,6 +175,41 @@ async def test_a_dag_file_hanging_at_import_holds_up_no_scheduling_pass(
             return await slow_tasks() == ["after"]
 
         await wait_until(recorded_after, what="the slow file to be recorded")
+
+
+async def test_a_dag_whose_file_is_slow_to_import_stays_active(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A scheduler (re)started while the file hangs at import: the scan that does not wait for
+    # it must not take it for a file gone (no more scheduled runs of its DAG).
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    block, started, release = (tmp_path / n for n in ("block", "started", "release"))
+    slow = dags / "a_slow.py"
+
+    def write_slow(task_id: str) -> None:
+        source = _SLOW.format(
+            block=str(block), started=str(started), release=str(release), task_id=task_id
+        )
+        slow.write_text(textwrap.dedent(source))
+
+    write_slow("before")
+    running = DagBag(dags)  # a worker's, say
+    await sync_dags(store, running)
+    block.write_text("")
+    write_slow("after")
+    bag = DagBag(dags, processor_timeout_s=600)  # a scheduler started now
+    await sync_dags(store, bag, wait_slow=False)
+    assert bag.slow_imports == [slow]
+    assert [(d.dag_id, d.is_active) for d in await store.list_dags()] == [("slow", True)]
+
+    # The worker's bag, which loaded the file before it changed, hands its import off too, but
+    # to run the DAG it waits for the file's new code.
+    running.collect(wait_slow=False)
+    assert running.slow_imports == [slow]
+    release.write_text("")
+    assert list(running.get_dag("slow").tasks) == ["after"]
 
 
 # -- big DAGs, unchanged ---------------------------------------------------------------------
