@@ -22,6 +22,7 @@ import anyio
 import msgspec
 
 from engine.dagruns import next_run
+from engine.retry import REFUSED_DATA_ERRORS
 from engine.store.schedules import NextRun
 from engine.timetables import DataInterval
 
@@ -76,6 +77,8 @@ class DagRecorder:
         #: introspection.
         self.serialized = 0
         self.written = 0
+        #: DAG rows the database refused to store (bad data, logged).
+        self.refused = 0
 
     async def record(self, dags: Iterable[DAG]) -> int:
         """Record the DAGs (those whose row differs); for those new or whose schedule changed,
@@ -115,14 +118,26 @@ class DagRecorder:
         changed: list[NextRun] = []
         now: dt.datetime | None = None
         for record in records:
-            reschedule = await self.store.upsert_dag(
-                record.dag_id,
-                record.fileloc,
-                record.tasks,
-                record.description,
-                record.schedule,
-                fingerprint=record.fingerprint,
-            )
+            try:
+                reschedule = await self.store.upsert_dag(
+                    record.dag_id,
+                    record.fileloc,
+                    record.tasks,
+                    record.description,
+                    record.schedule,
+                    fingerprint=record.fingerprint,
+                )
+            except REFUSED_DATA_ERRORS as exc:
+                # That DAG only: the others are recorded (it is tried again at the next scan).
+                self.refused += 1
+                log.error(
+                    "DAG %s (%s) cannot be recorded, the database refuses it: %s: %s",
+                    record.dag_id,
+                    record.fileloc,
+                    type(exc).__name__,
+                    exc,
+                )
+                continue
             self.written += 1
             log.debug("recorded DAG %s (%d tasks)", record.dag_id, len(record.tasks))
             if not reschedule:

@@ -334,6 +334,10 @@ class Scheduler:
             except TRANSIENT_ERRORS as exc:
                 await backoff.wait("recording DAGs", exc)
                 continue
+            except Exception:  # not the scheduling loop's end: logged, tried again
+                log.exception("recording the DAGs of %s failed", dagbag.folder)
+                await self._rescan.wait(self.dag_rescan_interval_s)
+                continue
             backoff.reset()
             self.dag_scans += 1
             if not self._rescan_tokens:

@@ -212,6 +212,39 @@ async def test_a_dag_whose_file_is_slow_to_import_stays_active(
     assert list(running.get_dag("slow").tasks) == ["after"]
 
 
+async def test_a_dag_the_database_refuses_is_logged_and_the_others_are_recorded(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A NUL in a description: PostgreSQL refuses the text. The scan went down with it (and
+    # with it the scheduler's loop); the scan is now beside the loop and must go on too.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "a_bad.py").write_text(
+        textwrap.dedent(_CANARY).replace('"canary"', '"bad", description="a\\x00b"')
+    )
+    (dags / "b_good.py").write_text(textwrap.dedent(_CANARY))
+    scheduler = Scheduler(store, DagBag(dags), interval_s=0.05, dag_rescan_interval_s=3600)
+    async with anyio.create_task_group() as tg:
+        await tg.start(scheduler.run)
+
+        async def recorded() -> bool:
+            return [d.dag_id for d in await store.list_dags()] == ["canary"]
+
+        await wait_until(recorded, what="the good DAG to be recorded")
+        assert await request_rescan(store)  # the scan goes on
+        passes = scheduler.housekeeping_passes
+
+        async def passing() -> bool:
+            return scheduler.housekeeping_passes > passes
+
+        await wait_until(passing, what="the scheduling loop to go on")
+        scheduler.stop()
+    assert scheduler.recorder.refused == 2
+    assert "DAG bad" in caplog.text
+    assert "cannot be recorded" in caplog.text
+
+
 # -- big DAGs, unchanged ---------------------------------------------------------------------
 
 _CHAIN = """
