@@ -73,7 +73,7 @@ async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> tuple[st
     except UnknownDag:
         if bag is not None:
             raise UnknownDag(bag.missing_dag_message(dag_id)) from None
-    if not await request_rescan(store):
+    if not await request_rescan(store, dag_id):
         raise UnknownDag(
             f"unknown DAG {dag_id!r}: no DAG of that id has been recorded, and no scheduler "
             f"answered a request to rescan its DAGs folder; {NO_FOLDER_HINT} to parse the "

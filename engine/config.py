@@ -97,9 +97,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: child process; one that overruns this (or calls `sys.exit()`, raises
     #: `KeyboardInterrupt`, ends the process) is an import error naming the file and the cause,
     #: and only files that imported cleanly there are imported by the worker or scheduler. A
-    #: file that overran is tried again once it changes.
+    #: file that overran is tried again once it changes. The scheduler scans its folder beside
+    #: its scheduling loop: a slow file delays the recording of DAGs, never a scheduling pass.
     dag_file_processor_timeout_s: float = DEFAULT_DAG_FILE_PROCESSOR_TIMEOUT_S
-    #: How often the scheduler scans the DAGs folder for new, changed and removed files. Each
+    #: How often the scheduler scans the DAGs folder for new, changed and removed files, in a
+    #: task of its own beside the scheduling loop. A file is imported again only when its
+    #: content changed (its modification time, size or inode, then its SHA-256), and a DAG is
+    #: written to the database only when what is recorded of it changed (a hash of it): a scan
+    #: of an unchanged folder costs a `stat` per file. Each
     #: import error is logged once per change of its file (a short line, the traceback under
     #: it), followed by a line saying when the next scan is. `deferral dags trigger` without
     #: `--dags`, for a DAG the database does not know yet, asks the running scheduler to scan
@@ -152,7 +157,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: How often an idle worker polls for runnable tasks when no notification came (the
     #: backstop to LISTEN/NOTIFY).
     worker_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
-    #: How often a worker heartbeats itself and all its running tasks (one statement).
+    #: How often a worker heartbeats itself and all its running tasks (one statement, on a
+    #: connection of its own: a heartbeat unanswered after twice this, at least 2 s, is given
+    #: up and sent again on a new connection). Keep it well under half of
+    #: `zombie_threshold_s`.
     worker_heartbeat_s: float = 5.0
     #: After SIGTERM, how long running tasks may finish before the worker exits; tasks still
     #: running are reaped and retried per their policy.
@@ -199,8 +207,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: How often the scheduler runs its housekeeping (it is also woken by notifications).
     scheduler_interval_s: float = 1.0
     #: A running task whose worker has not heartbeated for this long is failed (retries
-    #: apply). Triggers nobody waits on are dropped once this old (the scheduler looks every
-    #: half of it).
+    #: apply). Silence counts only while the scheduler itself reaches the database: a gap of
+    #: more than half of this between its probes (the database hung or restarted, the network
+    #: was cut, the scheduler was paused) starts the count again. Triggers nobody waits on are
+    #: dropped once this old (the scheduler looks every half of it).
     zombie_threshold_s: float = 30.0
     #: How late a deferral deadline may be before the scheduler ends the deferral itself
     #: (normally the triggerer does it on time with a loop timer).

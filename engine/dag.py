@@ -6,7 +6,7 @@ import datetime as dt
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import Token
 from typing import Any
 
@@ -33,6 +33,29 @@ _by_module: dict[str, list[DAG]] = {}
 def dags_of_module(module_name: str) -> list[DAG]:
     """The DAGs created by code of that module (its import, usually)."""
     return list(_by_module.get(module_name, ()))
+
+
+def _weight_summer(weights: list[int]) -> Callable[[int], int]:
+    """A function that sums ``weights[i]`` over the bits ``i`` set in a bit set: the weights
+    less their minimum, one bit plane at a time (a popcount each), plus the minimum per task.
+    With every weight equal (the default) that is one popcount."""
+    if not weights:
+        return lambda _found: 0
+    low = min(weights)
+    planes: list[tuple[int, int]] = []
+    for bit in range((max(weights) - low).bit_length()):
+        plane = 0
+        for i, weight in enumerate(weights):
+            if (weight - low) >> bit & 1:
+                plane |= 1 << i
+        planes.append((1 << bit, plane))
+
+    def total(found: int) -> int:
+        return low * found.bit_count() + sum(
+            value * (found & plane).bit_count() for value, plane in planes
+        )
+
+    return total
 
 
 def forget_module(module_name: str) -> None:
@@ -173,19 +196,7 @@ class DAG:
                         f"DAG {self.dag_id}: task {task.task_id} is linked to {other!r}, which "
                         "is not in this DAG"
                     )
-        indegree = {tid: len(t.upstream_task_ids) for tid, t in self.tasks.items()}
-        ready = [tid for tid, n in indegree.items() if n == 0]
-        seen = 0
-        while ready:
-            tid = ready.pop()
-            seen += 1
-            for down in self.tasks[tid].downstream_task_ids:
-                indegree[down] -= 1
-                if indegree[down] == 0:
-                    ready.append(down)
-        if seen != len(self.tasks):
-            stuck = sorted(tid for tid, n in indegree.items() if n > 0)
-            raise DagCycleError(f"DAG {self.dag_id} has a cycle through {', '.join(stuck)}")
+        self._topological_order()
 
     def serialize_tasks(self) -> list[dict[str, Any]]:
         """What the store keeps of each task to create runs and resolve dependencies."""
@@ -216,31 +227,55 @@ class DAG:
     def priority_weights(self) -> dict[str, int]:
         """Each task's priority from the ``priority_weight``s by its ``weight_rule``:
         ``downstream`` adds the weights of every task downstream of it (transitively),
-        ``upstream`` of every task upstream, ``absolute`` none."""
+        ``upstream`` of every task upstream, ``absolute`` none.
 
-        def closure(task_id: str, edges: str) -> set[str]:
-            seen: set[str] = set()
-            stack = [task_id]
-            while stack:
-                for other in getattr(self.tasks[stack.pop()], edges):
-                    if other not in seen:
-                        seen.add(other)
-                        stack.append(other)
-            return seen
-
+        The tasks up- or downstream of each task are a bit set (a Python int, one bit per
+        task), built once in topological order from those of its neighbours; a sum is a few
+        ``popcount``s. (Walking each task's relatives took 17 s for a chain of 5,000 tasks.)"""
+        ids = list(self.tasks)
+        index = {task_id: i for i, task_id in enumerate(ids)}
+        order = self._topological_order()
+        rules = {task.weight_rule for task in self.tasks.values()}
+        reach: dict[str, dict[str, int]] = {}
+        for edges, ordered in (
+            ("downstream_task_ids", order[::-1]),
+            ("upstream_task_ids", order),
+        ):
+            if edges.removesuffix("_task_ids") not in rules:
+                continue
+            sets: dict[str, int] = {}
+            for task_id in ordered:
+                found = 0
+                for other in getattr(self.tasks[task_id], edges):
+                    found |= sets[other] | (1 << index[other])
+                sets[task_id] = found
+            reach[edges.removesuffix("_task_ids")] = sets
+        add = _weight_summer([self.tasks[task_id].priority_weight for task_id in ids])
         weights: dict[str, int] = {}
         for task_id, task in self.tasks.items():
             weight = task.priority_weight
             if task.weight_rule != "absolute":
-                edges = (
-                    "downstream_task_ids"
-                    if task.weight_rule == "downstream"
-                    else ("upstream_task_ids")
-                )
-                weight += sum(self.tasks[o].priority_weight for o in closure(task_id, edges))
+                weight += add(reach[task.weight_rule][task_id])
             # (Summed weights may leave the database's 32-bit integer: clamped, as Airflow does.)
             weights[task_id] = max(-INT32_MAX - 1, min(weight, INT32_MAX))
         return weights
+
+    def _topological_order(self) -> list[str]:
+        """Task ids, each after all its upstreams (Kahn); raises DagCycleError on a cycle."""
+        indegree = {task_id: len(t.upstream_task_ids) for task_id, t in self.tasks.items()}
+        ready = [task_id for task_id, n in indegree.items() if n == 0]
+        order: list[str] = []
+        while ready:
+            task_id = ready.pop()
+            order.append(task_id)
+            for down in self.tasks[task_id].downstream_task_ids:
+                indegree[down] -= 1
+                if indegree[down] == 0:
+                    ready.append(down)
+        if len(order) != len(self.tasks):
+            stuck = sorted(task_id for task_id, n in indegree.items() if n > 0)
+            raise DagCycleError(f"DAG {self.dag_id} has a cycle through {', '.join(stuck)}")
+        return order
 
     def serialize_schedule(self) -> dict[str, Any]:
         """What the store keeps of the DAG's schedule, to create its runs without it."""

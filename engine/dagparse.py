@@ -23,21 +23,25 @@ import importlib
 import importlib.util
 import json
 import os
-import selectors
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "RESERVED_NAMES",
     "TIMEOUT_SETTING",
     "Failure",
+    "SlowImport",
     "check_files",
     "import_dag_file",
     "reserved_name_error",
@@ -55,6 +59,9 @@ TIMEOUT_SETTING = "dag_file_processor_timeout_s"
 RESERVED_NAMES = frozenset({"engine", "triggers", "operators", "benchmarks"})
 
 _FD_ENV = "DEFERRAL_DAGPARSE_FD"
+_PARENT_ENV = "DEFERRAL_DAGPARSE_PARENT"
+#: How often the child checks that its parent still runs.
+_PARENT_CHECK_S = 0.5
 #: At most this much of a dead child's stderr goes into an import error.
 _STDERR_TAIL = 2000
 
@@ -171,18 +178,188 @@ def describe(file: Path, exc: BaseException) -> str:
 
 
 def check_files(
-    folder: Path | None, files: Sequence[Path], *, timeout_s: float
-) -> dict[Path, Failure | None]:
+    folder: Path | None,
+    files: Sequence[Path],
+    *,
+    timeout_s: float,
+    slow_s: float | None = None,
+) -> tuple[dict[Path, Failure | None], list[SlowImport]]:
     """Import each file in a child process; returns, per file, None if it imported cleanly or
-    why it did not. A child that dies or overruns is replaced for the files
-    after the one it was importing."""
+    why it did not. A child that dies or overruns is replaced for the files after the one it
+    was importing.
+
+    With ``slow_s``: a file still importing after that long is left to its child (a
+    :class:`SlowImport`, returned second, which the caller polls later) and the files after it
+    go to a new child, so one slow file holds up no other; its result is not in the first
+    map."""
     results: dict[Path, Failure | None] = {}
+    slow: list[SlowImport] = []
     remaining = list(files)
     while remaining:
-        done = _run_child(folder, remaining, timeout_s)
-        results.update(done)
-        remaining = remaining[len(done) :]
-    return results
+        job = _Job(folder, remaining, timeout_s)
+        handed_off = False
+        try:
+            while not job.finished:
+                wait = job.deadline - time.monotonic()
+                if slow_s is not None and job.ready:
+                    wait = min(wait, job.current_started + slow_s - time.monotonic())
+                    if wait <= 0 and job.deadline > time.monotonic():
+                        slow.append(SlowImport(job))
+                        handed_off = True
+                        break
+                job.poll(max(wait, 0.0))
+        finally:
+            if not handed_off:
+                job.close()
+        results.update(job.results)
+        remaining = remaining[len(job.results) + handed_off :]
+    return results, slow
+
+
+class SlowImport:
+    """A file whose import outlasted ``slow_s``, still running in its child. :meth:`poll`
+    returns its result once there is one (the child is then stopped); :meth:`close` stops it
+    sooner (its file changed or went away)."""
+
+    def __init__(self, job: _Job) -> None:
+        self._job = job
+        self._index = len(job.results)
+        self.file = job.files[self._index]
+
+    def poll(self) -> tuple[bool, Failure | None]:
+        """``(True, result)`` once the file's import ended (the child is then stopped),
+        ``(False, None)`` while it goes on within its time."""
+        job = self._job
+        if self.file not in job.results and not job.finished:
+            job.poll(0.0)
+        if self.file not in job.results:
+            return False, None
+        self.close()
+        return True, job.results[self.file]
+
+    def wait(self) -> Failure | None:
+        """The file's result, once there is one (within its time: an overrun is a failure)."""
+        job = self._job
+        while self.file not in job.results and not job.finished:
+            job.poll(max(job.deadline - time.monotonic(), 0.0))
+        self.close()
+        return job.results.get(self.file, Failure(f"importing DAG file {self.file} was stopped"))
+
+    def close(self) -> None:
+        self._job.close()
+
+
+class _Job:
+    """One child importing ``files`` in order, and what it reported so far."""
+
+    def __init__(self, folder: Path | None, files: list[Path], timeout_s: float) -> None:
+        self.files = files
+        self.timeout_s = timeout_s
+        self.results: dict[Path, Failure | None] = {}
+        self.ready = False
+        #: The child ended (EOF) or was stopped: no more results will come.
+        self.ended = False
+        self.current_started = time.monotonic()
+        self.deadline = self.current_started + timeout_s
+        self._buffer = b""
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        read_fd, write_fd = os.pipe()
+        self._fd = read_fd
+        try:
+            self.child = subprocess.Popen(
+                [sys.executable, "-m", "engine.dagparse", str(folder or ""), *map(str, files)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+                pass_fds=(write_fd,),
+                env=_child_env(write_fd, folder),
+                start_new_session=True,  # its process group is killed with it
+            )
+        except BaseException:
+            os.close(read_fd)
+            self._stderr.close()
+            raise
+        finally:
+            os.close(write_fd)
+        # A job dropped while its child still runs (a slow import nobody polls any more: its
+        # bag was dropped, or the process exits) stops it all the same.
+        self._finalizer = weakref.finalize(self, _end_job, self.child, read_fd, self._stderr)
+
+    @property
+    def finished(self) -> bool:
+        return self.ended or len(self.results) == len(self.files)
+
+    def poll(self, wait_s: float) -> None:
+        """Read what the child wrote within ``wait_s`` (0: what is there now); record the
+        file it overran its time on, or died on."""
+        if self.finished:
+            return
+        ready = select.select([self._fd], [], [], max(0.0, wait_s))[0]
+        if not ready:
+            if time.monotonic() >= self.deadline:
+                self._overran()
+            return
+        chunk = os.read(self._fd, 65536)
+        if not chunk:
+            self._died()
+            return
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            message = json.loads(line)
+            if message.get("ready"):
+                self.ready = True
+            else:
+                error = message["error"]
+                self.results[self.files[message["i"]]] = None if error is None else Failure(error)
+            self.current_started = time.monotonic()
+            self.deadline = self.current_started + self.timeout_s
+
+    def _overran(self) -> None:
+        file = self.files[len(self.results)]
+        what = f"importing DAG file {file}" if self.ready else "starting to import DAG files"
+        self.results[file] = Failure(
+            f"{what} took longer than {self.timeout_s:g} s (setting {TIMEOUT_SETTING}); "
+            "the import was stopped",
+            # A child too slow to start blames no file for good: tried again next time.
+            timed_out=self.ready,
+        )
+        self.ended = True
+        self.close()
+
+    def _died(self) -> None:
+        self._stop()
+        if len(self.results) < len(self.files):
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode("utf-8", "replace")[-_STDERR_TAIL:].rstrip()
+            file = self.files[len(self.results)]
+            self.results[file] = Failure(
+                f"importing DAG file {file} ended the process that imported it "
+                f"(exit code {self.child.returncode})" + (f":\n{tail}" if tail else "")
+            )
+        self.close()
+
+    def _stop(self) -> None:
+        """Kill the child with its process group (no more results come)."""
+        self.ended = True
+        _kill(self.child)
+
+    def close(self) -> None:
+        """Stop the child and free what it held; harmless twice."""
+        self.ended = True
+        self._finalizer()
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # (what it started goes with it)
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _end_job(child: subprocess.Popen[bytes], fd: int, stderr: IO[bytes]) -> None:
+    _kill(child)
+    os.close(fd)
+    stderr.close()
 
 
 def _child_env(write_fd: int, folder: Path | None) -> dict[str, str]:
@@ -194,90 +371,25 @@ def _child_env(write_fd: int, folder: Path | None) -> dict[str, str]:
     skip = {str(folder)} if folder is not None else set()
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and p not in skip)
     env[_FD_ENV] = str(write_fd)
+    env[_PARENT_ENV] = str(os.getpid())
     return env
 
 
-def _run_child(
-    folder: Path | None, files: list[Path], timeout_s: float
-) -> dict[Path, Failure | None]:
-    """One child for ``files`` in order; returns the results of a prefix of them (at least
-    one: the file it overran or died on)."""
-    read_fd, write_fd = os.pipe()
-    results: dict[Path, Failure | None] = {}
-    with tempfile.TemporaryFile() as stderr:
-        try:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "engine.dagparse", str(folder or ""), *map(str, files)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                pass_fds=(write_fd,),
-                env=_child_env(write_fd, folder),
-                start_new_session=True,  # its process group is killed with it
-            )
-        finally:
-            os.close(write_fd)
-        try:
-            ended = _read_results(read_fd, child, files, timeout_s, results)
-        finally:
-            os.close(read_fd)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-        if ended and len(results) < len(files):
-            stderr.seek(0)
-            tail = stderr.read().decode("utf-8", "replace")[-_STDERR_TAIL:].rstrip()
-            file = files[len(results)]
-            results[file] = Failure(
-                f"importing DAG file {file} ended the process that imported it "
-                f"(exit code {child.returncode})" + (f":\n{tail}" if tail else "")
-            )
-    return results
+def _exit_with_parent(parent: int) -> None:
+    """End this child once its parent is gone (it runs in a session of its own, so nothing
+    else stops it: a scheduler that stopped or died while a file hung at import would leave
+    it running for good)."""
 
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_CHECK_S)
+        os._exit(1)
 
-def _read_results(
-    fd: int,
-    child: subprocess.Popen[bytes],
-    files: list[Path],
-    timeout_s: float,
-    results: dict[Path, Failure | None],
-) -> bool:
-    """Collect the child's lines into ``results``; True when the child ended (EOF) before
-    reporting every file, False when all were reported or one overran (recorded)."""
-    buffer = b""
-    ready = False
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while len(results) < len(files):
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(left):
-                file = files[len(results)]
-                what = f"importing DAG file {file}" if ready else "starting to import DAG files"
-                results[file] = Failure(
-                    f"{what} took longer than {timeout_s:g} s (setting {TIMEOUT_SETTING}); "
-                    "the import was stopped",
-                    # A child too slow to start blames no file for good: tried again next time.
-                    timed_out=ready,
-                )
-                return False
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return True
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                message = json.loads(line)
-                if message.get("ready"):
-                    ready = True
-                else:
-                    error = message["error"]
-                    results[files[message["i"]]] = None if error is None else Failure(error)
-                deadline = time.monotonic() + timeout_s
-    return False
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _child_main(argv: list[str]) -> None:
+    _exit_with_parent(int(os.environ[_PARENT_ENV]))
     out = os.fdopen(int(os.environ[_FD_ENV]), "w", buffering=1)
     folder = Path(argv[0]) if argv[0] else None
     if folder is not None:

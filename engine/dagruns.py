@@ -80,35 +80,14 @@ def next_run(
 
 
 async def record_dags(store: Store, dags: Iterable[DAG]) -> int:
-    """Record the DAGs' structure and schedule; for those new or whose schedule changed,
-    compute the next scheduled run again. Returns how many DAGs were recorded."""
-    changed: list[NextRun] = []
-    count = 0
-    now: dt.datetime | None = None
-    for dag in dags:
-        count += 1
-        reschedule = await store.upsert_dag(
-            dag.dag_id, dag.fileloc, dag.serialize_tasks(), dag.description,
-            dag.serialize_schedule(),
-        )  # fmt: skip
-        if not reschedule:
-            continue
-        now = now or await store.now()
-        last = await store.last_scheduled_interval(dag.dag_id)
-        changed.append(
-            next_run(
-                dag.dag_id,
-                dag.timetable,
-                last=None if last is None else DataInterval(*last),
-                start_date=dag.start_date,
-                end_date=dag.end_date,
-                catchup=dag.catchup,
-                now=now,
-            )
-        )
-    if changed:
-        await store.set_next_dagruns(changed)
-    return count
+    """Record the DAGs' structure and schedule (those whose row differs); for those new or
+    whose schedule changed, compute the next scheduled run again. Returns how many DAGs were
+    given. A scheduler keeps one :class:`engine.dagrecord.DagRecorder` for its folder
+    instead, which remembers what it serialized."""
+    # (engine.dagrecord imports next_run from this module.)
+    from engine.dagrecord import DagRecorder
+
+    return await DagRecorder(store).record(dags)
 
 
 def _runs_due(due: DueDag, timetable: Timetable) -> tuple[list[DagRunInfo], NextRun]:

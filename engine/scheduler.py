@@ -12,9 +12,21 @@
   ``dag_rescan_interval_s``, and at once when asked (:func:`request_rescan`, which
   ``dags trigger`` uses for a DAG it does not know yet).
 
+The folder is scanned by a task of its own, beside the scheduling loop: a file that takes a
+minute to import holds up the recording of the DAGs, never a pass of the loop (runs are
+created, started and ended meanwhile, and readiness holds). A scan imports only the files
+whose content changed and writes only the DAGs whose record changed (engine/dagbag.py,
+engine/dagrecord.py): a scan of an unchanged folder costs a ``stat`` per file and two
+statements.
+
+A third task probes the database every second or so, to know when the scheduler could reach
+it (engine/contact.py): heartbeats missed while the database hung are not a worker's silence.
+
 Rescan requests go over two channels: a requester LISTENs on ``deferral_dag_rescanned``, then
-NOTIFYs ``deferral_dag_rescan`` with a token of its own; a scheduler answers
-``scanning <token>`` when it starts the rescan and ``done <token>`` when the DAGs are recorded.
+NOTIFYs ``deferral_dag_rescan`` with a token of its own (and the id of the DAG it looks for,
+``<token> <dag_id>``); a scheduler answers ``scanning <token>`` when it starts the rescan and
+``done <token>`` when the DAGs are recorded. A DAG file whose import is slow is waited for by
+that rescan only if the DAG asked for was not found without it (or no DAG was named).
 """
 
 from __future__ import annotations
@@ -23,16 +35,20 @@ import contextlib
 import datetime as dt
 import logging
 import math
+import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 
 from engine import metrics as _metrics
+from engine.contact import Contact, max_gap_s, probe_interval_s
 from engine.dagbag import DagBag
-from engine.dagruns import create_due_runs, record_dags
+from engine.dagrecord import DagRecorder
+from engine.dagruns import create_due_runs
 from engine.health import Check, freshness
 from engine.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.states import STATES
@@ -50,8 +66,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-#: Asks running schedulers to rescan their DAGs folder now (payload: the requester's token).
+#: Asks running schedulers to rescan their DAGs folder now (payload: the requester's token, and
+#: after a space the DAG id it looks for, if any).
 CHANNEL_DAG_RESCAN = "deferral_dag_rescan"
 #: Their answers: ``scanning <token>``, then ``done <token>``.
 CHANNEL_DAG_RESCANNED = "deferral_dag_rescanned"
@@ -75,16 +93,24 @@ LOG_RETENTION_BATCH = 1000
 LOG_RETENTION_BATCHES = 20
 
 
-async def sync_dags(store: Store, dagbag: DagBag) -> int:
+async def sync_dags(
+    store: Store,
+    dagbag: DagBag,
+    recorder: DagRecorder | None = None,
+    *,
+    wait_slow: bool = True,
+) -> int:
     """Parse the DAGs folder and record every DAG's structure and schedule; returns how many.
     The DAGs recorded from this folder that it no longer holds (file removed, or DAG removed
-    from its file) are marked inactive: no more scheduled runs of them."""
-    dags = await anyio.to_thread.run_sync(dagbag.collect)
-    count = await record_dags(store, dags.values())
+    from its file) are marked inactive: no more scheduled runs of them. ``recorder``: the one
+    that recorded this bag's DAGs before (it remembers what it serialized). ``wait_slow``:
+    wait for files whose import is slow (else they are recorded by a later call)."""
+    dags = await in_daemon_thread(lambda: dagbag.collect(wait_slow=wait_slow), name="dag-scan")
+    count = await (recorder or DagRecorder(store)).record(dags.values())
     if dagbag.folder is not None:
-        gone = await store.deactivate_missing_dags(
-            str(dagbag.folder), dags.keys(), dagbag.import_errors.keys()
-        )
+        # (A file still importing keeps its DAGs as they were, as one that failed to import.)
+        kept = [*dagbag.import_errors.keys(), *map(str, dagbag.slow_imports)]
+        gone = await store.deactivate_missing_dags(str(dagbag.folder), dags.keys(), kept)
         for dag_id in gone:
             log.warning(
                 "DAG %s is no longer in %s: no more scheduled runs of it (its runs stay; it "
@@ -95,12 +121,43 @@ async def sync_dags(store: Store, dagbag: DagBag) -> int:
     return count
 
 
+async def in_daemon_thread(func: Callable[[], T], *, name: str) -> T:
+    """``func()`` in a daemon thread of its own. Unlike a worker thread of anyio, a cancelled
+    caller does not wait for it, and it does not hold up the process's exit: a DAG file that
+    takes minutes to import must not delay a stopping scheduler (its import child notices
+    that its parent is gone and ends, engine/dagparse.py)."""
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, func()))
+        except BaseException as exc:  # handed to the caller
+            outcome.append((False, exc))
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    await done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    result: T = value
+    return result
+
+
 async def request_rescan(
-    store: Store, *, answer_s: float = RESCAN_ANSWER_S, done_s: float = RESCAN_DONE_S
+    store: Store,
+    dag_id: str | None = None,
+    *,
+    answer_s: float = RESCAN_ANSWER_S,
+    done_s: float = RESCAN_DONE_S,
 ) -> bool:
     """Ask the running schedulers to rescan their DAGs folders now and wait until one has
-    recorded what it found; False when no scheduler answered within ``answer_s`` (none is
-    running, or it is busy) or the rescan did not end within ``done_s``."""
+    recorded what it found (``dag_id``: the DAG looked for; a slow file is waited for only if
+    that DAG is not found without it); False when no scheduler answered within ``answer_s``
+    (none is running, or it is busy) or the rescan did not end within ``done_s``."""
     token = uuid.uuid4().hex
     started, done = anyio.Event(), anyio.Event()
 
@@ -115,7 +172,7 @@ async def request_rescan(
     try:
         if not listener.connected:
             return False
-        await store.notify(CHANNEL_DAG_RESCAN, token)
+        await store.notify(CHANNEL_DAG_RESCAN, token if dag_id is None else f"{token} {dag_id}")
         with anyio.move_on_after(answer_s):
             await started.wait()
         if not started.is_set():
@@ -148,16 +205,21 @@ class Scheduler:
         self.timeout_backstop_grace_s = timeout_backstop_grace_s
         #: Seconds between two scans of the DAGs folder (setting ``dag_rescan_interval_s``).
         self.dag_rescan_interval_s = dag_rescan_interval_s
-        #: Tokens of the rescan requests not yet served.
-        self._rescan_tokens: list[str] = []
+        #: The rescan requests not yet served: their token, and the DAG each looks for.
+        self._rescan_tokens: list[tuple[str, str | None]] = []
         self._dag_ids: frozenset[str] | None = None
         self._wake = Wakeup()
+        #: Wakes the DAG scan task (a rescan request, a stop).
+        self._rescan = Wakeup()
         self._stopping = False
         self._orphans_swept_at = -math.inf
-        #: Database time at which the scheduler regained contact after losing it (None: it
-        #: never lost it). Heartbeats are not counted as missed before then.
-        self.contact_since: dt.datetime | None = None
-        self._contact_lost = False
+        #: When this scheduler could reach the database (engine/contact.py): heartbeats are
+        #: counted as missed only over its current unbroken contact.
+        self.contact = Contact()
+        #: Records the DAGs of the folder, remembering what it serialized.
+        self.recorder = DagRecorder(store)
+        #: Scans of the DAGs folder completed (for tests and introspection).
+        self.dag_scans = 0
         #: Setting ``log_retention_days`` (0: log lines are kept forever).
         self.log_retention_days = log_retention_days
         self._logs_swept_at = -math.inf
@@ -173,11 +235,24 @@ class Scheduler:
         self.pass_at: float | None = None
         self._fleet_at = -math.inf
 
+    @property
+    def contact_since(self) -> dt.datetime | None:
+        """Database time at which the scheduler's current unbroken contact with the database
+        began (None: none yet). Heartbeats are not counted as missed before then."""
+        return self.contact.since
+
+    @property
+    def max_gap_s(self) -> float:
+        """The longest gap between two contacts that counts as unbroken contact (half of
+        ``zombie_threshold_s``)."""
+        return max_gap_s(self.zombie_threshold_s)
+
     def stop(self) -> None:
         """Graceful stop; safe before ``run`` (which then returns at once) and more than once;
         a stopped scheduler stays stopped."""
         self._stopping = True
         self._wake.set()
+        self._rescan.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
@@ -190,42 +265,14 @@ class Scheduler:
             # Listening before the first scan: a rescan asked for once that scan is logged
             # is seen.
             await self._listen(listener)
-            if self.dagbag is not None:
-                dagbag = self.dagbag
-                await with_db_retry("record DAGs", lambda: self._sync_dags(dagbag))
             self.id = await with_db_retry("register the scheduler", self.store.register_scheduler)
-            task_status.started()
-            last_sync = last_housekeeping = time.monotonic()
-            backoff = Backoff()
-            while not self._stopping:
-                try:
-                    if self._contact_lost:
-                        self.contact_since = await self.store.now()
-                        self._contact_lost = False
-                    await self.finish_runs()
-                    await self.create_runs()
-                    now = time.monotonic()
-                    if now - last_housekeeping >= self.interval_s:
-                        last_housekeeping = now
-                        await self.housekeeping()
-                        await self._listen(listener)
-                    if self.dagbag is not None and (
-                        self._rescan_tokens or now - last_sync >= self.dag_rescan_interval_s
-                    ):
-                        last_sync = now
-                        await self._sync_dags(self.dagbag)
-                    # Inside the try: the query that finds the next due run can lose its
-                    # connection as any other (it once took the scheduler down).
-                    wait_s = await self._until_next_pass()
-                except TRANSIENT_ERRORS as exc:
-                    # The workers may have lost the database too: their heartbeats are counted
-                    # again only from when contact is back.
-                    self._contact_lost = True
-                    await backoff.wait("scheduler pass", exc)
-                    continue
-                backoff.reset()
-                self.pass_at = time.monotonic()
-                await self._wake.wait(wait_s)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._keep_contact, name="scheduler-contact")
+                if self.dagbag is not None:
+                    tg.start_soon(self._scan_dags, self.dagbag, name="scheduler-dag-scan")
+                task_status.started()
+                await self._schedule(listener)
+                tg.cancel_scope.cancel()
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
@@ -233,32 +280,107 @@ class Scheduler:
                     with contextlib.suppress(*TRANSIENT_ERRORS):
                         await self.store.unregister_scheduler(self.id)
 
+    async def _schedule(self, listener: Listener) -> None:
+        """The scheduling loop: passes until stopped. No pass waits for the DAGs folder."""
+        last_housekeeping = time.monotonic()
+        backoff = Backoff()
+        failed = False
+        while not self._stopping:
+            try:
+                if failed or self.contact.broken:
+                    # Silence counts from here: this loop could not do its work until now.
+                    self.contact.restart(await self.store.now())
+                    failed = False
+                await self.finish_runs()
+                await self.create_runs()
+                now = time.monotonic()
+                if now - last_housekeeping >= self.interval_s:
+                    last_housekeeping = now
+                    await self.housekeeping()
+                    await self._listen(listener)
+                # Inside the try: the query that finds the next due run can lose its
+                # connection as any other (it once took the scheduler down).
+                wait_s = await self._until_next_pass()
+            except TRANSIENT_ERRORS as exc:
+                # The workers may have lost the database too: their heartbeats are counted
+                # again only from when contact is back.
+                self.contact.lost()
+                failed = True
+                await backoff.wait("scheduler pass", exc)
+                continue
+            backoff.reset()
+            self.pass_at = time.monotonic()
+            await self._wake.wait(wait_s)
+
+    async def _keep_contact(self) -> None:
+        """Probe the database every :func:`engine.contact.probe_interval_s`: each answer is a
+        contact at the database time its statement started."""
+        while not self._stopping:
+            try:
+                at = await self.store.now()
+            except TRANSIENT_ERRORS:
+                self.contact.lost()  # (the scheduling loop reports its own errors)
+            else:
+                self.contact.seen(at, self.max_gap_s)
+            await anyio.sleep(probe_interval_s(self.zombie_threshold_s))
+
+    async def _scan_dags(self, dagbag: DagBag) -> None:
+        """Scan the folder and record its DAGs every ``dag_rescan_interval_s`` and when asked,
+        beside the scheduling loop (which never waits for it)."""
+        backoff = Backoff()
+        while not self._stopping:
+            try:
+                await self._sync_dags(dagbag)
+            except TRANSIENT_ERRORS as exc:
+                await backoff.wait("recording DAGs", exc)
+                continue
+            except Exception:  # not the scheduling loop's end: logged, tried again
+                log.exception("recording the DAGs of %s failed", dagbag.folder)
+                await self._rescan.wait(self.dag_rescan_interval_s)
+                continue
+            backoff.reset()
+            self.dag_scans += 1
+            if not self._rescan_tokens:
+                await self._rescan.wait(self.dag_rescan_interval_s)
+
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == CHANNEL_DAG_RESCAN:
-            self._rescan_tokens.append(payload)
-        self._wake.set()
+            token, _, dag_id = payload.partition(" ")
+            self._rescan_tokens.append((token, dag_id or None))
+            self._rescan.set()
+        else:
+            self._wake.set()
 
     async def _sync_dags(self, dagbag: DagBag) -> None:
         """Scan the folder and record its DAGs, answering the rescan requests it serves. Logs
         a line when the DAGs or the import errors changed (the errors themselves are logged by
         the bag, once per change of their file), saying when the next scan is."""
         tokens, self._rescan_tokens = self._rescan_tokens, []
-        for token in tokens:
+        for token, _ in tokens:
             await self.store.notify(CHANNEL_DAG_RESCANNED, f"scanning {token}")
+        imports, written = dagbag.imports, self.recorder.written
         try:
-            await sync_dags(self.store, dagbag)
+            await sync_dags(self.store, dagbag, self.recorder, wait_slow=False)
+            wanted = {dag_id for _, dag_id in tokens}
+            if tokens and dagbag.slow_imports and not wanted <= set(dagbag.dags):
+                # A DAG asked for (or any, when none was named) may be in a slow file.
+                await sync_dags(self.store, dagbag, self.recorder, wait_slow=True)
         except BaseException:
             self._rescan_tokens[:0] = tokens  # served by the next try
             raise
-        for token in tokens:
+        for token, _ in tokens:
             await self.store.notify(CHANNEL_DAG_RESCANNED, f"done {token}")
         dag_ids = frozenset(dagbag.dags)
-        if dag_ids != self._dag_ids or dagbag.newly_reported:
+        imported, wrote = dagbag.imports - imports, self.recorder.written - written
+        if dag_ids != self._dag_ids or dagbag.newly_reported or imported or wrote:
             errors = len(dagbag.import_errors)
             log.info(
-                "recorded %d DAG(s) from %s%s; next scan in %g s (setting dag_rescan_interval_s)",
+                "recorded %d DAG(s) from %s (%d file(s) imported, %d DAG(s) written)%s; next "
+                "scan in %g s (setting dag_rescan_interval_s)",
                 len(dag_ids),
                 dagbag.folder,
+                imported,
+                wrote,
                 f", {errors} file(s) failed to import" if errors else "",
                 self.dag_rescan_interval_s,
             )
@@ -302,8 +424,16 @@ class Scheduler:
         return min(self.interval_s, max(next_in, MIN_WAIT_S))
 
     async def housekeeping(self) -> None:
-        zombies = await self.store.reap_zombie_tasks(
-            self.zombie_threshold_s, contact_since=self.contact_since
+        # (No contact since the last failure: nothing is reaped until there is.)
+        zombies = (
+            []
+            if self.contact.broken
+            else await self.store.reap_zombie_tasks(
+                self.zombie_threshold_s,
+                contact_since=self.contact.since,
+                last_contact=self.contact.last,
+                max_gap_s=self.max_gap_s,
+            )
         )
         await settle(self.store, zombies)
         for row in zombies:

@@ -75,6 +75,17 @@ log = logging.getLogger(__name__)
 FINISH_BATCH = 500
 FINISH_BATCH_BYTES = 4 << 20
 
+#: The shortest time a heartbeat gets to be answered (see :func:`heartbeat_timeout_s`).
+MIN_HEARTBEAT_TIMEOUT_S = 2.0
+
+
+def heartbeat_timeout_s(heartbeat_s: float) -> float:
+    """How long one heartbeat may wait for its answer: twice the heartbeat interval, at least
+    ``MIN_HEARTBEAT_TIMEOUT_S``. Past it the heartbeat is given up, its connection dropped, and
+    the next one goes on a fresh connection: a connection that hangs must not keep the worker
+    silent until the scheduler reaps its tasks while the database itself answers."""
+    return max(2 * heartbeat_s, MIN_HEARTBEAT_TIMEOUT_S)
+
 
 class _Queued:
     """An outcome waiting for the writer, and what the write made of it."""
@@ -434,7 +445,9 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         assert self.id is not None
-        beat = await self.store.heartbeat_worker(self.id, self._tries_here())
+        beat = await self.store.heartbeat_worker(
+            self.id, self._tries_here(), timeout_s=heartbeat_timeout_s(self.heartbeat_s)
+        )
         if beat.alive:
             self.heartbeat_at = time.monotonic()
             for request in beat.stop:

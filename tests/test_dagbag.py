@@ -190,6 +190,40 @@ def test_a_changed_file_is_reloaded(tmp_path: Path) -> None:
     assert bag.get_task(dag_id, "c").task_id == "c"
 
 
+def test_a_file_is_imported_again_only_when_its_content_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # cached bytecode must not be run
+    uid = _uid()
+    dag_id = f"same_{uid}"
+    path = write(tmp_path / f"same_{uid}.py", dag_source(dag_id, "a"))
+    bag = DagBag(tmp_path)
+    assert set(bag.collect()[dag_id].tasks) == {"a"}
+    assert bag.imports == 1
+
+    # The same size and modification time, other bytes, put in place by a rename (as git and
+    # deploy tools do): the inode tells, and the bytecode cached for the old bytes (checked by
+    # modification time and size) is not run.
+    before = path.stat()
+    other = tmp_path / f"tmp_{uid}.txt"
+    other.write_text(dag_source(dag_id, "b"))
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    other.replace(path)
+    second = bag.collect()[dag_id]
+    assert set(second.tasks) == {"b"}
+    assert bag.imports == 2
+
+    # Rewritten with the same bytes (a deploy copying the folder, a touch): a new stat, but the
+    # content is compared and the module kept.
+    write(path, dag_source(dag_id, "b"))
+    assert not bag.is_current(dag_id)
+    assert bag.collect()[dag_id] is second
+    assert (bag.imports, bag.unchanged_rewrites) == (2, 1)
+    assert bag.is_current(dag_id)  # the new stat is remembered: no reread before each task
+    assert bag.get_dag(dag_id) is second
+    assert (bag.imports, bag.unchanged_rewrites) == (2, 1)
+
+
 def test_a_file_that_breaks_is_reported_and_loads_again_once_fixed(tmp_path: Path) -> None:
     uid = _uid()
     dag_id = f"fixme_{uid}"

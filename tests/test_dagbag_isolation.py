@@ -98,6 +98,46 @@ def test_files_that_exit_interrupt_or_hang_are_import_errors(tmp_path: Path) -> 
     assert str(files["loops"]) not in bag.import_errors
 
 
+def test_a_slow_file_holds_up_no_other_file(tmp_path: Path) -> None:
+    # Its import goes on in its own child while the files after it are checked; the bag waits
+    # for it only when asked to (collect()) or when a DAG is not found without it.
+    uid = uuid.uuid4().hex[:8]
+    release, tries = tmp_path / "release", tmp_path / "tries.txt"
+    (tmp_path / f"a_slow_{uid}.py").write_text(
+        textwrap.dedent(f"""
+            import os, time
+            from engine import DAG
+            from operators.python import PythonOperator
+            with open({str(tries)!r}, "a") as f:
+                f.write("try\\n")
+            while not os.path.exists({str(release)!r}):
+                time.sleep(0.02)
+            with DAG(dag_id="slow_{uid}"):
+                PythonOperator(task_id="t", python_callable=print)
+        """)
+    )
+    (tmp_path / f"b_good_{uid}.py").write_text(
+        textwrap.dedent(f"""
+            from engine import DAG
+            from operators.python import PythonOperator
+            with DAG(dag_id="good_{uid}"):
+                PythonOperator(task_id="t", python_callable=print)
+        """)
+    )
+    bag = DagBag(tmp_path, processor_timeout_s=WAIT_S)
+    assert set(bag.collect(wait_slow=False)) == {f"good_{uid}"}
+    assert bag.slow_imports == [tmp_path / f"a_slow_{uid}.py"]
+    assert bag.get_dag(f"good_{uid}").dag_id == f"good_{uid}"
+    assert set(bag.collect(wait_slow=False)) == {f"good_{uid}"}
+    assert tries.read_text() == "try\n"  # still the first import: not started again
+    assert bag.import_errors == {}
+
+    release.write_text("")
+    assert bag.get_dag(f"slow_{uid}").dag_id == f"slow_{uid}"  # waited for, then loaded
+    assert bag.slow_imports == []
+    assert set(bag.collect(wait_slow=False)) == {f"good_{uid}", f"slow_{uid}"}
+
+
 def test_a_file_that_exits_only_on_its_second_import_is_an_import_error(tmp_path: Path) -> None:
     """The child's import succeeds, the in-process one calls sys.exit(): caught as well."""
     marker = tmp_path / "imported-once"

@@ -191,6 +191,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
         [TaskLogRow("rows", "r1", "a", 1, time.time(), "INFO", "log", "x", "hello")]
     )
     assert [line.message for line in (await s.task_logs("rows", "r1", "a", 1)).lines] == ["hello"]
+    assert (await s.task_log_bytes([("rows", "r1", "a", 1)]))[0] > 0
 
     triggerer = await s.register_triggerer("test", 1, 10, 60.0)
     assert await s.renew_triggerer_lease(triggerer, 60.0) == 0
@@ -204,6 +205,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert [t.held for t in await s.list_triggerers()] == [1]
     await s.insert_trigger_logs([TriggerLogRow(trigger.id, time.time(), "INFO", "t", "hi")])
     assert [line.message for line in (await s.trigger_logs(trigger.id)).lines] == ["hi"]
+    assert (await s.trigger_log_bytes([trigger.id]))[0] > 0
     assert await s.delete_old_logs(3600.0) == 0
     event = TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="event")
     fired = await s.fire_triggers(triggerer, [event])
@@ -265,6 +267,9 @@ async def _schedule_calls(s: Any) -> None:
     tasks, schedule = dag.serialize_tasks(), dag.serialize_schedule()
     assert await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule)
     assert not await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule)
+    assert await s.dags_to_record({dag.dag_id: "h1"}) == {dag.dag_id}  # none recorded
+    await s.upsert_dag(dag.dag_id, "rows.py", tasks, None, schedule, fingerprint="h1")
+    assert await s.dags_to_record({dag.dag_id: "h1", "unknown": "h2"}) == {"unknown"}
     assert await s.deactivate_missing_dags("/elsewhere", [], []) == []
     assert await s.last_scheduled_interval(dag.dag_id) is None
     following = day + dt.timedelta(days=1)

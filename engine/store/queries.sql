@@ -35,8 +35,9 @@ SELECT pg_notify($1, $2);
 
 -- name: upsert_dag
 -- Record a DAG's structure and schedule as parsed from its file ($11: whether a new DAG starts
--- paused; a known DAG keeps its paused flag; $14: max_active_tasks, null: no limit). Returns whether anything changed and whether
--- the next scheduled run must be computed again (a new DAG, or a changed schedule).
+-- paused; a known DAG keeps its paused flag; $14: max_active_tasks, null: no limit; $15: the
+-- hash of it all, engine.dagrecord). Returns whether anything changed and whether the next
+-- scheduled run must be computed again (a new DAG, or a changed schedule).
 -- A DAG recorded as it is now is not written at all (the INSERT has no row): an upsert that
 -- changes nothing still locks the row, which took a transaction id and a WAL flush per DAG,
 -- and the scheduler's rescan of a thousand unchanged DAGs held its loop (and the runs due
@@ -44,17 +45,17 @@ SELECT pg_notify($1, $2);
 WITH old AS (
     SELECT timetable, start_date, end_date, catchup, is_active,
            (fileloc, tasks, description, timetable, schedule, start_date, end_date, catchup,
-            max_active_runs, params, tags, is_active, max_active_tasks)
+            max_active_runs, params, tags, is_active, max_active_tasks, fingerprint)
            IS NOT DISTINCT FROM ($2::text, $3::jsonb, $4::text, $5::jsonb, $6::text,
                                  $7::timestamptz, $8::timestamptz, $9::boolean, $10::integer,
-                                 $12::jsonb, $13::text[], true, $14::integer) AS same
+                                 $12::jsonb, $13::text[], true, $14::integer, $15::text) AS same
     FROM deferral_dags
     WHERE dag_id = $1
 ), up AS (
     INSERT INTO deferral_dags (dag_id, fileloc, tasks, description, updated_at, timetable,
                                schedule, start_date, end_date, catchup, max_active_runs,
-                               is_paused, params, tags, max_active_tasks)
-    SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11::boolean, $12, $13, $14
+                               is_paused, params, tags, max_active_tasks, fingerprint)
+    SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11::boolean, $12, $13, $14, $15
     WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.same)
     ON CONFLICT (dag_id) DO UPDATE
     SET fileloc = EXCLUDED.fileloc, tasks = EXCLUDED.tasks, description = EXCLUDED.description,
@@ -62,16 +63,17 @@ WITH old AS (
         start_date = EXCLUDED.start_date, end_date = EXCLUDED.end_date,
         catchup = EXCLUDED.catchup, max_active_runs = EXCLUDED.max_active_runs,
         params = EXCLUDED.params, tags = EXCLUDED.tags, updated_at = now(), is_active = true,
-        max_active_tasks = EXCLUDED.max_active_tasks
+        max_active_tasks = EXCLUDED.max_active_tasks, fingerprint = EXCLUDED.fingerprint
     WHERE (deferral_dags.fileloc, deferral_dags.tasks, deferral_dags.description,
            deferral_dags.timetable, deferral_dags.schedule, deferral_dags.start_date,
            deferral_dags.end_date, deferral_dags.catchup, deferral_dags.max_active_runs,
            deferral_dags.params, deferral_dags.tags, deferral_dags.is_active,
-           deferral_dags.max_active_tasks)
+           deferral_dags.max_active_tasks, deferral_dags.fingerprint)
           IS DISTINCT FROM (EXCLUDED.fileloc, EXCLUDED.tasks, EXCLUDED.description,
                             EXCLUDED.timetable, EXCLUDED.schedule, EXCLUDED.start_date,
                             EXCLUDED.end_date, EXCLUDED.catchup, EXCLUDED.max_active_runs,
-                            EXCLUDED.params, EXCLUDED.tags, true, EXCLUDED.max_active_tasks)
+                            EXCLUDED.params, EXCLUDED.tags, true, EXCLUDED.max_active_tasks,
+                            EXCLUDED.fingerprint)
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM up) AS changed,
@@ -81,6 +83,15 @@ SELECT EXISTS (SELECT 1 FROM up) AS changed,
                      OR (old.timetable, old.start_date, old.end_date, old.catchup)
                         IS DISTINCT FROM ($5::jsonb, $7::timestamptz, $8::timestamptz,
                                           $9::boolean)) AS reschedule;
+
+-- name: dags_to_record
+-- Of the given DAGs ($1: ids, $2: the hash of what a scan found of each), those whose row is
+-- missing, inactive or records something else (another hash, or none): the only ones a rescan
+-- writes.
+SELECT u.dag_id
+FROM unnest($1::text[], $2::text[]) AS u(dag_id, fingerprint)
+WHERE NOT EXISTS (SELECT 1 FROM deferral_dags d
+                  WHERE d.dag_id = u.dag_id AND d.is_active AND d.fingerprint = u.fingerprint);
 
 -- name: deactivate_missing_dags
 -- The active DAGs recorded from files under the DAGs folder $1 (a path ending in '/') that its
@@ -1094,9 +1105,16 @@ FROM deferral_triggerers r ORDER BY r.id;
 -- Running task instances whose worker stopped heartbeating $1 seconds ago fail their try
 -- (retries apply), and the dead workers' rows go. Silence counts only from when a heartbeat
 -- could have arrived: not before the server last started (an outage or restart is not the
--- workers' fault), nor before $2 (when the scheduler regained contact after losing it; null
--- if it never lost it).
-WITH zombies AS (
+-- workers' fault), nor before $2 (when the scheduler's current unbroken contact with the
+-- database began, engine/contact.py; null: not known).
+-- Nothing is reaped when this statement starts more than $4 seconds after the scheduler's
+-- last contact $3 (null: no check): the database (or the scheduler) was frozen in between,
+-- and this may be the first statement it answers after the freeze, with every heartbeat as
+-- old as the freeze.
+WITH contact AS (
+    SELECT $3::timestamptz IS NULL
+           OR now() <= $3::timestamptz + make_interval(secs => $4) AS unbroken
+), zombies AS (
     UPDATE deferral_task_instances
     SET state = deferral_fail_state(try_number, retries),
         run_after = deferral_retry_at(try_number, retry_delay_s, retry_exponential_backoff,
@@ -1107,11 +1125,13 @@ WITH zombies AS (
     WHERE state = 'running'
       AND GREATEST(heartbeat_at, pg_postmaster_start_time(), $2::timestamptz)
           < now() - make_interval(secs => $1)
+      AND (SELECT unbroken FROM contact)
     RETURNING id, dag_run_id, task_id, state, is_leaf
 ), dead AS (
     DELETE FROM deferral_workers
     WHERE GREATEST(heartbeat_at, pg_postmaster_start_time(), $2::timestamptz)
           < now() - make_interval(secs => $1)
+      AND (SELECT unbroken FROM contact)
 )
 SELECT * FROM zombies;
 

@@ -35,7 +35,10 @@ CREATE TABLE deferral_dags (
     -- by migration 0011)
     is_active   boolean NOT NULL DEFAULT true,
     -- running tasks of the DAG at once (null: no limit; added by 0012)
-    max_active_tasks integer CHECK (max_active_tasks >= 1)
+    max_active_tasks integer CHECK (max_active_tasks >= 1),
+    -- a hash of what the columns above record of the DAG's file (engine.dagrecord; null: none
+    -- computed; added by 0013): a rescan writes only the DAGs whose hash differs
+    fingerprint text
 );
 -- The scheduler's one look for due DAGs.
 CREATE INDEX deferral_dags_due ON deferral_dags (next_dagrun_create_after)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -180,6 +182,9 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
         self._q = load_queries()
         #: Seals trigger kwargs, resume kwargs, events and results; no keys: plaintext.
         self.keyring = keyring or Keyring()
+        #: The worker's heartbeats go on a connection of their own (heartbeat_worker).
+        self._heartbeat_conn: asyncpg.Connection | None = None
+        self._heartbeat_lock = asyncio.Lock()
 
     @classmethod
     async def connect(
@@ -225,6 +230,7 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
         return store
 
     async def close(self) -> None:
+        self._drop_heartbeat_connection()
         await self._pool.close()
 
     async def __aenter__(self) -> Store:
@@ -302,10 +308,13 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
         tasks: list[dict[str, Any]],
         description: str | None,
         schedule: dict[str, Any] | None = None,
+        *,
+        fingerprint: str | None = None,
     ) -> bool:
         """Record a DAG (``schedule``: :meth:`engine.dag.DAG.serialize_schedule`; None: no
-        schedule). Returns whether its next scheduled run must be computed again (a new DAG or
-        a changed schedule)."""
+        schedule; ``fingerprint``: the hash of it all, :mod:`engine.dagrecord`). Returns
+        whether its next scheduled run must be computed again (a new DAG or a changed
+        schedule)."""
         sched = schedule or {}
         row = await self._one(
             self._pool,
@@ -324,8 +333,17 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
             sched.get("params") or {},
             list(sched.get("tags") or ()),
             sched.get("max_active_tasks"),
+            fingerprint,
         )
         return bool(row["reschedule"])
+
+    async def dags_to_record(self, fingerprints: Mapping[str, str]) -> set[str]:
+        """Of these DAGs (id: hash of what a scan found), the ids whose row is missing,
+        inactive or records something else."""
+        rows = await self._pool.fetch(
+            self._q["dags_to_record"], list(fingerprints), list(fingerprints.values())
+        )
+        return {r["dag_id"] for r in rows}
 
     async def deactivate_missing_dags(
         self, folder: str, found: Iterable[str], failed_files: Iterable[str]
@@ -535,19 +553,47 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
         await self._pool.execute(self._q["unregister_worker"], worker_id)
 
     async def heartbeat_worker(
-        self, worker_id: int, running: Sequence[tuple[int, int]]
+        self,
+        worker_id: int,
+        running: Sequence[tuple[int, int]],
+        *,
+        timeout_s: float | None = None,
     ) -> Heartbeat:
         """Keep the worker and the tries it runs (``running``: (task instance id, try number)
         pairs, tries told to stop that still run included) alive; the tries it was told to
         stop that it no longer runs are settled (their slots free), and those it still runs
-        come back for it to stop. ``alive`` is False if the worker was reaped."""
-        row = await self._one(
-            self._pool,
-            self._q["heartbeat_worker"],
+        come back for it to stop. ``alive`` is False if the worker was reaped.
+
+        With ``timeout_s``, the heartbeat goes on a connection of its own, and the call
+        (connecting included) is bounded: past it, TimeoutError, and that connection is dropped
+        (the next call makes a new one). A connection that hangs (a half-open socket, a stuck
+        backend), or a pool whose connections all wait on hung statements, must not keep the
+        worker silent while the scheduler, which reaches the database, counts the silence."""
+        args = (
             worker_id,
             [ti_id for ti_id, _ in running],
             [try_number for _, try_number in running],
         )
+        if timeout_s is None:
+            row = await self._one(self._pool, self._q["heartbeat_worker"], *args)
+        else:
+            async with self._heartbeat_lock:
+                deadline = time.monotonic() + timeout_s
+                try:
+                    conn = self._heartbeat_conn
+                    if conn is None or conn.is_closed():
+                        conn = await asyncpg.connect(self.url, timeout=timeout_s)
+                        self._heartbeat_conn = conn
+                    found = await conn.fetchrow(
+                        self._q["heartbeat_worker"],
+                        *args,
+                        timeout=max(deadline - time.monotonic(), 0.001),
+                    )
+                except BaseException:
+                    self._drop_heartbeat_connection()
+                    raise
+            assert found is not None
+            row = found
         return Heartbeat(
             alive=row["alive"],
             stopped=row["stopped"],
@@ -558,6 +604,11 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
                 )
             ],
         )
+
+    def _drop_heartbeat_connection(self) -> None:
+        conn, self._heartbeat_conn = self._heartbeat_conn, None
+        if conn is not None:
+            conn.terminate()
 
     async def claim_tasks(
         self,
@@ -947,14 +998,23 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
     # -- scheduler housekeeping ----------------------------------------------------------
 
     async def reap_zombie_tasks(
-        self, threshold_s: float, *, contact_since: dt.datetime | None = None
+        self,
+        threshold_s: float,
+        *,
+        contact_since: dt.datetime | None = None,
+        last_contact: dt.datetime | None = None,
+        max_gap_s: float = 0.0,
     ) -> list[MovedTask]:
         """Fail the running tries whose worker missed heartbeats for ``threshold_s`` seconds.
         Only heartbeats the database could have received count as missed: none before the
-        server last started, nor before ``contact_since`` (when the caller regained contact
-        with the database after losing it; the workers likely lost it too). Returns what
-        moved, which the caller settles (engine/store/downstream.py)."""
-        rows = await self._pool.fetch(self._q["reap_zombie_tasks"], threshold_s, contact_since)
+        server last started, nor before ``contact_since`` (when the caller's unbroken contact
+        with the database began; engine/contact.py). With ``last_contact`` (the database
+        time of the caller's latest contact), nothing is reaped if this statement starts more
+        than ``max_gap_s`` after it. Returns what moved, which the caller settles
+        (engine/store/downstream.py)."""
+        rows = await self._pool.fetch(
+            self._q["reap_zombie_tasks"], threshold_s, contact_since, last_contact, max_gap_s
+        )
         return _structs(rows, MovedTask)
 
     async def delete_orphan_triggers(self, min_age_s: float) -> int:
