@@ -15,7 +15,7 @@ from rich.table import Table
 from benchmarks.fleet_run import _machine
 from benchmarks.schedule_run import _ms
 from engine.config import load_settings
-from engine.dag import DAG
+from engine.dags.dag import DAG
 from engine.store import Store, database_url
 from engine.store.databases import create_database, drop_database
 from engine.store.models import TaskOutcome

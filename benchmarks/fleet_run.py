@@ -23,14 +23,14 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.config import load_settings
-from engine.dag import DAG
-from engine.dagbag import DagBag
-from engine.scheduler import Scheduler
+from engine.dags.dag import DAG
+from engine.dags.dagbag import DagBag
+from engine.scheduler.scheduler import Scheduler
 from engine.store import Store, database_url
 from engine.store.databases import create_database, drop_database
 from engine.store.queries import load_queries
 from engine.triggerer import Triggerer
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from operators.base import Context
 from operators.python import PythonOperator
 from operators.sensors import FileSensor

@@ -21,7 +21,7 @@ from rich.table import Table
 from benchmarks.fleet_run import _machine
 from benchmarks.waits_run import Fleet
 from engine.config import load_settings
-from engine.keys import child_key_env
+from engine.security.keys import child_key_env
 from engine.store import Store, database_url
 from engine.store.databases import create_database, drop_database
 
@@ -71,7 +71,7 @@ def _ms(values: Sequence[float]) -> dict[str, float | None]:
 
 def _boundaries(cron: str, since: dt.datetime, until: dt.datetime) -> int:
     """How many intervals of ``cron`` (UTC) end in ``[since, until)``."""
-    from engine.timetables import make_timetable
+    from engine.dags.timetables import make_timetable
 
     timetable = make_timetable(cron)
     info = timetable.next_dagrun_info(

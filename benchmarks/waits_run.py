@@ -27,8 +27,8 @@ from rich.table import Table
 
 from benchmarks.waits_dag import DAG_ID, SENSOR_POOL, dag_file_source
 from engine.config import load_settings
-from engine.dagbag import DagBag
-from engine.keys import child_key_env, keyring_from_settings
+from engine.dags.dagbag import DagBag
+from engine.security.keys import child_key_env, keyring_from_settings
 from engine.store import Store, database_url
 from engine.store.databases import create_database, drop_database, with_database
 

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import msgspec
 import platformdirs
 
-from engine.security.masking import masked_url, redact, register_secret, register_url_password
+from engine.masking import masked_url, redact, register_secret, register_url_password
 
 __all__ = [
     "SECRET_SETTINGS",
@@ -49,7 +49,7 @@ DEFAULT_HOME = platformdirs.user_data_dir("deferral")
 #: The first metrics port of ``deferral standalone`` when ``metrics_port`` is unset.
 STANDALONE_METRICS_PORT = 9464
 DEFAULT_LOG_RETENTION_DAYS = 30.0
-#: Trigger classes a metric labels by their own value (engine.metrics.DEFAULT_MAX_SERIES).
+#: Trigger classes a metric labels by their own value (engine.runtime.metrics.DEFAULT_MAX_SERIES).
 DEFAULT_METRICS_MAX_SERIES = 100
 DEFAULT_LOG_MAX_LINES_PER_S = 1000
 DEFAULT_LOG_MAX_TOTAL_BYTES = 10 << 20
@@ -394,7 +394,7 @@ def _database_url_problem(url: str) -> str | None:
 
 def register_setting_secrets(settings: Settings) -> None:
     """Mask the secrets these settings hold wherever this process shows values: the database
-    URL's password and the Fernet keys (engine.security.masking)."""
+    URL's password and the Fernet keys (engine.masking)."""
     register_url_password(settings.database_url)
     if settings.fernet_key:
         register_secret([k for k in settings.fernet_key.replace("\n", ",").split(",")])
@@ -508,7 +508,7 @@ _SHOWN_CHARS = 80
 def _given(name: str, value: Any) -> str:
     """What an error says of the value given (after msgspec's words, which name the type
     expected and the type given): nothing for a secret setting; for others the value, masked
-    (engine.security.masking) and cut short."""
+    (engine.masking) and cut short."""
     if name in SECRET_SETTINGS:
         return " (the value is not shown: the setting holds a secret)"
     shown = repr(redact(value))

@@ -75,7 +75,7 @@ DEFAULT_RETRY_DELAY_S = 300.0
 #: beyond a bound like this one (or for nan and infinity) the database refuses to make one.
 MAX_WAIT_S = 10 * 365 * 24 * 3600.0
 #: Where ``execute`` runs: "none", in the worker process (a ``def`` in a worker thread, an
-#: ``async def`` on its loop); "process", in a child process (``engine.isolation``) that the
+#: ``async def`` on its loop); "process", in a child process (``engine.worker.isolation``) that the
 #: execution_timeout can stop, at the cost of starting one per call.
 ISOLATION_MODES = ("none", "process")
 #: The pool of a task that names none; it exists from the start (128 slots).
@@ -343,8 +343,9 @@ class BaseOperator:
     task does not pass come from its DAG's ``default_args`` when they name them.
     """
 
-    #: Attributes the worker renders with Jinja2 just before the task runs (engine.templating):
-    #: strings, and the values of lists, tuples, sets and dicts, nested too.
+    #: Attributes the worker renders with Jinja2 just before the task runs
+    #: (engine.worker.templating): strings, and the values of lists, tuples, sets and dicts, nested
+    #: too.
     template_fields: Sequence[str] = ()
     #: A templated string ending in one of these names a template file, read from the DAG's
     #: folder or its ``template_searchpath`` and rendered.

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from engine.keys import Keyring, generate_key
+from engine.security.keys import Keyring, generate_key
 from engine.store import Store
 from engine.store.databases import create_database, drop_database
 from engine.store.embedded import embedded_database_url

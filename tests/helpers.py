@@ -102,7 +102,7 @@ async def claimed_tasks(
 ) -> tuple[str, int, list[ClaimedTask]]:
     """A new DAG of ``n`` independent tasks, one run, every task claimed by a new worker:
     ``(dag_id, worker id, the claimed tasks by id)``."""
-    from engine.dag import DAG
+    from engine.dags.dag import DAG
     from operators.python import PythonOperator
 
     dag_id = f"{prefix}_{next(_dag_numbers)}"

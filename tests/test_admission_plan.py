@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from engine.dag import DAG
+from engine.dags.dag import DAG
 from engine.store import Store
 from engine.store.databases import create_database, drop_database, with_database
 from operators.python import PythonOperator

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.waits_dag import DAG_ID, SENSOR_POOL, dag_file_source
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 
 
 @pytest.mark.parametrize("pool", [None, SENSOR_POOL], ids=["default", "pools"])

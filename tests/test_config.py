@@ -93,7 +93,7 @@ def test_a_bad_environment_value_names_the_variable() -> None:
 
 
 def test_log_bounds_are_checked_and_reach_the_worker_and_triggerer() -> None:
-    from engine.app import log_limits
+    from engine.launch.app import log_limits
 
     with pytest.raises(ConfigError, match=r"log_max_try_bytes must be > 0.*DEFERRAL_LOG_MAX_TRY"):
         load({"DEFERRAL_LOG_MAX_TRY_BYTES": "0"})

@@ -1,5 +1,5 @@
-"""The scheduler's contact with the database (engine/contact.py): unbroken stretches from the
-database times of answered statements, and the reap's own guard against a freeze it did not
+"""The scheduler's contact with the database (engine/scheduler/contact.py): unbroken stretches from
+the database times of answered statements, and the reap's own guard against a freeze it did not
 see yet. (With real processes and a stopped server: tests/test_database_hang.py.)"""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from engine import DAG
-from engine.contact import Contact, max_gap_s, probe_interval_s
+from engine.scheduler.contact import Contact, max_gap_s, probe_interval_s
 from engine.store import Store
 from operators.python import PythonOperator
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import DAG
-from engine.dag import DagCycleError
+from engine.dags.dag import DagCycleError
 from engine.store import Store
 from engine.testing import run_engine
 from operators.base import BaseOperator, Context, TaskDeferred, TriggerSerializationError

@@ -20,8 +20,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from engine.crashpoints import CRASH_POINTS
-from engine.keys import Keyring, generate_key
+from engine.runtime.crashpoints import CRASH_POINTS
+from engine.security.keys import Keyring, generate_key
 from engine.store import Store
 from tests.helpers import wait_until
 from tests.processes import Children, explained

@@ -16,9 +16,9 @@ import anyio
 import asyncpg
 import pytest
 
-from engine.dagbag import DagBag
-from engine.keys import Keyring
-from engine.scheduler import Scheduler, request_rescan, sync_dags
+from engine.dags.dagbag import DagBag
+from engine.scheduler.scheduler import Scheduler, request_rescan, sync_dags
+from engine.security.keys import Keyring
 from engine.store import Store
 from tests.conftest import TEST_FERNET_KEY
 from tests.helpers import free_port, wait_until

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
 from triggers.base import decode_value, import_trigger_class, validate_trigger

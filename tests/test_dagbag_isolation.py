@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import Store, TaskOutcome
 from engine.store.downstream import settle
 from engine.testing import run_engine

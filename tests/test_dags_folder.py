@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from engine.cli import cli
 from engine.config import ConfigError, Settings, load_settings
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import Store
 from tests.helpers import REPO_ROOT, child_env, wait_until
 from tests.processes import Children, explained
@@ -200,7 +200,7 @@ def test_files_named_like_engine_packages_are_reported_and_the_others_load(
 def test_an_import_error_is_logged_once_per_change_of_its_file(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="engine.dagbag")
+    caplog.set_level(logging.DEBUG, logger="engine.dags.dagbag")
     broken = write(tmp_path / "broken.py", "def (:\n")
     bag = DagBag(tmp_path)
 
@@ -295,7 +295,7 @@ def test_an_import_error_traceback_shows_the_dag_files_frames_not_the_engines(
     """A syntax error's traceback was a screen of dagparse.py, importlib and <frozen ...>
     frames; it shows the file, its line and the caret, and a runtime error the DAG files'
     frames only."""
-    caplog.set_level(logging.ERROR, logger="engine.dagbag")
+    caplog.set_level(logging.ERROR, logger="engine.dags.dagbag")
     broken = write(tmp_path / "broken_syntax.py", "x = 1\nwith open('f') as f\n    pass\n")
     write(tmp_path / "helper_lib.py", "def f():\n    raise ValueError('in helper')\n")
     raising = write(tmp_path / "uses_helper.py", "import helper_lib\nhelper_lib.f()\n")

@@ -1,7 +1,7 @@
 """A database that hangs (every process of the server stopped with SIGSTOP), and a worker whose
 connections hang while the database answers others: healthy tasks are not reaped, and a worker
 that really died during the hang still is, afterwards. Real processes: an embedded server of
-the test's own, a scheduler and a worker of their own (engine/contact.py)."""
+the test's own, a scheduler and a worker of their own (engine/scheduler/contact.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import anyio
 import psutil
 import pytest
 
-from engine.keys import Keyring
-from engine.retry import with_db_retry
+from engine.runtime.retry import with_db_retry
+from engine.security.keys import Keyring
 from engine.store import Store, TaskInstance
 from tests.conftest import TEST_FERNET_KEY
 from tests.helpers import wait_until

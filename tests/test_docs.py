@@ -6,7 +6,7 @@ import msgspec
 
 from engine.config import Settings
 from engine.states import TRANSITIONS
-from engine.templating import TEMPLATE_VARIABLES
+from engine.worker.templating import TEMPLATE_VARIABLES
 from tests.helpers import REPO_ROOT
 
 

@@ -20,11 +20,17 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-import engine.keys
+import engine.security.keys
 from engine import DAG
 from engine.cli import cli
 from engine.config import Settings, load_settings
-from engine.keys import MARKER, Keyring, MissingKeyError, generate_key, keyring_from_settings
+from engine.security.keys import (
+    MARKER,
+    Keyring,
+    MissingKeyError,
+    generate_key,
+    keyring_from_settings,
+)
 from engine.store import Deferral, Store, TaskOutcome, TriggerOutcome
 from engine.testing import run_engine
 from operators.base import BaseOperator, Context
@@ -326,11 +332,11 @@ def test_an_external_database_without_a_key_refuses_to_start(tmp_path: Path) -> 
 def test_insecure_dev_stores_plaintext_and_warns(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine.keys, "_warned_insecure", False)
+    monkeypatch.setattr(engine.security.keys, "_warned_insecure", False)
     settings = load_settings(
         {"DEFERRAL_DATABASE_URL": "postgresql://nowhere/x", "DEFERRAL_INSECURE_DEV": "true"}
     )
-    with caplog.at_level(logging.WARNING, logger="engine.keys"):
+    with caplog.at_level(logging.WARNING, logger="engine.security.keys"):
         keyring = keyring_from_settings(settings)
         keyring_from_settings(settings)
     assert not keyring.encrypts
@@ -423,7 +429,7 @@ def test_a_fresh_home_hands_its_children_a_key_file_that_exists(tmp_path: Path) 
     # A benchmark started its processes from a home no command had used yet: they were told
     # to read <home>/fernet.key, which nobody had written.
     settings = Settings(home=str(tmp_path / "home"))
-    env = engine.keys.child_key_env(settings)
+    env = engine.security.keys.child_key_env(settings)
     key_file = Path(env["DEFERRAL_FERNET_KEY_FILE"])
     assert key_file.exists()
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600

@@ -16,7 +16,7 @@ from engine import DAG
 from engine.store import Store, TaskInstance, TriggerOutcome
 from engine.store.downstream import settle
 from engine.testing import run_engine
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from operators.base import BaseOperator, Context, SkipTask
 from operators.python import PythonOperator
 from tests.helpers import fired_summary, wait_until
@@ -495,7 +495,7 @@ async def test_the_worker_slot_is_free_while_its_task_is_deferred(
 
 
 async def _run_state(store: Store, dag_id: str, run_id: str = "run1") -> str:
-    from engine.client import wait_for_run
+    from engine.client.runs import wait_for_run
 
     return await wait_for_run(store, dag_id, run_id, 30.0)
 

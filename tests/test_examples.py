@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.dagbag import DagBag, add_to_sys_path
+from engine.dags.dagbag import DagBag, add_to_sys_path
 from engine.store import Store
 from engine.testing import run_engine
 from tests.helpers import wait_until

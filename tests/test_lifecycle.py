@@ -9,10 +9,10 @@ import anyio
 import pytest
 
 from engine import DAG
-from engine.dagbag import DagBag
-from engine.scheduler import Scheduler
+from engine.dags.dagbag import DagBag
+from engine.scheduler.scheduler import Scheduler
 from engine.store import Store
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from operators.python import PythonOperator
 from tests.helpers import WAIT_S
 
@@ -54,8 +54,8 @@ async def test_an_engine_process_writes_no_configuration_into_the_environment(
 ) -> None:
     """run_component (what ``deferral triggerer`` runs) hands the database and
     default_deferrable to the code it runs explicitly; os.environ stays as it was."""
-    from engine.app import run_component
     from engine.config import load_settings
+    from engine.launch.app import run_component
     from tests.conftest import TEST_FERNET_KEY
     from tests.helpers import wait_until
 

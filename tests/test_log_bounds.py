@@ -20,8 +20,8 @@ from typing import Any
 import anyio
 import pytest
 
-from engine.logsink import LINE_OVERHEAD, LogLimits, LogSink
 from engine.store import LogLine, Store
+from engine.usercode.logsink import LINE_OVERHEAD, LogLimits, LogSink
 from tests.processes import Children, explained, process_env
 
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from engine import DAG, logs
+from engine import DAG
+from engine.runtime import logs
 from engine.store import Store
 from engine.testing import run_engine
 from tests.log_triggers import ChattyOperator

@@ -13,9 +13,9 @@ import asyncpg
 import pytest
 
 from engine import DAG
+from engine.client.why import explain_task
 from engine.store import Deferral, Store, TaskOutcome
 from engine.store.downstream import settle
-from engine.why import explain_task
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 from tests.triggers_for_tests import NeverTrigger

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine.dag import DAG
-from engine.dagbag import DagBag
+from engine.dags.dag import DAG
+from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import LocalEngine, run_engine
 from engine.web.app import make_app

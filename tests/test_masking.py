@@ -1,4 +1,4 @@
-"""The one masking function (engine/security/masking.py), shape by shape: what it masks in
+"""The one masking function (engine/masking.py), shape by shape: what it masks in
 text and in nested values, what it registers, what it leaves alone, and that it never raises.
 The surfaces that use it (the status page, the CLI, the stored logs) are tested end to end in
 tests/test_masking_surfaces.py."""
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from engine import logs
-from engine.security import masking
-from engine.security.masking import MASK, MASK_FAILED, redact, redact_text
+from engine import masking
+from engine.masking import MASK, MASK_FAILED, redact, redact_text
+from engine.runtime import logs
 
 
 @pytest.fixture(autouse=True)

@@ -25,9 +25,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner, Result
 
-from engine import DAG
+from engine import DAG, masking
 from engine.cli import cli
-from engine.security import masking
 from engine.store import Deferral, Store, TaskOutcome
 from engine.store.logstore import TaskLogRow
 from engine.testing import run_engine

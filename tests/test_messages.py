@@ -235,7 +235,7 @@ async def test_a_failed_tasks_traceback_starts_at_the_authors_code(store: Store)
 
 def test_an_engine_error_keeps_its_whole_traceback() -> None:
     """When no frame is outside the engine (an engine bug), nothing is left out."""
-    from engine.tracebacks import format_user_exception
+    from engine.usercode.tracebacks import format_user_exception
 
     fake = str(Path(ENGINE_DIR) / "not_a_module.py")
     source = (

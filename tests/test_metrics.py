@@ -19,12 +19,13 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import DAG, metrics
-from engine.health import HealthServer, WithHealth, database_check
-from engine.metrics import Metrics
+from engine import DAG
+from engine.runtime import metrics
+from engine.runtime.health import HealthServer, WithHealth, database_check
+from engine.runtime.metrics import Metrics
 from engine.store import Store
 from engine.testing import run_engine
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from operators.base import BaseOperator, Context
 from operators.python import PythonOperator
 from tests.helpers import child_env, wait_until
@@ -385,7 +386,7 @@ def test_database_errors_are_counted_by_kind() -> None:
 
 def test_standalone_serves_three_ports_from_the_base() -> None:
     from engine.config import Settings
-    from engine.standalone import metrics_ports
+    from engine.launch.standalone import metrics_ports
 
     assert metrics_ports(Settings()) == {"scheduler": 9464, "worker": 9465, "triggerer": 9466}
     assert metrics_ports(Settings(metrics_port=9000))["triggerer"] == 9002

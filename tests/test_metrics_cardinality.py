@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.metrics import DEFAULT_MAX_SERIES, OTHER, Metrics
+from engine.runtime.metrics import DEFAULT_MAX_SERIES, OTHER, Metrics
 from engine.security.allow import TriggerAllowList
 from tests.helpers import free_port, wait_until
 from tests.processes import Children, explained

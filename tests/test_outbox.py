@@ -1,6 +1,6 @@
-"""The outbox (engine/outbox.py) against the real database: a batch with an item the database
-refuses (a CHECK constraint, text it cannot store) is split and the refused item replaced by a
-substitute failure; a substitute refused too is given up alone; a query cancelled by the
+"""The outbox (engine/runtime/outbox.py) against the real database: a batch with an item the
+database refuses (a CHECK constraint, text it cannot store) is split and the refused item replaced
+by a substitute failure; a substitute refused too is given up alone; a query cancelled by the
 server (a transient error) is tried again until it goes through."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from engine import DAG
-from engine.outbox import Outbox
+from engine.runtime.outbox import Outbox
 from engine.store import ClaimedTask, Store, TaskInstance, TaskOutcome
 from operators.python import PythonOperator
 from tests.helpers import wait_until
@@ -166,7 +166,7 @@ async def test_a_cancelled_write_is_tried_again_until_it_goes_through(
     """A real transient error: the write waits on a row lock held by another session, the
     server cancels it (pg_cancel_backend, QueryCanceledError); the writer backs off and
     writes it again once the lock is gone. Nothing is lost, nothing is written twice."""
-    caplog.set_level(logging.WARNING, logger="engine.retry")
+    caplog.set_level(logging.WARNING, logger="engine.runtime.retry")
     tis = await _claimed(store, "transient", ["t"])
     ti = tis["t"]
     rec = _Recorder(store)

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from engine import DAG
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
 from operators.base import BaseOperator, Context

@@ -188,7 +188,7 @@ INTENDED: dict[str, list[set[str]]] = {
     "task_logs": [{"deferral_task_logs_try"}, {"deferral_ti_names"}],
     "insert_trigger_logs": [{"deferral_ti_trigger"}],
     # What a trigger or try stored before (its total), read once per process that writes
-    # its lines (engine/logsink.py): by trigger, by try.
+    # its lines (engine/usercode/logsink.py): by trigger, by try.
     "trigger_log_bytes": [{"deferral_trigger_logs_trigger"}],
     "task_log_bytes": [{"deferral_task_logs_try"}],
     "delete_old_trigger_logs": [{"deferral_trigger_logs_pkey"}],

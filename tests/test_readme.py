@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
 from tests.helpers import REPO_ROOT, wait_until

@@ -14,11 +14,11 @@ import asyncpg
 import pytest
 
 from engine import DAG
-from engine.backfill import backfill
-from engine.dagruns import create_due_runs, record_dags
-from engine.harness import run_engine
+from engine.scheduler.backfill import backfill
+from engine.scheduler.dagruns import create_due_runs, record_dags
 from engine.store import Store
 from engine.store.models import RunRow
+from engine.testing.harness import run_engine
 from operators.base import FailTask
 from operators.python import PythonOperator
 from operators.sensors import ExternalTaskSensor
@@ -315,7 +315,7 @@ def _returns_params(**context: Any) -> dict[str, Any]:
 async def test_params_are_overridden_by_conf_and_the_context_has_the_interval(
     store: Store,
 ) -> None:
-    from engine.client import _create
+    from engine.client.runs import _create
     from engine.store.schedules import NewRun
 
     with DAG("params", schedule="@daily", start_date=dt.datetime(2024, 1, 1),
@@ -408,8 +408,8 @@ with DAG("{dag_id}", schedule="@daily", start_date=dt.datetime(2026, 1, 1), catc
 async def test_a_dag_gone_from_the_folder_gets_no_more_scheduled_runs(
     store: Store, tmp_path: Path
 ) -> None:
-    from engine.dagbag import DagBag
-    from engine.scheduler import sync_dags
+    from engine.dags.dagbag import DagBag
+    from engine.scheduler.scheduler import sync_dags
 
     folder = tmp_path / "dags"
     folder.mkdir()

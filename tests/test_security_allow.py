@@ -3,7 +3,7 @@ table cannot make the triggerer import a module or call a function the list does
 
 The attacker here is whoever can write to the database: the tests rewrite a stored trigger
 row with a plain SQL UPDATE, bypassing ``defer()`` and its checks, then start a real triggerer
-(built by ``engine.app.make_triggerer`` from settings, as the ``deferral triggerer`` command
+(built by ``engine.launch.app.make_triggerer`` from settings, as the ``deferral triggerer`` command
 does) on the real store. Marker files prove what never ran or was never imported.
 """
 
@@ -21,12 +21,12 @@ import asyncpg
 import pytest
 
 from engine import DAG
-from engine.app import make_triggerer, make_worker, trigger_allow_list
 from engine.config import Settings, load_settings
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
+from engine.launch.app import make_triggerer, make_worker, trigger_allow_list
 from engine.security.allow import TriggerAllowList, dags_folder_modules
 from engine.store import Store, TaskInstance
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from operators.base import BaseOperator, Context
 from tests.helpers import wait_until
 from tests.triggerer_support import WaitOn

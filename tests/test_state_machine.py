@@ -38,7 +38,7 @@ from hypothesis.stateful import (
 )
 
 from engine import DAG
-from engine.keys import Keyring
+from engine.security.keys import Keyring
 from engine.states import (
     DEADLINE_KINDS,
     RUN_STATES,

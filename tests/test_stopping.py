@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from engine.config import load_settings
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
 from tests.helpers import WAIT_S, child_env, free_port, wait_until
@@ -227,7 +227,7 @@ async def test_one_sigint_to_the_standalone_group_drains_running_work(
         async def others_gone() -> bool:
             # Logged by standalone once it has seen them exit: by then it has done all it
             # does for one Ctrl-C (the old design sent each child a SIGTERM at this point).
-            gone = setup.lines(f"{_label('standalone', pids)} engine.standalone")
+            gone = setup.lines(f"{_label('standalone', pids)} engine.launch.standalone")
             return all(
                 any(f"{_label(kind, pids)} stopped" in line for line in gone)
                 for kind in ("scheduler", "triggerer", "webserver")
@@ -318,7 +318,7 @@ async def test_sigterm_to_a_lone_worker_lets_its_running_task_finish(
 
 def _spawn_worker(setup: Setup) -> Any:
     """A worker started as ``deferral standalone`` starts its children."""
-    from engine.app import spawn
+    from engine.launch.app import spawn
 
     with setup.log.open("ab") as out:
         child = spawn("worker", load_settings(setup.env), env=setup.env, stderr=out)
@@ -331,7 +331,7 @@ async def test_a_stop_that_arrives_by_signal_and_by_pipe_is_one_stop(
 ) -> None:
     """systemd signals every process of a unit, and the supervisor forwards its own signal
     too: the child must drain, not cancel, whichever comes first."""
-    from engine.runner import STOP
+    from engine.runtime.runner import STOP
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     dag = _lone_dag(setup)

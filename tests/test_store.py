@@ -12,11 +12,11 @@ import asyncpg
 import pytest
 
 from engine import DAG
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import ClaimedTask, Deferral, Store, TaskOutcome
 from engine.store.databases import create_database, drop_database
 from engine.store.queries import load_queries, migrations, schema_sql
-from engine.worker import Worker, _Queued
+from engine.worker.worker import Worker, _Queued
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 from tests.triggers_for_tests import NeverTrigger

@@ -16,13 +16,15 @@ import anyio
 import psutil
 import pytest
 
-from engine import DAG, logcapture, logsink
-from engine.dagbag import DagBag
-from engine.logsink import LogSink
-from engine.scheduler import Scheduler
+from engine import DAG
+from engine.dags.dagbag import DagBag
+from engine.scheduler.scheduler import Scheduler
 from engine.store import Store, TaskInstance
 from engine.store.logstore import TaskLogRow, TriggerLogRow
 from engine.testing import run_engine
+from engine.usercode import capture as logcapture
+from engine.usercode import logsink
+from engine.usercode.logsink import LogSink
 from tests import triggerer_faults as faults
 from tests.conftest import REPO
 from tests.helpers import child_env, wait_until
@@ -354,7 +356,7 @@ async def test_a_full_buffer_keeps_the_newest_lines_and_says_how_many_went(store
 async def test_retention_deletes_old_lines_in_batches(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("engine.scheduler.LOG_RETENTION_BATCH", 2)
+    monkeypatch.setattr("engine.scheduler.scheduler.LOG_RETENTION_BATCH", 2)
     old, new = time.time() - 40 * 86400, time.time()
     # Old and recent lines interleaved (clocks of different hosts): the old ones go all the same.
     ages = [(at, f"{age} {i}") for i in range(5) for at, age in ((old, "old"), (new, "new"))]

@@ -17,7 +17,7 @@ import asyncpg
 import msgspec
 import pytest
 
-from engine.tasktest import SCRATCH_PREFIX, mask_secrets
+from engine.testing.tasktest import SCRATCH_PREFIX, mask_secrets
 from tests.helpers import REPO_ROOT, child_env
 
 DAG_FILE = """

@@ -18,9 +18,10 @@ from click.testing import CliRunner
 
 from engine import DAG
 from engine.cli import cli
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import ClaimedTask, Store
-from engine.templating import (
+from engine.testing import run_engine
+from engine.worker.templating import (
     TEMPLATE_VARIABLES,
     build_context,
     ds_add,
@@ -28,7 +29,6 @@ from engine.templating import (
     jsonable,
     prepare,
 )
-from engine.testing import run_engine
 from operators.base import BaseOperator
 from operators.bash import BashOperator
 from operators.python import PythonOperator

@@ -1,4 +1,4 @@
-"""Data intervals of schedules (engine/timetables.py): pure functions of times, no database."""
+"""Data intervals of schedules (engine/dags/timetables.py): pure functions of times, no database."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import DAG
-from engine.timetables import (
+from engine.dags.timetables import (
     DataInterval,
     ScheduleError,
     Timetable,

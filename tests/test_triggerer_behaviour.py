@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from engine import DAG
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
 from engine.triggerer import Triggerer
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from tests.helpers import wait_until
 from tests.triggerer_support import WaitOn, read_journal
 

@@ -8,9 +8,9 @@ import anyio
 import pytest
 
 from engine import DAG
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.store import Store, TriggerOutcome
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from tests.helpers import fired_summary, wait_until
 from tests.triggerer_support import WaitOn
 from triggers.base import encode_value

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from engine import DAG
-from engine.retry import with_db_retry
+from engine.runtime.retry import with_db_retry
 from engine.store import Store
 from tests.helpers import WAIT_S, wait_until
 from tests.triggerer_faults import Spawn, WaitFor, spawn, start_run, tis_of, worker_running

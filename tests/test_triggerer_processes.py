@@ -17,7 +17,7 @@ import pytest
 
 from engine import DAG
 from engine.store import Store, TaskInstance
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from tests import triggerer_faults as faults
 from tests.helpers import wait_until
 from tests.triggerer_faults import Spawn, spawn

@@ -334,7 +334,7 @@ async def test_a_stopped_database_shows_an_error_page_not_a_crash(
 ) -> None:
     """The page reaches the database through a proxy; closing the proxy cuts every connection
     and refuses new ones, as a stopped server does: each page answers 503 saying so."""
-    from engine.keys import Keyring
+    from engine.security.keys import Keyring
     from tests.conftest import TEST_FERNET_KEY
     from tests.pg_proxy import PgProxy
 

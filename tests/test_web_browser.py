@@ -46,7 +46,7 @@ with DAG(dag_id="browser") as dag:
 
 
 async def _create_run(db_url: str) -> None:
-    from engine.keys import Keyring
+    from engine.security.keys import Keyring
 
     store = await Store.connect(db_url, pool_size=1, keyring=Keyring([TEST_FERNET_KEY]))
     try:

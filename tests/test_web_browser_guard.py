@@ -32,7 +32,7 @@ TOKEN = "t0ken-for-the-browser"
 
 
 async def _record_dag(db_url: str) -> None:
-    from engine.keys import Keyring
+    from engine.security.keys import Keyring
 
     store = await Store.connect(db_url, pool_size=1, keyring=Keyring([TEST_FERNET_KEY]))
     try:

@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import pytest
 
-from engine.dagbag import DagBag
-from engine.retry import with_db_retry
+from engine.dags.dagbag import DagBag
+from engine.runtime.retry import with_db_retry
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
 from operators.base import (

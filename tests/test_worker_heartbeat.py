@@ -9,10 +9,10 @@ import anyio
 import pytest
 
 from engine import DAG
-from engine.dagbag import DagBag
-from engine.scheduler import Scheduler
+from engine.dags.dagbag import DagBag
+from engine.scheduler.scheduler import Scheduler
 from engine.store import Store
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from operators.base import BaseOperator, Context
 from tests.helpers import wait_until
 

@@ -17,12 +17,12 @@ from typing import Any
 import anyio
 import pytest
 
-from engine.dagbag import DagBag
-from engine.scheduler import Scheduler
+from engine.dags.dagbag import DagBag
+from engine.scheduler.scheduler import Scheduler
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
 from engine.triggerer import Triggerer
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from operators.base import BaseOperator
 from tests.helpers import wait_until
 from tests.processes import Children, explained
@@ -376,7 +376,7 @@ class _Returns(BaseOperator):
 
 @pytest.mark.anyio
 async def test_an_isolated_task_of_a_dag_built_in_code_fails_saying_why(store: Store) -> None:
-    from engine.dag import DAG
+    from engine.dags.dag import DAG
 
     with DAG("in_code") as dag:
         _Returns(task_id="isolated", isolation="process", retries=2, retry_delay=0)

@@ -19,7 +19,7 @@ import pytest
 from engine import DAG
 from engine.store import Store, TaskInstance
 from engine.testing import run_engine
-from engine.worker import Worker
+from engine.worker.worker import Worker
 from operators.base import BaseOperator, Context
 from tests.conftest import REPO
 from tests.helpers import child_env

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from engine.config import ConfigError, Settings
-from engine.runner import run_async
-from engine.security.masking import redact_text
+from engine.masking import redact_text
+from engine.runtime.runner import run_async
 from engine.store.embedded import EmbeddedServerError
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from engine.cli.common import console
 from engine.config import DEFAULT_SOURCE, Loaded, Settings
-from engine.security.masking import redact
+from engine.masking import redact
 
 #: Where a value derived by ``--effective`` came from.
 DERIVED = "derived"
@@ -20,7 +20,7 @@ DERIVED = "derived"
 
 def _shown(name: str, value: Any) -> Any:
     """A value as it may be printed: keys hidden, passwords masked (the database URL's, and
-    whatever secret any other value holds: engine.security.masking)."""
+    whatever secret any other value holds: engine.masking)."""
     if name == "fernet_key" and value:
         return "<hidden>"
     if isinstance(value, tuple):
@@ -31,8 +31,8 @@ def _shown(name: str, value: Any) -> Any:
 def _effective(settings: Settings, name: str, value: Any, source: str) -> tuple[Any, str]:
     """What the processes make of a setting that is unset or relative (no database or
     file is touched to find out)."""
-    from engine.app import trigger_allow_list
-    from engine.keys import KEY_FILE_NAME
+    from engine.launch.app import trigger_allow_list
+    from engine.security.keys import KEY_FILE_NAME
 
     home = settings.home_path.resolve()
     if name == "home":

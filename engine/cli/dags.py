@@ -32,11 +32,11 @@ from engine.cli.listing import (
     show_outcome,
     wide_option,
 )
-from engine.dagbag import DagBag, error_summary
+from engine.dags.dagbag import DagBag, error_summary
 from engine.store import DuplicateRun
 
 if TYPE_CHECKING:
-    from engine.client import RunOutcome
+    from engine.client.runs import RunOutcome
     from engine.store.models import DagSummary
 
 
@@ -82,7 +82,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool, wide: 
     check_dags_folder(settings)
 
     async def main() -> tuple[list[DagSummary], dict[str, str]]:
-        from engine.scheduler import sync_dags
+        from engine.scheduler.scheduler import sync_dags
         from engine.store import open_store
 
         store = await open_store(settings)
@@ -190,7 +190,7 @@ def dags_trigger(
     problem = _json_text_problem(conf_obj)
     if problem:
         raise click.BadParameter(f"a string in it {problem}", param_hint="--conf")
-    from engine.client import trigger_dag, wait_run
+    from engine.client.runs import trigger_dag, wait_run
 
     # Created first, then waited for: a Ctrl-C once the run exists names the run to follow.
     created: RunOutcome | None = None
@@ -297,7 +297,7 @@ def dags_backfill(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from engine.backfill import BackfillProgress, backfill
+    from engine.scheduler.backfill import BackfillProgress, backfill
     from engine.store import UnknownDag
 
     settings = _settings(ctx).replace(dags_folder=dags_folder)
@@ -321,7 +321,7 @@ def dags_backfill(
             bar.update(task, total=p.total, completed=done, detail=detail)
 
         async def main() -> BackfillProgress:
-            from engine.scheduler import sync_dags
+            from engine.scheduler.scheduler import sync_dags
             from engine.store import open_store
 
             store = await open_store(settings)

@@ -10,7 +10,7 @@ import click
 
 from engine.cli.common import TEXT, _run, _settings
 from engine.config import Settings
-from engine.health import DB_TIMEOUT_S
+from engine.runtime.health import DB_TIMEOUT_S
 
 #: How long the probe waits for the process's answer.
 PROBE_TIMEOUT_S = 5.0

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from engine.cli.common import _run
 from engine.config import Settings
-from engine.keys import generate_key, write_key_file
+from engine.security.keys import generate_key, write_key_file
 
 __all__ = ["keys"]
 

@@ -1,6 +1,6 @@
 """How the listing commands show what they list: task instance tables and JSON rows, times,
 durations, values as compact JSON, and every value that may hold a secret (results, errors,
-rendered fields, run confs, trigger kwargs) masked (engine.security.masking).
+rendered fields, run confs, trigger kwargs) masked (engine.masking).
 
 Tables never cut an id. In a terminal a long cell folds onto more lines, and a table too wide
 to fold readably is shown one row at a time (``column  value`` lines); with ``--wide``, or
@@ -22,12 +22,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from engine import masking
 from engine.cli.common import console, decode_result, err_console
-from engine.security import masking
 from engine.states import RUN_STATES, STATES
 
 if TYPE_CHECKING:
-    from engine.client import RunOutcome
+    from engine.client.runs import RunOutcome
     from engine.store.models import TaskInstance
 
 #: Shown instead of a secret.
@@ -182,7 +182,7 @@ def is_secret_key(key: object) -> bool:
 def mask_secrets(value: Any) -> Any:
     """``value`` as the CLI shows it: secrets masked at any depth (registered secrets,
     sensitive key names such as ``password``, ``token``, ``Authorization``, secret shapes in
-    text: engine.security.masking, the one function the status page and the logs use too)."""
+    text: engine.masking, the one function the status page and the logs use too)."""
     return masking.redact(value)
 
 
@@ -222,7 +222,7 @@ class ListedTask(msgspec.Struct, frozen=True, kw_only=True):
     previous_error: str | None
     #: What the templated fields rendered to at the start of the latest try; None: nothing.
     rendered: dict[str, Any] | None = None
-    #: Why a waiting task is not running (engine/why.py); None for one that runs or has ended
+    #: Why a waiting task is not running (engine/client/why.py); None for one that runs or has ended
     #: (and where it was not asked for).
     waiting_reason: str | None = None
 

@@ -13,7 +13,7 @@ import click
 import msgspec
 
 from engine.cli.common import _run
-from engine.security.masking import redact_text
+from engine.masking import redact_text
 
 if TYPE_CHECKING:
     from engine.store import LogLine

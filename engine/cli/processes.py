@@ -10,7 +10,6 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from engine import logs
 from engine.cli.common import (
     _dags_option,
     _run,
@@ -21,6 +20,7 @@ from engine.cli.common import (
     require_dags_folder,
 )
 from engine.config import STANDALONE_METRICS_PORT
+from engine.runtime import logs
 
 
 def _metrics_port_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -41,7 +41,7 @@ def scheduler(ctx: click.Context, dags_folder: str | None, metrics_port: int | N
 
     It also records the DAGs of the DAGs folder, scanned every dag_rescan_interval_s (and at
     once when `dags trigger` asks for a DAG it does not know)."""
-    from engine.app import run_component
+    from engine.launch.app import run_component
 
     logs.set_process_name("scheduler")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(dags_folder=dags_folder, metrics_port=metrics_port)
@@ -83,7 +83,7 @@ def worker(
     metrics_port: int | None,
 ) -> None:
     """Run a worker: claims and runs task instances in SLOTS slots, those of its QUEUES."""
-    from engine.app import run_component
+    from engine.launch.app import run_component
 
     logs.set_process_name("worker")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
@@ -112,7 +112,7 @@ def triggerer(
 
     Without a DAGs folder it starts with a warning: only triggers importable without one (the
     built-in triggers.*) can run there."""
-    from engine.app import run_component
+    from engine.launch.app import run_component
 
     logs.set_process_name("triggerer")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
@@ -165,7 +165,7 @@ def standalone(
     Ctrl-C (or SIGTERM) once: stop gracefully (running tasks finish within
     worker_shutdown_grace_s, triggers are released); twice: cancel; three times: kill.
     """
-    from engine.standalone import metrics_ports, run_standalone
+    from engine.launch.standalone import metrics_ports, run_standalone
     from engine.web.server import status_url
 
     logs.set_process_name("standalone")

@@ -7,10 +7,11 @@ from typing import Any
 
 import click
 
-from engine import __version__, logs
 from engine.cli.common import PATH_TEXT, TEXT
 from engine.config import ConfigError, load, register_setting_secrets
-from engine.security.masking import register_environment
+from engine.masking import register_environment
+from engine.runtime import logs
+from engine.version import __version__
 from triggers.base import import_object
 
 _COMMANDLINE = click.core.ParameterSource.COMMANDLINE

@@ -64,7 +64,7 @@ def runs_list(
         finally:
             await store.close()
 
-    # A run's conf is shown with its secrets masked (engine.security.masking).
+    # A run's conf is shown with its secrets masked (engine.masking).
     rows = [msgspec.structs.replace(row, conf=mask_secrets(row.conf)) for row in _run(main)]
     if as_json:
         _json(rows)
@@ -108,7 +108,7 @@ def runs_wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, w
             f"expected RUN_ID or DAG_ID RUN_ID, got {len(ids)} argument(s)", ctx=ctx
         )
     settings = _settings(ctx)
-    from engine.client import dag_of_run, wait_run
+    from engine.client.runs import dag_of_run, wait_run
 
     run_id = ids[-1]
     dag_id = ids[0] if len(ids) == 2 else None

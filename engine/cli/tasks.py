@@ -48,8 +48,8 @@ def tasks_list(
     settings = _settings(ctx)
 
     async def main() -> tuple[list[TaskInstance], dict[int, str]]:
+        from engine.client.why import WAITING_STATES, waiting_reasons
         from engine.store import open_store
-        from engine.why import WAITING_STATES, waiting_reasons
 
         store = await open_store(settings)
         try:
@@ -90,7 +90,7 @@ def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> Non
     Exit code 2: no such run or task.
     """
     settings = _settings(ctx)
-    from engine.why import NoSuchTask, why_not_running
+    from engine.client.why import NoSuchTask, why_not_running
 
     async def main() -> str:
         from engine.store import open_store

@@ -1,5 +1,5 @@
 """``deferral tasks test``: run one task in this process on a scratch database
-(:mod:`engine.tasktest`). Added to the ``tasks`` group by root.py."""
+(:mod:`engine.testing.tasktest`). Added to the ``tasks`` group by root.py."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from engine.cli.common import (
     _usage_exit,
     require_dags_folder,
 )
-from engine.dagbag import DagBag, error_summary
+from engine.dags.dagbag import DagBag, error_summary
 
 if TYPE_CHECKING:
-    from engine.tasktest import TaskTestReport
+    from engine.testing.tasktest import TaskTestReport
 
 
 def _close_names(name: str, known: Iterable[str]) -> str:
@@ -133,7 +133,7 @@ def tasks_test(
     folder = str(Path(settings.dags_folder).expanduser())
     bag = _load(folder, dag_id, task_id, settings.dag_file_processor_timeout_s)
 
-    from engine.tasktest import ScratchDatabaseError, run_task_test, show
+    from engine.testing.tasktest import ScratchDatabaseError, run_task_test, show
 
     async def until_signalled() -> TaskTestReport | None:
         """The report, or None when SIGINT or SIGTERM came first: the run is cancelled, and

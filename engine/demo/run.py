@@ -19,16 +19,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from engine.app import spawn, stop_children
-from engine.client import wait_for_run
+from engine.client.runs import wait_for_run
 from engine.config import Settings
-from engine.dagbag import DagBag
+from engine.dags.dagbag import DagBag
 from engine.demo import dag as demo_dag
 from engine.demo.dag import dag_file_source
 from engine.demo.jobs import JobApi
-from engine.keys import child_key_env, keyring_from_settings
-from engine.runner import run_async
-from engine.scheduler import sync_dags
+from engine.launch.app import spawn, stop_children
+from engine.runtime.runner import run_async
+from engine.scheduler.scheduler import sync_dags
+from engine.security.keys import child_key_env, keyring_from_settings
 from engine.store import Store, TaskInstance, database_url
 from engine.store.databases import create_database
 from triggers.base import decode_value

@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 
 from engine.config import Settings
-from engine.keys import keyring_from_settings
-from engine.security.masking import register_url_password
+from engine.masking import register_url_password
+from engine.security.keys import keyring_from_settings
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
 from engine.store.models import (
     ClaimedTask,

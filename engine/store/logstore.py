@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from engine.security.masking import redact_text
+from engine.masking import redact_text
 from engine.states import TERMINAL_STATES, TRY_OUTCOME_STATES
 from engine.store.models import LoggedTry, LogLine, TaskLogs, TriggerLogs
 
@@ -75,14 +75,14 @@ class LogStore:
     _pool: asyncpg.Pool
     _q: dict[str, str]
 
-    # -- writing (engine/logsink.py) -----------------------------------------------------------
+    # -- writing (engine/usercode/logsink.py) ------------------------------------------------------
 
     async def insert_trigger_logs(
         self, rows: Sequence[TriggerLogRow], map_trigger_ids: Sequence[int] = ()
     ) -> None:
         """Write trigger lines in one statement, in order; the tries waiting now on
         ``map_trigger_ids`` are recorded as waiting on them. Messages are stored masked
-        (:func:`engine.security.masking.redact_text`), as are task lines."""
+        (:func:`engine.masking.redact_text`), as are task lines."""
         await self._pool.execute(
             self._q["insert_trigger_logs"],
             [r.trigger_id for r in rows],

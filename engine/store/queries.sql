@@ -36,7 +36,7 @@ SELECT pg_notify($1, $2);
 -- name: upsert_dag
 -- Record a DAG's structure and schedule as parsed from its file ($11: whether a new DAG starts
 -- paused; a known DAG keeps its paused flag; $14: max_active_tasks, null: no limit; $15: the
--- hash of it all, engine.dagrecord). Returns whether anything changed and whether the next
+-- hash of it all, engine.scheduler.dagrecord). Returns whether anything changed and whether the next
 -- scheduled run must be computed again (a new DAG, or a changed schedule).
 -- A DAG recorded as it is now is not written at all (the INSERT has no row): an upsert that
 -- changes nothing still locks the row, which took a transaction id and a WAL flush per DAG,
@@ -1106,7 +1106,7 @@ FROM deferral_triggerers r ORDER BY r.id;
 -- (retries apply), and the dead workers' rows go. Silence counts only from when a heartbeat
 -- could have arrived: not before the server last started (an outage or restart is not the
 -- workers' fault), nor before $2 (when the scheduler's current unbroken contact with the
--- database began, engine/contact.py; null: not known).
+-- database began, engine/scheduler/contact.py; null: not known).
 -- Nothing is reaped when this statement starts more than $4 seconds after the scheduler's
 -- last contact $3 (null: no check): the database (or the scheduler) was frozen in between,
 -- and this may be the first statement it answers after the freeze, with every heartbeat as

@@ -10,11 +10,11 @@ CREATE DOMAIN deferral_trigger_outcome AS text
 CREATE TABLE deferral_dags (
     dag_id      text PRIMARY KEY,
     fileloc     text NOT NULL,
-    -- One object a task: task_id, upstream, trigger_rule, retries, ... (engine.dag.DAG.serialize_tasks)
+    -- One object a task: task_id, upstream, trigger_rule, retries, ... (engine.dags.dag.DAG.serialize_tasks)
     tasks       jsonb NOT NULL,
     description text,
     updated_at  timestamptz NOT NULL DEFAULT now(),
-    -- The schedule (added by migration 0009). engine.timetables: {"kind": "none"|"once"|
+    -- The schedule (added by migration 0009). engine.dags.timetables: {"kind": "none"|"once"|
     -- "cron"|"delta", ...}; schedule: as written, for display (null: none).
     timetable   jsonb NOT NULL DEFAULT '{"kind": "none"}'::jsonb,
     schedule    text,
@@ -36,7 +36,7 @@ CREATE TABLE deferral_dags (
     is_active   boolean NOT NULL DEFAULT true,
     -- running tasks of the DAG at once (null: no limit; added by 0012)
     max_active_tasks integer CHECK (max_active_tasks >= 1),
-    -- a hash of what the columns above record of the DAG's file (engine.dagrecord; null: none
+    -- a hash of what the columns above record of the DAG's file (engine.scheduler.dagrecord; null: none
     -- computed; added by 0013): a rescan writes only the DAGs whose hash differs
     fingerprint text
 );
@@ -250,7 +250,7 @@ COMMENT ON VIEW deferral_run_states IS
     'One row per DAG run: run_seq (newer runs are higher), dag_id, run_id, logical_date, state, created_at, ended_at, task_states ({task_id: state}), run_type, data_interval_start, data_interval_end. Read only; the interface for readers outside the engine.';
 
 -- Per-trigger and per-try logs; added by migration 0010. Lines are written in batches by the triggerer and
--- the worker (engine/logsink.py), never a file per trigger. seq orders the lines of a trigger
+-- the worker (engine/usercode/logsink.py), never a file per trigger. seq orders the lines of a trigger
 -- or a try and pages through them (after_seq); it also orders the retention's deletes (the
 -- oldest first). Trigger lines outlive their trigger row, which is deleted when it fires.
 CREATE TABLE deferral_trigger_logs (

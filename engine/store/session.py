@@ -1,6 +1,6 @@
 """A triggerer's own connection, outside the pool: it holds the triggerer's session lock.
 
-The triggerer's lease thread (engine/lease.py) runs these statements on an event loop of
+The triggerer's lease thread (engine/triggerer/lease.py) runs these statements on an event loop of
 its own. The connection's session holds the advisory lock taken at registration: when the
 process dies or the connection drops, PostgreSQL frees the lock at once, and any live
 triggerer's ``reap_triggerers`` frees the dead one's triggers for adoption.
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from engine import __version__
 from engine.store.models import TriggererHealth, TriggerOutcome
 from engine.store.queries import load_queries
 from engine.store.store import _storable_text
+from engine.version import __version__
 from operators.base import DEFAULT_QUEUE
 
 __all__ = ["TriggererSession"]

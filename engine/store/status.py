@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import msgspec
 
-from engine import __version__
-from engine.keys import Keyring, UnreadableValue
+from engine.security.keys import Keyring, UnreadableValue
 from engine.store.models import (
     AuditRow,
     Backlog,
@@ -31,6 +30,7 @@ from engine.store.models import (
     TriggerListing,
     WorkerRow,
 )
+from engine.version import __version__
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

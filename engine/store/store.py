@@ -14,10 +14,9 @@ import anyio
 import asyncpg
 import msgspec
 
-from engine import __version__
-from engine.crashpoints import crash_point
-from engine.keys import Keyring, UnreadableValue
-from engine.retry import with_db_retry
+from engine.runtime.crashpoints import crash_point
+from engine.runtime.retry import with_db_retry
+from engine.security.keys import Keyring, UnreadableValue
 from engine.store.downstream import settle
 from engine.store.logstore import LogStore
 from engine.store.models import (
@@ -49,6 +48,7 @@ from engine.store.queries import load_queries, migrations
 from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
 from engine.store.why import WhyReads
+from engine.version import __version__
 from operators.base import DEFAULT_POOL, DEFAULT_QUEUE
 
 __all__ = [
@@ -311,8 +311,8 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
         *,
         fingerprint: str | None = None,
     ) -> bool:
-        """Record a DAG (``schedule``: :meth:`engine.dag.DAG.serialize_schedule`; None: no
-        schedule; ``fingerprint``: the hash of it all, :mod:`engine.dagrecord`). Returns
+        """Record a DAG (``schedule``: :meth:`engine.dags.dag.DAG.serialize_schedule`; None: no
+        schedule; ``fingerprint``: the hash of it all, :mod:`engine.scheduler.dagrecord`). Returns
         whether its next scheduled run must be computed again (a new DAG or a changed
         schedule)."""
         sched = schedule or {}
@@ -1008,7 +1008,7 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
         """Fail the running tries whose worker missed heartbeats for ``threshold_s`` seconds.
         Only heartbeats the database could have received count as missed: none before the
         server last started, nor before ``contact_since`` (when the caller's unbroken contact
-        with the database began; engine/contact.py). With ``last_contact`` (the database
+        with the database began; engine/scheduler/contact.py). With ``last_contact`` (the database
         time of the caller's latest contact), nothing is reaped if this statement starts more
         than ``max_gap_s`` after it. Returns what moved, which the caller settles
         (engine/store/downstream.py)."""

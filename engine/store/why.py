@@ -1,6 +1,6 @@
 """The store's part of "why is this task not running?" (``deferral tasks why``, ``waiting_reason``
 in ``tasks list --json``, the status page's task try page): read-only facts about task
-instances and what holds them back, as structs; engine/why.py words the answer. Mixed into
+instances and what holds them back, as structs; engine/client/why.py words the answer. Mixed into
 :class:`engine.store.store.Store`; not on a hot path (one statement for a whole listing)."""
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 It claims unowned triggers in large batches (woken by ``NOTIFY``, polling as the
 backstop), rebuilds each from its ``(classpath, kwargs)`` and runs its ``run()`` as
 an asyncio task named after the trigger. The first event is queued; a writer
-(engine/outbox.py) writes queued outcomes in batches, each batch one transaction in which
+(engine/runtime/outbox.py) writes queued outcomes in batches, each batch one transaction in which
 every waiting task instance moves by a conditional update, and only while this triggerer
 still owns the trigger with the fencing token it claimed. Deferral deadlines are loop
 timers. A lease, renewed on the database clock by a thread with a connection of its own
-(engine/lease.py), says the triggerer is alive; that connection's session holds the
+(engine/triggerer/lease.py), says the triggerer is alive; that connection's session holds the
 triggerer's advisory lock, so its death is seen at once and other triggerers adopt its
 triggers within a fraction of a second (or when the lease lapses).
 
@@ -19,7 +19,8 @@ One module per part: ``facade`` (``Triggerer``: wiring, ``run``/``stop``), ``hel
 of held triggers and the invariant that ties it to the database), ``claims``, ``classes`` (trigger
 classes by classpath, imported again when their file in the DAGs folder changes), ``running``
 (one trigger's task and outcome), ``deadlines``, ``ownership`` (the lease, as the loop sees
-it), ``blocking`` (the blocked-loop policy) and ``shared`` (what the parts share).
+it), ``blocking`` (the blocked-loop policy) and ``shared`` (what the parts share); and its
+two threads, ``lease`` (the lease keeper) and ``watchdog`` (the blocked-loop watchdog).
 """
 
 from engine.triggerer.facade import Triggerer

@@ -1,6 +1,6 @@
 """The blocked-loop policy: what the triggerer does when a trigger blocks its event loop.
 
-The watchdog (engine/watchdog.py) calls ``on_block`` and ``on_limit`` on its own thread,
+The watchdog (engine/triggerer/watchdog.py) calls ``on_block`` and ``on_limit`` on its own thread,
 while the loop may still be blocked. Those two read nothing the loop owns: the asyncio task's
 name says which trigger (and fence) blocks, the settings are fixed, and the lease keeper is
 set before the watchdog starts. Everything that reads or changes the held set hops to the
@@ -19,13 +19,13 @@ import asyncio
 import copy
 import logging
 
-from engine.lease import LeaseKeeper
 from engine.store import TriggerOutcome
 from engine.store.models import TriggererHealth
 from engine.triggerer.held import Held
+from engine.triggerer.lease import LeaseKeeper
 from engine.triggerer.running import trigger_of
 from engine.triggerer.shared import Shared
-from engine.watchdog import BlockReport
+from engine.triggerer.watchdog import BlockReport
 
 __all__ = ["BlockPolicy"]
 

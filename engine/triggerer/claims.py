@@ -15,8 +15,8 @@ from typing import Any
 
 import anyio
 
-from engine.crashpoints import crash_point
-from engine.retry import Backoff
+from engine.runtime.crashpoints import crash_point
+from engine.runtime.retry import Backoff
 from engine.security.allow import check_classpath, check_import_paths
 from engine.store import ClaimedTrigger, TriggerOutcome
 from engine.triggerer.classes import TriggerClasses

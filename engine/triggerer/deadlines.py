@@ -12,13 +12,13 @@ import datetime as dt
 import functools
 import logging
 
-from engine.retry import Backoff, with_db_retry
+from engine.runtime.retry import Backoff, with_db_retry
+from engine.runtime.wakeup import Wakeup
 from engine.store import TriggerWaiters
 from engine.store.downstream import settle
 from engine.store.models import TimedOutTask
 from engine.triggerer.held import Held, HeldSet
 from engine.triggerer.shared import Shared
-from engine.wakeup import Wakeup
 
 __all__ = ["Deadlines"]
 

@@ -2,8 +2,8 @@
 
 The parts, one module each: the held set and its invariant (``held``), claiming (``claims``),
 running one trigger (``running``), deadlines (``deadlines``), the lease as the loop sees it
-(``ownership``; the lease thread is engine/lease.py), the blocked-loop policy (``blocking``)
-and the outcomes' writer (engine/outbox.py, in ``shared``).
+(``ownership``; the lease thread is engine/triggerer/lease.py), the blocked-loop policy
+(``blocking``) and the outcomes' writer (engine/runtime/outbox.py, in ``shared``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from collections.abc import Callable, Sequence
 import anyio
 from anyio.abc import TaskStatus
 
-from engine import metrics as _metrics
-from engine import usercode
 from engine.config import (
     DEFAULT_BLOCKED_LOOP_S,
     DEFAULT_CLAIM_BATCH,
@@ -27,19 +25,21 @@ from engine.config import (
     DEFAULT_TRIGGERER_LEASE_S,
     DEFAULT_TRIGGERER_MAX_BLOCK_S,
 )
-from engine.health import Check, freshness
-from engine.lease import LeaseKeeper
-from engine.logsink import LogLimits
+from engine.runtime import metrics as _metrics
+from engine.runtime.health import Check, freshness
 from engine.store import CHANNEL_DEADLINES, CHANNEL_TRIGGERS, Listener, Store
 from engine.triggerer.blocking import BlockPolicy
 from engine.triggerer.claims import Claimer
 from engine.triggerer.classes import TriggerClasses
 from engine.triggerer.deadlines import Deadlines
 from engine.triggerer.held import Held
+from engine.triggerer.lease import LeaseKeeper
 from engine.triggerer.ownership import Ownership, ensure_listening
 from engine.triggerer.running import TriggerRunner
 from engine.triggerer.shared import Shared
-from engine.watchdog import BlockReport, LoopWatchdog
+from engine.triggerer.watchdog import BlockReport, LoopWatchdog
+from engine.usercode import guard as usercode
+from engine.usercode.logsink import LogLimits
 from operators.base import DEFAULT_QUEUE
 
 __all__ = ["Triggerer"]
@@ -153,7 +153,7 @@ class Triggerer:
         }
 
     def health_checks(self) -> dict[str, Check]:
-        """Readiness: the lease was renewed within ``lease_s`` (engine/health.py)."""
+        """Readiness: the lease was renewed within ``lease_s`` (engine/runtime/health.py)."""
 
         def renewed_at() -> float | None:
             return self._lease.renewed_at if self._lease is not None else None

@@ -1,7 +1,7 @@
 """The lease, seen from the triggerer's loop.
 
 The lease itself (registration, renewal, the session advisory lock, reaping gone triggerers)
-is kept by a thread with a connection of its own (engine/lease.py), so that a blocked loop
+is kept by a thread with a connection of its own (engine/triggerer/lease.py), so that a blocked loop
 does not lose it. This part is what the loop does with it: it takes a new registration (a
 new id after the first means the old one was lost: everything held is dropped), and every
 third of a lease it checks the held set against what the database says this triggerer owns
@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from engine.lease import LeaseKeeper
-from engine.retry import Backoff
+from engine.runtime.retry import Backoff
 from engine.store import Listener
 from engine.store.models import TriggererHealth
 from engine.triggerer.held import Verdict
+from engine.triggerer.lease import LeaseKeeper
 from engine.triggerer.shared import Shared
 from operators.base import DEFAULT_QUEUE
 

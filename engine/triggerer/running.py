@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from engine import logs, usercode
+from engine.runtime import logs
 from engine.store import TriggerOutcome
-from engine.tracebacks import format_user_exception
 from engine.triggerer.held import Held
 from engine.triggerer.shared import Shared
+from engine.usercode import guard as usercode
+from engine.usercode.tracebacks import format_user_exception
 from triggers.base import (
     MAX_PAYLOAD_BYTES,
     BaseTrigger,
@@ -69,7 +70,7 @@ class TriggerRunner:
     async def _watch(self, trigger_id: int, held: Held, trigger: BaseTrigger) -> None:
         logs.bind(trigger=trigger_id, classpath=held.classpath)
         # (Its lines and prints are stored per trigger by that id: Triggerer.run bound the
-        # triggers' log sink once for every trigger task, engine/logsink.py.)
+        # triggers' log sink once for every trigger task, engine/usercode/logsink.py.)
         usercode.enter_user_code()  # tasks the trigger starts cannot end the process
         outcome: TriggerOutcome | None = None
         agen = None

@@ -10,13 +10,13 @@ import asyncio
 import gc
 import logging
 
-from engine.logsink import LogLimits, LogSink
-from engine.metrics import Metrics
-from engine.outbox import Outbox
+from engine.runtime.metrics import Metrics
+from engine.runtime.outbox import Outbox
+from engine.runtime.wakeup import Wakeup
 from engine.store import Store, TriggerOutcome
 from engine.store.downstream import settle
 from engine.triggerer.held import HeldSet
-from engine.wakeup import Wakeup
+from engine.usercode.logsink import LogLimits, LogSink
 
 __all__ = ["WRITE_BATCH", "Shared"]
 
@@ -50,8 +50,8 @@ class Shared:
         self.held = HeldSet(on_room=self.claim_wake.set)
         self.fired = 0
         self._frozen_at = 0
-        #: The triggers' log lines (engine/logsink.py), written in batches, within the bounds
-        #: of the settings log_* (``log_limits``).
+        #: The triggers' log lines (engine/usercode/logsink.py), written in batches, within the
+        #: bounds of the settings log_* (``log_limits``).
         self.logs = LogSink(store, "trigger", limits=log_limits)
         #: Outcomes (events and failures) waiting for the writer.
         self.outbox: Outbox[TriggerOutcome, int, bool] = Outbox(

@@ -13,10 +13,10 @@ import anyio
 import jinja2
 from aiohttp import web
 
-from engine import __version__
-from engine.retry import TRANSIENT_ERRORS
+from engine.runtime.retry import TRANSIENT_ERRORS
 from engine.states import STATES
 from engine.store import Store
+from engine.version import __version__
 from engine.web import hooks, views
 from engine.web.actions import ACTION_ROUTES, Action, authorized, who
 from engine.web.guard import add_security_headers

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.security.masking import redact_text
+from engine.masking import redact_text
 
 if TYPE_CHECKING:
     from engine.store import Store
@@ -25,8 +25,8 @@ async def why_not_running(store: Store, ti: TaskTry) -> str | None:
     one that runs or has ended (the page shows its state). The parallelism and when a worker
     counts as gone are read from this process's settings (environment and file), as the
     command reads them."""
+    from engine.client.why import waiting_reasons
     from engine.config import ConfigError, Settings, load_settings
-    from engine.why import waiting_reasons
 
     try:
         settings = load_settings()

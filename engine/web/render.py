@@ -9,7 +9,7 @@ from typing import Any
 import jinja2
 import msgspec
 
-from engine.security.masking import MASK, redact
+from engine.masking import MASK, redact
 from triggers.base import decode_value
 
 __all__ = ["MASK", "decoded", "environment", "masked", "pretty"]
@@ -17,7 +17,7 @@ __all__ = ["MASK", "decoded", "environment", "masked", "pretty"]
 
 def masked(value: Any) -> Any:
     """``value`` as the pages show it: secrets masked at any depth, by the engine's one
-    masking function (:func:`engine.security.masking.redact`: registered secrets, sensitive
+    masking function (:func:`engine.masking.redact`: registered secrets, sensitive
     key names, secret shapes in text)."""
     return redact(value)
 

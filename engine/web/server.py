@@ -13,9 +13,9 @@ import anyio
 from aiohttp import web
 from anyio.abc import TaskStatus
 
-from engine import logs
 from engine.config import ConfigError, Settings
-from engine.runner import exit_without_threads, serve, supervisor_fd
+from engine.runtime import logs
+from engine.runtime.runner import exit_without_threads, serve, supervisor_fd
 from engine.store import Store, open_store
 from engine.web.app import make_app
 

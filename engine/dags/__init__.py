@@ -1,0 +1,1 @@
+"""DAGs: the model, DAG files loaded from a folder, schedules as data intervals."""

@@ -1,0 +1,411 @@
+"""Try DAG files in a child process before the engine imports them.
+
+A DAG file is user code that runs at import. One that calls ``sys.exit()``, raises
+``KeyboardInterrupt`` or loops forever would stop or hang the process that imports it (and, in
+a worker, wedge its import lock). :func:`check_files` imports the files in a separate Python
+process, one after the other, each within ``timeout_s``: a file that raises anything (any
+``BaseException``), ends the process or overruns its time is reported with the cause, and the
+child is killed (with its process group) when it overruns. Only the files that imported cleanly
+there are imported in-process (see :class:`engine.dags.dagbag.DagBag`), like Airflow's DAG file
+processor with its ``dag_file_processor_timeout``.
+
+The child runs ``python -m engine.dags.dagparse <folder> <file>...`` with the parent's ``sys.path``
+and writes one JSON line per file to the pipe whose descriptor it is given in
+``DEFERRAL_DAGPARSE_FD``: ``{"i": <index>, "error": <text or null>}`` (after a first
+``{"ready": true}`` line once its own imports are done).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "RESERVED_NAMES",
+    "TIMEOUT_SETTING",
+    "Failure",
+    "SlowImport",
+    "check_files",
+    "import_dag_file",
+    "reserved_name_error",
+]
+
+#: How long one DAG file may take to import (``dag_file_processor_timeout_s``).
+DEFAULT_TIMEOUT_S = 30.0
+#: The setting that bounds a file's import, named in the error of a file that overran it.
+TIMEOUT_SETTING = "dag_file_processor_timeout_s"
+
+#: The engine's own top-level packages. A module or package of one of these names (or of a
+#: standard library module's) at the top of a DAGs folder cannot be imported: the engine's
+#: package of that name is already loaded (and a classpath under it names the engine's code),
+#: so such a file is an import error that says what to rename.
+RESERVED_NAMES = frozenset({"engine", "triggers", "operators", "benchmarks"})
+
+_FD_ENV = "DEFERRAL_DAGPARSE_FD"
+_PARENT_ENV = "DEFERRAL_DAGPARSE_PARENT"
+#: How often the child checks that its parent still runs.
+_PARENT_CHECK_S = 0.5
+#: At most this much of a dead child's stderr goes into an import error.
+_STDERR_TAIL = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why a DAG file could not be imported in the child process."""
+
+    error: str
+    #: Its import overran the time limit (it is not tried again until it changes).
+    timed_out: bool = False
+
+
+def module_name(folder: Path, file: Path) -> str | None:
+    """``team/etl.py`` under the folder imports as ``team.etl``; None when a part of the path
+    is not an identifier (the file is then imported by path)."""
+    parts = list(file.relative_to(folder).with_suffix("").parts)
+    if all(p.isidentifier() for p in parts):
+        return ".".join(parts)
+    return None
+
+
+def reserved_name_error(folder: Path, entry: Path) -> str | None:
+    """Why ``entry`` (a module or package at the top of the DAGs folder) cannot be imported:
+    its name is one of the engine's packages or a module of the standard library, which the
+    import finds instead (or which it would replace for the whole process); None when it is
+    free."""
+    name = entry.name.removesuffix(".py") if entry.suffix == ".py" else entry.name
+    if name in RESERVED_NAMES:
+        owner = "the engine's own package"
+    elif name in sys.stdlib_module_names:
+        owner = "the standard library's module"
+    else:
+        return None
+    kind = "DAG file" if entry.suffix == ".py" else "package"
+    return (
+        f"{kind} {entry} has the name of {owner} {name!r}, which is imported instead of it; "
+        f"rename it, for instance to my_{entry.name}"
+    )
+
+
+def path_module_name(file: Path) -> str:
+    return "deferral_dag_" + "".join(c if c.isalnum() else "_" for c in str(file))
+
+
+def import_dag_file(folder: Path | None, file: Path) -> str:
+    """Import one DAG file (fresh: not already in ``sys.modules``); returns its module name."""
+    name = module_name(folder, file) if folder is not None else None
+    if name is not None:
+        importlib.import_module(name)
+        return name
+    name = path_module_name(file)
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return name
+
+
+#: Frames of the import machinery (this module, the DAG bag, importlib) are left out of an
+#: import error's traceback: the DAG author needs their own file's lines, not the engine's.
+_MACHINERY_FILES = frozenset(
+    {str(Path(__file__).resolve()), str(Path(__file__).resolve().with_name("dagbag.py"))}
+)
+_IMPORTLIB_DIR = str(Path(importlib.__file__).resolve().parent)
+
+
+def _is_machinery(filename: str) -> bool:
+    if filename.startswith("<frozen importlib"):
+        return True
+    try:
+        path = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return False
+    return path in _MACHINERY_FILES or path.startswith(_IMPORTLIB_DIR + os.sep)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` (and of the exceptions chained to it) without the import
+    machinery's frames, under a ``Traceback (most recent call last):`` line even when no frame
+    is left (a ``SyntaxError``: its file, line and caret follow)."""
+    top = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    pending = [top]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.stack = traceback.StackSummary.from_list(
+            [frame for frame in current.stack if not _is_machinery(frame.filename)]
+        )
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    text = "".join(top.format())
+    if not top.stack:
+        # format() writes the header only above frames: put it back above the exception line.
+        lines = text.splitlines(keepends=True)
+        own = "".join(top.format_exception_only())
+        text = "".join(lines[: len(lines) - len(own.splitlines())])
+        text += "Traceback (most recent call last):\n" + own
+    return text.rstrip()
+
+
+def describe(file: Path, exc: BaseException) -> str:
+    """An import error's text: what happened, then the traceback (the DAG file's frames)."""
+    body = user_traceback(exc)
+    if isinstance(exc, SystemExit):
+        return f"DAG file {file} called sys.exit({exc.code!r}) at import\n{body}"
+    if not isinstance(exc, Exception):
+        return f"DAG file {file} raised {type(exc).__name__} at import\n{body}"
+    return body
+
+
+def check_files(
+    folder: Path | None,
+    files: Sequence[Path],
+    *,
+    timeout_s: float,
+    slow_s: float | None = None,
+) -> tuple[dict[Path, Failure | None], list[SlowImport]]:
+    """Import each file in a child process; returns, per file, None if it imported cleanly or
+    why it did not. A child that dies or overruns is replaced for the files after the one it
+    was importing.
+
+    With ``slow_s``: a file still importing after that long is left to its child (a
+    :class:`SlowImport`, returned second, which the caller polls later) and the files after it
+    go to a new child, so one slow file holds up no other; its result is not in the first
+    map."""
+    results: dict[Path, Failure | None] = {}
+    slow: list[SlowImport] = []
+    remaining = list(files)
+    while remaining:
+        job = _Job(folder, remaining, timeout_s)
+        handed_off = False
+        try:
+            while not job.finished:
+                wait = job.deadline - time.monotonic()
+                if slow_s is not None and job.ready:
+                    wait = min(wait, job.current_started + slow_s - time.monotonic())
+                    if wait <= 0 and job.deadline > time.monotonic():
+                        slow.append(SlowImport(job))
+                        handed_off = True
+                        break
+                job.poll(max(wait, 0.0))
+        finally:
+            if not handed_off:
+                job.close()
+        results.update(job.results)
+        remaining = remaining[len(job.results) + handed_off :]
+    return results, slow
+
+
+class SlowImport:
+    """A file whose import outlasted ``slow_s``, still running in its child. :meth:`poll`
+    returns its result once there is one (the child is then stopped); :meth:`close` stops it
+    sooner (its file changed or went away)."""
+
+    def __init__(self, job: _Job) -> None:
+        self._job = job
+        self._index = len(job.results)
+        self.file = job.files[self._index]
+
+    def poll(self) -> tuple[bool, Failure | None]:
+        """``(True, result)`` once the file's import ended (the child is then stopped),
+        ``(False, None)`` while it goes on within its time."""
+        job = self._job
+        if self.file not in job.results and not job.finished:
+            job.poll(0.0)
+        if self.file not in job.results:
+            return False, None
+        self.close()
+        return True, job.results[self.file]
+
+    def wait(self) -> Failure | None:
+        """The file's result, once there is one (within its time: an overrun is a failure)."""
+        job = self._job
+        while self.file not in job.results and not job.finished:
+            job.poll(max(job.deadline - time.monotonic(), 0.0))
+        self.close()
+        return job.results.get(self.file, Failure(f"importing DAG file {self.file} was stopped"))
+
+    def close(self) -> None:
+        self._job.close()
+
+
+class _Job:
+    """One child importing ``files`` in order, and what it reported so far."""
+
+    def __init__(self, folder: Path | None, files: list[Path], timeout_s: float) -> None:
+        self.files = files
+        self.timeout_s = timeout_s
+        self.results: dict[Path, Failure | None] = {}
+        self.ready = False
+        #: The child ended (EOF) or was stopped: no more results will come.
+        self.ended = False
+        self.current_started = time.monotonic()
+        self.deadline = self.current_started + timeout_s
+        self._buffer = b""
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        read_fd, write_fd = os.pipe()
+        self._fd = read_fd
+        try:
+            self.child = subprocess.Popen(
+                [sys.executable, "-m", "engine.dags.dagparse", str(folder or ""), *map(str, files)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+                pass_fds=(write_fd,),
+                env=_child_env(write_fd, folder),
+                start_new_session=True,  # its process group is killed with it
+            )
+        except BaseException:
+            os.close(read_fd)
+            self._stderr.close()
+            raise
+        finally:
+            os.close(write_fd)
+        # A job dropped while its child still runs (a slow import nobody polls any more: its
+        # bag was dropped, or the process exits) stops it all the same.
+        self._finalizer = weakref.finalize(self, _end_job, self.child, read_fd, self._stderr)
+
+    @property
+    def finished(self) -> bool:
+        return self.ended or len(self.results) == len(self.files)
+
+    def poll(self, wait_s: float) -> None:
+        """Read what the child wrote within ``wait_s`` (0: what is there now); record the
+        file it overran its time on, or died on."""
+        if self.finished:
+            return
+        ready = select.select([self._fd], [], [], max(0.0, wait_s))[0]
+        if not ready:
+            if time.monotonic() >= self.deadline:
+                self._overran()
+            return
+        chunk = os.read(self._fd, 65536)
+        if not chunk:
+            self._died()
+            return
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            message = json.loads(line)
+            if message.get("ready"):
+                self.ready = True
+            else:
+                error = message["error"]
+                self.results[self.files[message["i"]]] = None if error is None else Failure(error)
+            self.current_started = time.monotonic()
+            self.deadline = self.current_started + self.timeout_s
+
+    def _overran(self) -> None:
+        file = self.files[len(self.results)]
+        what = f"importing DAG file {file}" if self.ready else "starting to import DAG files"
+        self.results[file] = Failure(
+            f"{what} took longer than {self.timeout_s:g} s (setting {TIMEOUT_SETTING}); "
+            "the import was stopped",
+            # A child too slow to start blames no file for good: tried again next time.
+            timed_out=self.ready,
+        )
+        self.ended = True
+        self.close()
+
+    def _died(self) -> None:
+        self._stop()
+        if len(self.results) < len(self.files):
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode("utf-8", "replace")[-_STDERR_TAIL:].rstrip()
+            file = self.files[len(self.results)]
+            self.results[file] = Failure(
+                f"importing DAG file {file} ended the process that imported it "
+                f"(exit code {self.child.returncode})" + (f":\n{tail}" if tail else "")
+            )
+        self.close()
+
+    def _stop(self) -> None:
+        """Kill the child with its process group (no more results come)."""
+        self.ended = True
+        _kill(self.child)
+
+    def close(self) -> None:
+        """Stop the child and free what it held; harmless twice."""
+        self.ended = True
+        self._finalizer()
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # (what it started goes with it)
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _end_job(child: subprocess.Popen[bytes], fd: int, stderr: IO[bytes]) -> None:
+    _kill(child)
+    os.close(fd)
+    stderr.close()
+
+
+def _child_env(write_fd: int, folder: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("DEFERRAL_CRASH_AT", None)  # the kill matrix aims at the engine, not at this child
+    # Not the DAGs folder: the child puts it first on its path once the engine is imported, so
+    # a DAG file named like an engine package (``triggers.py``) cannot replace that package
+    # and fail every file of the folder.
+    skip = {str(folder)} if folder is not None else set()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and p not in skip)
+    env[_FD_ENV] = str(write_fd)
+    env[_PARENT_ENV] = str(os.getpid())
+    return env
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this child once its parent is gone (it runs in a session of its own, so nothing
+    else stops it: a scheduler that stopped or died while a file hung at import would leave
+    it running for good)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _child_main(argv: list[str]) -> None:
+    _exit_with_parent(int(os.environ[_PARENT_ENV]))
+    out = os.fdopen(int(os.environ[_FD_ENV]), "w", buffering=1)
+    folder = Path(argv[0]) if argv[0] else None
+    if folder is not None:
+        sys.path.insert(0, str(folder))
+    out.write(json.dumps({"ready": True}) + "\n")
+    for i, raw in enumerate(argv[1:]):
+        file = Path(raw)
+        error: str | None = None
+        try:
+            import_dag_file(folder, file)
+        except BaseException as exc:  # any way out of user code is that file's import error
+            error = describe(file, exc)
+        out.write(json.dumps({"i": i, "error": error}) + "\n")
+    out.flush()
+    os._exit(0)  # not interpreter exit: threads a DAG file started must not hold it up
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])

@@ -1,0 +1,1 @@
+"""Starting the engine's processes from settings, one or all three (standalone)."""

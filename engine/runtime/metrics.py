@@ -1,0 +1,292 @@
+"""Every Prometheus metric of the engine, defined once, on a registry per process.
+
+Names start with ``deferral_``, values are in base units (seconds, counts), counters end in
+``_total``, and no label holds a task or trigger id (a label per id would be a time series
+per id): the labels are the trigger's class, a state, a kind of error, which claim or write.
+
+A process makes one :class:`Metrics` (``engine.launch.app.run_component`` does, and makes it the
+process's :func:`current`); its HTTP server (engine/runtime/health.py) serves its registry. Code
+that is not handed one (the retry helpers, a component built without ``metrics=``) uses
+:func:`current`, created on first use. Tests that want counts of their own pass a fresh
+``Metrics()`` to the component.
+
+A trigger's class comes from a row of the database, which whoever can write the tables
+chooses: 5,000 rows of distinct classpaths would be 5,000 series of every family labelled by
+class. So a class is a label value only when the trigger allow-list admits it (the
+triggerer hands its list over: :meth:`Metrics.admit_classes`), and each family holds at most
+``max_series`` values of its own (setting ``metrics_max_series``); every other class is
+counted under :data:`OTHER`. Label through :meth:`Metrics.count_by_class` /
+:meth:`Metrics.inc_by_class`, never ``family.labels(classpath)``.
+
+Instrumentation stays off the hot path's per-row work: gauges of what a process holds are
+read at scrape time (``set_function``), claims and writes are observed once per batch, and
+counters by trigger class are counted per batch where a batch exists.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter as _Tally
+from collections.abc import Callable, Iterable
+
+import asyncpg
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from engine.config import DEFAULT_METRICS_MAX_SERIES
+from engine.version import __version__
+
+__all__ = ["DEFAULT_MAX_SERIES", "OTHER", "Metrics", "current", "db_error_kind", "use"]
+
+# The `_created` series double every counter and histogram for little use here.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+#: Seconds: from a few milliseconds (a loop's normal lag, a resume on a quiet engine) to a
+#: minute (a backlog).
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+#: The label value that sums the classes not labelled by their own: refused by the allow-list,
+#: or past a family's cap.
+OTHER = "other"
+#: Label values of the engine's own, always kept: ``unknown`` (no one trigger) and OTHER.
+_OWN_VALUES = frozenset({OTHER, "unknown"})
+#: The most trigger classes one family labels by their own value (setting metrics_max_series).
+DEFAULT_MAX_SERIES = DEFAULT_METRICS_MAX_SERIES
+
+
+def db_error_kind(exc: BaseException) -> str:
+    """A database error's kind, for the ``kind`` label: a handful of values, never a message."""
+    if isinstance(exc, asyncpg.SerializationError | asyncpg.DeadlockDetectedError):
+        return "conflict"
+    if isinstance(exc, TimeoutError | asyncpg.QueryCanceledError):
+        return "timeout"
+    if isinstance(exc, asyncpg.InsufficientResourcesError | asyncpg.TooManyConnectionsError):
+        return "resources"
+    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+        return "read_only"
+    if isinstance(
+        exc,
+        OSError
+        | asyncpg.PostgresConnectionError
+        | asyncpg.InterfaceError
+        | asyncpg.InternalClientError
+        | asyncpg.OperatorInterventionError,
+    ):
+        return "connection"
+    if isinstance(exc, asyncpg.PostgresError):
+        return "query"
+    return "other"
+
+
+class Metrics:
+    """The metrics of one process (or one component in a test), on their own registry."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        max_series: int = DEFAULT_MAX_SERIES,
+        admit_class: Callable[[str], bool] | None = None,
+    ) -> None:
+        if max_series < 1:
+            raise ValueError(f"max_series must be >= 1, got {max_series!r}")
+        #: Trigger classes one family labels by their own value; the others go to OTHER.
+        self.max_series = max_series
+        self._admit_class = admit_class
+        #: Per family (its name), the classes it labels by their own value.
+        self._classes: dict[str, set[str]] = {}
+        self.registry = registry = registry if registry is not None else CollectorRegistry()
+        r = registry
+        self.build_info = Gauge(
+            "deferral_build_info",
+            "Always 1; the labels say which deferral and Python run.",
+            ["version", "python"],
+            registry=r,
+        )
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+
+        # -- triggerer -----------------------------------------------------------------------
+        self.triggers_running = Gauge(
+            "deferral_triggers_running", "Triggers this triggerer runs now.", registry=r
+        )
+        self.triggers_capacity = Gauge(
+            "deferral_triggers_capacity", "Triggers this triggerer may run at once.", registry=r
+        )
+        self.trigger_starts = Counter(
+            "deferral_trigger_starts",
+            "Triggers started, by class.",
+            ["trigger_class"],
+            registry=r,
+        )
+        self.trigger_events = Counter(
+            "deferral_trigger_events",
+            "Trigger events produced (resume or end the waiting tasks), by class.",
+            ["trigger_class"],
+            registry=r,
+        )
+        self.trigger_failures = Counter(
+            "deferral_trigger_failures",
+            "Triggers that failed (raised, yielded nothing usable, blocked too long), by class.",
+            ["trigger_class"],
+            registry=r,
+        )
+        self.trigger_timeouts = Counter(
+            "deferral_trigger_timeouts",
+            "Deferrals that reached their deadline on a triggerer, by trigger class.",
+            ["trigger_class"],
+            registry=r,
+        )
+        self.loop_blocked = Counter(
+            "deferral_loop_blocked_seconds",
+            "Seconds the triggerer's event loop was blocked, by the class of the trigger that "
+            "blocked it ('unknown': not one trigger).",
+            ["trigger_class"],
+            registry=r,
+        )
+
+        # -- every process -------------------------------------------------------------------
+        self.loop_lag = Histogram(
+            "deferral_loop_lag_seconds",
+            "How late the process's event loop ran a timer (sampled twice a second).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.db_errors = Counter(
+            "deferral_db_errors",
+            "Database errors met (and retried or waited out), by kind.",
+            ["kind"],
+            registry=r,
+        )
+
+        # -- worker --------------------------------------------------------------------------
+        self.resume_latency = Histogram(
+            "deferral_resume_latency_seconds",
+            "From a trigger event's write to a worker claiming the task to resume it.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.worker_slots_used = Gauge(
+            "deferral_worker_slots_used",
+            "Slots of this worker taken by running tries.",
+            registry=r,
+        )
+        self.worker_slots = Gauge(
+            "deferral_worker_slots", "Slots of this worker in all.", registry=r
+        )
+        self.task_outcomes = Counter(
+            "deferral_task_outcomes",
+            "Tries ended by this worker, by the state they ended in.",
+            ["state"],
+            registry=r,
+        )
+
+        # -- claims and writes ---------------------------------------------------------------
+        self.claim_batch = Histogram(
+            "deferral_claim_batch_size",
+            "Rows one claim took (claim: tasks or triggers).",
+            ["claim"],
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.claim_duration = Histogram(
+            "deferral_claim_duration_seconds",
+            "How long one claim statement took (claim: tasks or triggers).",
+            ["claim"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.write_batch = Histogram(
+            "deferral_write_batch_size",
+            "Outcomes one batched write stored (write: task_outcomes or trigger_events).",
+            ["write"],
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.write_duration = Histogram(
+            "deferral_write_duration_seconds",
+            "How long one batched write took, retries included.",
+            ["write"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+
+        # -- fleet (the scheduler exports them) ----------------------------------------------
+        self.tasks = Gauge(
+            "deferral_tasks",
+            "Task instances by state, across the fleet (the scheduler exports it).",
+            ["state"],
+            registry=r,
+        )
+        self.triggers_unassigned = Gauge(
+            "deferral_triggers_unassigned",
+            "Triggers no triggerer runs, across the fleet (the scheduler exports it).",
+            registry=r,
+        )
+
+    # -- helpers the engine calls ----------------------------------------------------------
+
+    def admit_classes(self, allow: Callable[[str], bool] | None) -> None:
+        """Label by a trigger class only when ``allow`` admits it (the trigger allow-list;
+        None: any class, up to the cap)."""
+        self._admit_class = allow
+
+    def class_label(self, family: Counter, trigger_class: str) -> str:
+        """The label value ``trigger_class`` is counted under in ``family``: itself when the
+        allow-list admits it and the family has room (or has it already), else OTHER."""
+        if trigger_class in _OWN_VALUES:
+            return trigger_class
+        seen = self._classes.setdefault(family._name, set())
+        if trigger_class in seen:
+            return trigger_class
+        if len(seen) >= self.max_series or not isinstance(trigger_class, str):
+            return OTHER
+        admit = self._admit_class
+        if admit is not None and not admit(trigger_class):
+            return OTHER
+        seen.add(trigger_class)
+        return trigger_class
+
+    def count_by_class(self, counter: Counter, classes: Iterable[str]) -> None:
+        """Add one per item to ``counter``, by trigger class: one increment per label value."""
+        tally = _Tally(self.class_label(counter, c) for c in classes)
+        for label, n in tally.items():
+            counter.labels(label).inc(n)
+
+    def inc_by_class(self, counter: Counter, trigger_class: str, amount: float = 1.0) -> None:
+        """Add ``amount`` to ``counter`` under ``trigger_class`` (or OTHER)."""
+        counter.labels(self.class_label(counter, trigger_class)).inc(amount)
+
+    def watch_triggerer(self, running: Callable[[], float], capacity: int) -> None:
+        self.triggers_running.set_function(running)
+        self.triggers_capacity.set(capacity)
+
+    def watch_worker(self, used: Callable[[], float], slots: int) -> None:
+        self.worker_slots_used.set_function(used)
+        self.worker_slots.set(slots)
+
+    def count_db_error(self, exc: BaseException) -> None:
+        self.db_errors.labels(db_error_kind(exc)).inc()
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format."""
+        return prometheus_client.generate_latest(self.registry)
+
+
+_current: Metrics | None = None
+
+
+def current() -> Metrics:
+    """This process's metrics (made on first use)."""
+    global _current
+    if _current is None:
+        _current = Metrics()
+    return _current
+
+
+def use(metrics: Metrics) -> Metrics:
+    """Make ``metrics`` this process's (what ``current()`` returns from now on)."""
+    global _current
+    _current = metrics
+    return metrics

@@ -1,0 +1,1 @@
+"""The scheduler process: runs from schedules, backfills, and housekeeping."""

@@ -1,0 +1,1 @@
+"""User code in the engine's processes: its errors, tracebacks and captured logs."""

@@ -1,0 +1,1 @@
+"""The worker process: runs task instances in a fixed number of slots."""
