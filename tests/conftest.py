@@ -115,3 +115,16 @@ def children(db_url: str, tmp_path: Path) -> Iterator[Children]:
         yield kids
     finally:
         kids.stop_all()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Captured output is sent from each pytest-xdist worker as UTF-8: a test that prints
+    undecodable bytes (surrogate escapes, e.g. a NUL-bearing error read back) would crash the
+    worker's report, so such characters are shown escaped."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
