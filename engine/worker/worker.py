@@ -1,23 +1,15 @@
-"""The worker: runs task instances in a fixed number of slots.
-
-It claims runnable task instances up to its free slots (``FOR UPDATE SKIP LOCKED``),
-woken by ``LISTEN`` and polling as a backstop, and runs each claimed try in a task of its
-own: ``attempt.py`` runs the try (a plain ``def`` in a worker thread, an ``async def`` on the
-loop, either in a child process for ``isolation="process"``) and says how it ended as one
-value (``outcomes.py``), which ``recorder.py`` writes: a success or failure through one
-writer that ends every try queued meanwhile in one statement, a deferral (trigger stored and
-slot freed in one transaction) or a reschedule (the slot stays held until its outcome is
-written). This module keeps the process: registration, the claim loop, the heartbeat (which
-brings the requests to stop a try: a mark or a clear of its task) and the graceful stop.
+"""The worker process: claims runnable task instances up to its free slots (``FOR UPDATE
+SKIP LOCKED``, woken by ``LISTEN``, polling as a backstop) and runs each claimed try in a
+task of its own, which ``attempt.py`` runs to one outcome (``outcomes.py``) and
+``recorder.py`` writes. This module keeps the process: registration (``registration.py``),
+the claim loop, the heartbeat and the stop requests it brings (a mark or a clear of a running
+try), each try's frame (its log binding, cancel scope and slot), the graceful stop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,11 +24,12 @@ from engine.runtime import metrics as _metrics
 from engine.runtime.crashpoints import crash_point
 from engine.runtime.health import Check, freshness
 from engine.runtime.keepalive import KeepAlive
-from engine.runtime.retry import MAX_DELAY_S, TRANSIENT_ERRORS, Backoff, with_db_retry
+from engine.runtime.retry import TRANSIENT_ERRORS, Backoff
 from engine.runtime.wakeup import Wakeup
 from engine.store import CHANNEL_STOP, CHANNEL_TASKS, ClaimedTask, Store
 from engine.usercode import guard as usercode
 from engine.usercode.logsink import LogLimits
+from engine.worker import registration
 from engine.worker.attempt import Attempts
 from engine.worker.isolation import DEFAULT_KILL_GRACE_S
 from engine.worker.outcomes import describe
@@ -47,17 +40,6 @@ from operators.base import DEFAULT_QUEUE
 __all__ = ["Worker"]
 
 log = logging.getLogger("engine.worker")  # the process's logger: its package's name
-
-#: The shortest time a heartbeat gets to be answered (see :func:`heartbeat_timeout_s`).
-MIN_HEARTBEAT_TIMEOUT_S = 2.0
-
-
-def heartbeat_timeout_s(heartbeat_s: float) -> float:
-    """How long one heartbeat may wait for its answer: twice the heartbeat interval, at least
-    ``MIN_HEARTBEAT_TIMEOUT_S``. Past it the heartbeat is given up, its connection dropped, and
-    the next one goes on a fresh connection: a connection that hangs must not keep the worker
-    silent until the scheduler reaps its tasks while the database itself answers."""
-    return max(2 * heartbeat_s, MIN_HEARTBEAT_TIMEOUT_S)
 
 
 class Worker:
@@ -205,34 +187,13 @@ class Worker:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
                 if self.id is not None and not self.running:
-                    await self._unregister(self.id)
+                    await registration.unregister(self.store, self.id)
             log.info("worker %s stopped", self.id)
 
     async def _register(self) -> int:
-        worker_id = await with_db_retry(
-            "register worker",
-            lambda: self.store.register_worker(
-                socket.gethostname(), os.getpid(), self.slots, self.queues
-            ),
-        )
+        worker_id = await registration.register(self.store, self.slots, self.queues)
         self.heartbeat_at = time.monotonic()
         return worker_id
-
-    async def _unregister(self, worker_id: int) -> None:
-        try:
-            await with_db_retry(
-                "unregister worker",
-                functools.partial(self.store.unregister_worker, worker_id),
-                attempts=5,
-            )
-        except TRANSIENT_ERRORS as exc:
-            log.warning(
-                "could not unregister worker %s (%s: %s); the scheduler removes it once its "
-                "heartbeats stop",
-                worker_id,
-                type(exc).__name__,
-                exc,
-            )
 
     @staticmethod
     async def _listen(listener: Any) -> None:
@@ -337,15 +298,7 @@ class Worker:
             await self._heartbeat()
             await self._listen(listener)
 
-        # Retries come at least as often as heartbeats, so a short outage costs no reaping.
-        self._keepalive = KeepAlive(
-            "heartbeat",
-            beat,
-            interval_s=self.heartbeat_s,
-            max_backoff_s=min(MAX_DELAY_S, self.heartbeat_s),
-            errors=TRANSIENT_ERRORS,
-            first_after_s=self.heartbeat_s,
-        )
+        self._keepalive = registration.keepalive(beat, self.heartbeat_s)
         await self._keepalive.run()
 
     def _tries_here(self) -> list[tuple[int, int]]:
@@ -356,7 +309,9 @@ class Worker:
     async def _heartbeat(self) -> None:
         assert self.id is not None
         beat = await self.store.heartbeat_worker(
-            self.id, self._tries_here(), timeout_s=heartbeat_timeout_s(self.heartbeat_s)
+            self.id,
+            self._tries_here(),
+            timeout_s=registration.heartbeat_timeout_s(self.heartbeat_s),
         )
         if beat.alive:
             self.heartbeat_at = time.monotonic()
@@ -372,9 +327,7 @@ class Worker:
         )
         # (A registration whose reply is lost leaves a row without heartbeats: the scheduler
         # removes it; the next heartbeat finds this id dead again and registers anew.)
-        self.id = await self.store.register_worker(
-            socket.gethostname(), os.getpid(), self.slots, self.queues
-        )
+        self.id = await registration.register(self.store, self.slots, self.queues, retry=False)
         self.heartbeat_at = time.monotonic()
         self._abandoned.clear()  # ids of the old registration: never held by the new one
 
