@@ -82,7 +82,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool, wide: 
     check_dags_folder(settings)
 
     async def main() -> tuple[list[DagSummary], dict[str, str]]:
-        from engine.scheduler.scheduler import sync_dags
+        from engine.scheduler.dagsync import sync_dags
         from engine.store import open_store
 
         store = await open_store(settings)
@@ -321,7 +321,7 @@ def dags_backfill(
             bar.update(task, total=p.total, completed=done, detail=detail)
 
         async def main() -> BackfillProgress:
-            from engine.scheduler.scheduler import sync_dags
+            from engine.scheduler.dagsync import sync_dags
             from engine.store import open_store
 
             store = await open_store(settings)
