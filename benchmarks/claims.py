@@ -24,12 +24,10 @@ from typing import Any
 
 import click
 
-from benchmarks.cli import bench
-
 __all__ = ["claims"]
 
 
-@bench.command("claims")
+@click.command("claims")
 @click.option(
     "--tasks",
     "n",

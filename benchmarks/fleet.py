@@ -19,7 +19,6 @@ from typing import Any
 
 import click
 
-from benchmarks.cli import bench
 from benchmarks.plots import require_matplotlib
 
 __all__ = ["fleet"]
@@ -27,7 +26,7 @@ __all__ = ["fleet"]
 MODES = ("poke", "reschedule", "deferrable")
 
 
-@bench.command("fleet")
+@click.command("fleet")
 @click.option("--sensors", "n", type=click.IntRange(min=1), default=2000, show_default=True)
 @click.option("--slots", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--mode", type=click.Choice([*MODES, "all"]), default="all", show_default=True)

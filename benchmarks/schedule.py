@@ -15,12 +15,10 @@ from typing import Any
 
 import click
 
-from benchmarks.cli import bench
-
 __all__ = ["schedule"]
 
 
-@bench.command("schedule")
+@click.command("schedule")
 @click.option("--dags", "n", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option(
     "--schedule", "cron", default="* * * * *", show_default=True, help="Cron of every DAG."

@@ -26,13 +26,12 @@ from typing import Any
 
 import click
 
-from benchmarks.cli import bench
 from benchmarks.plots import require_matplotlib
 
 __all__ = ["waits"]
 
 
-@bench.command("waits")
+@click.command("waits")
 @click.option("--triggers", "n", type=click.IntRange(min=1), default=10_000, show_default=True)
 @click.option("--triggerers", "k", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
