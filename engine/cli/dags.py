@@ -32,7 +32,8 @@ from engine.cli.listing import (
     show_outcome,
     wide_option,
 )
-from engine.dags.dagbag import DagBag, error_summary
+from engine.dags.dagbag import DagBag
+from engine.dags.importerrors import error_summary
 from engine.store import DuplicateRun
 
 if TYPE_CHECKING:
