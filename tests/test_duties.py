@@ -66,7 +66,7 @@ async def test_due_duties_run_in_order_each_at_its_own_interval(store: Store) ->
     assert (loop.runs["often"], loop.runs["seldom"], loop.runs["off"], loop.rounds) == (3, 2, 0, 3)
 
 
-async def test_a_duty_that_fails_ends_the_round_and_stays_due(store: Store) -> None:
+async def test_a_duty_that_fails_ends_the_round_which_is_run_again_whole(store: Store) -> None:
     calls: list[str] = []
     clock = _Clock()
     failing = [True]
@@ -85,9 +85,11 @@ async def test_a_duty_that_fails_ends_the_round_and_stays_due(store: Store) -> N
     assert loop.rounds == 0
     failing[0] = False
     clock.now += 1.0
-    assert await loop.run_due(h) == (["flaky", "last"], False)  # "first" ran: not due again
-    assert calls == ["first", "flaky", "flaky", "last"]
+    assert await loop.run_due(h) == (["first", "flaky", "last"], False)
+    assert calls == ["first", "flaky", "first", "flaky", "last"]
     assert loop.rounds == 1
+    clock.now += 1.0
+    assert await loop.run_due(h) == ([], False)  # the round completed: none due for 10 s
 
 
 async def test_only_a_duty_that_may_end_runs_and_changed_something_says_so(store: Store) -> None:

@@ -21,7 +21,8 @@ beside the others:
 
 A duty returns how many things it changed. When a duty marked ``ends_runs`` changed something,
 the scheduling loop makes its next pass at once, and that pass ends the runs that are done.
-A duty that raises is due again at the next pass (the loop backs off on database errors).
+A duty that raises ends the round, which is run again whole at the next pass (the loop backs
+off on database errors).
 """
 
 from __future__ import annotations
@@ -255,8 +256,8 @@ class DutyLoop:
         self._last: dict[str, float] = dict.fromkeys(names, -math.inf)
         #: Completed runs of each duty, by name (for tests and introspection).
         self.runs: Counter[str] = Counter()
-        #: Rounds completed: rounds that ran at least one duty and in which every duty due
-        #: ran without an error.
+        #: Rounds completed: rounds that ran at least one duty, every duty due, without an
+        #: error.
         self.rounds = 0
 
     def _next_at(self, h: Housekeeper, duty: Duty) -> float:
@@ -266,24 +267,23 @@ class DutyLoop:
 
     async def run_due(self, h: Housekeeper) -> tuple[list[str], bool]:
         """Run the duties due now; returns their names and whether one marked ``ends_runs``
-        changed something. An error ends the round: the duties that did not run stay due."""
+        changed something. An error ends the round, and the whole round is due again (a round
+        completed has run every duty that was due)."""
         now = self._clock()
         ran: list[str] = []
         ends_runs = False
-        try:
-            for duty in self.duties:
-                if self._next_at(h, duty) > now:
-                    continue
-                changed = await duty.run(h)
-                self.runs[duty.name] += 1
-                ran.append(duty.name)
-                ends_runs = ends_runs or (duty.ends_runs and changed > 0)
-        finally:
-            # Each interval counts from the end of the round that ran the duty: duties of one
-            # interval stay in step, and a slow round is not followed at once by the next.
-            ended = self._clock()
-            for name in ran:
-                self._last[name] = ended
+        for duty in self.duties:
+            if self._next_at(h, duty) > now:
+                continue
+            changed = await duty.run(h)
+            self.runs[duty.name] += 1
+            ran.append(duty.name)
+            ends_runs = ends_runs or (duty.ends_runs and changed > 0)
+        # Each interval counts from the end of the round that ran the duty: duties of one
+        # interval stay in step, and a slow round is not followed at once by the next.
+        ended = self._clock()
+        for name in ran:
+            self._last[name] = ended
         if ran:
             self.rounds += 1
         return ran, ends_runs
