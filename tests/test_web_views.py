@@ -383,3 +383,38 @@ async def test_a_pool_s_counts_link_to_its_tasks(
     assert "no task queued in this pool" in text
     await get(client, "/pool", 404, name="nope")
     await get(client, "/pool", 400, name="default_pool", tasks="everything")
+
+
+async def test_bad_query_parameters_of_the_views_are_a_400_naming_them(
+    client: TestClient[Any, Any],
+) -> None:
+    """Every new page's parameters: not a number, negative, past the database's range, not a
+    date, a date past the calendar's end, a value not among the choices, a NUL, a missing one.
+    Each is a 400 page naming the parameter, never a 500."""
+    run = {"dag_id": "grid", "run_id": "r3"}
+    for path, bad, name in (
+        ("/runs", {"page": "x"}, "page"),
+        ("/runs", {"page": "-1"}, "page"),
+        ("/runs", {"page": "99999999999999999999"}, "page"),
+        ("/runs", {"state": "nope"}, "state"),
+        ("/runs", {"run_type": "nope"}, "run_type"),
+        ("/runs", {"since": "yesterday"}, "since"),
+        ("/runs", {"since": "2026-13-01"}, "since"),
+        ("/runs", {"until": "9999-12-31"}, "until"),
+        ("/runs", {"since": "0001-01-01T00:00+14:00"}, "since"),
+        ("/runs", {"until": "2026-01-01\x00"}, "until"),
+        ("/dag", {"dag_id": "grid", "run_page": "-3"}, "run_page"),
+        ("/dag", {"dag_id": "grid", "until": "9999-12-31"}, "until"),
+        ("/dags", {"state": "nope"}, "state"),
+        ("/dags", {"name": "a\x00"}, "name"),
+        ("/gantt", {"dag_id": "grid"}, "run_id"),
+        ("/gantt", {**run, "page": "1.5"}, "page"),
+        ("/task", {**run, "task_id": "extract", "try": "-1"}, "try"),
+        ("/task", {**run, "task_id": "extract", "try": "99999999999999999999"}, "try"),
+        ("/pool", {}, "name"),
+        ("/pool", {"name": "default_pool", "page": "x"}, "page"),
+        ("/triggers", {"triggerer": "1e3"}, "triggerer"),
+    ):
+        text = await get(client, path, 400, **bad)
+        assert name in text, (path, bad)
+        assert "<h1>Bad Request</h1>" in text, (path, bad)

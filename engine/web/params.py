@@ -75,8 +75,11 @@ def when(request: web.Request, name: str, *, end_of_day: bool = False) -> dt.dat
             at = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
             return at + dt.timedelta(days=1) if end_of_day else at
         at = dt.datetime.fromisoformat(raw)
+        # Past the calendar's ends once in UTC (9999-12-31 to its next day, year 1 at +14:00):
+        # as bad as a date that does not exist.
+        return at.replace(tzinfo=dt.UTC) if at.tzinfo is None else at.astimezone(dt.UTC)
     except (ValueError, OverflowError):
         raise web.HTTPBadRequest(
-            text=f"{name} must be a date (2026-11-20) or a time (2026-11-20T07:00)"
+            text=f"{name} must be a date (2026-11-20) or a time (2026-11-20T07:00) "
+            "from year 1 to 9999"
         ) from None
-    return at.replace(tzinfo=dt.UTC) if at.tzinfo is None else at.astimezone(dt.UTC)
