@@ -39,15 +39,22 @@ HOUR = dt.timedelta(hours=1)
 
 console = Console(stderr=True)
 
-#: The history's task states, set by the benchmark's own statement: by the task instance's id
-#: modulo 100, mostly success (a busy history), a few of each other state.
-STATES_SQL = """
+#: Runs at the history's newest end whose tasks are still going (the older ones ended).
+ACTIVE_RUNS = 100
+
+#: The history's task states, set by the benchmark's own statement, by the task instance's id
+#: modulo 100: the runs that ended mostly success, some failed or upstream_failed; the newest
+#: ACTIVE_RUNS runs a few of each waiting and running state too (running, deferred, queued,
+#: scheduled, up_for_retry) as a busy engine has.
+STATES_SQL = f"""
 UPDATE deferral_task_instances SET
     state = CASE
         WHEN id % 100 < 85 THEN 'success'
         WHEN id % 100 < 89 THEN 'failed'
-        WHEN id % 100 < 91 THEN 'up_for_retry'
-        WHEN id % 100 < 93 THEN 'upstream_failed'
+        WHEN id % 100 < 91 THEN 'upstream_failed'
+        WHEN dag_run_id <= (SELECT max(id) - {ACTIVE_RUNS} FROM deferral_dag_runs)
+            THEN 'success'
+        WHEN id % 100 < 93 THEN 'up_for_retry'
         WHEN id % 100 < 95 THEN 'running'
         WHEN id % 100 < 97 THEN 'deferred'
         WHEN id % 100 < 98 THEN 'queued'
@@ -57,9 +64,15 @@ UPDATE deferral_task_instances SET
     try_queued_at = run_after,
     try_started_at = run_after + interval '2 seconds',
     started_at = run_after + interval '2 seconds',
-    deferred_at = CASE WHEN id % 100 BETWEEN 95 AND 96
-                       THEN run_after + interval '5 seconds' END,
-    ended_at = CASE WHEN id % 100 < 93 THEN run_after + interval '40 seconds' END
+    deferred_at = NULL,
+    ended_at = run_after + interval '40 seconds'
+"""
+#: A task that has not ended has no end; a deferred one deferred 3 seconds into its try.
+UNENDED_SQL = """
+UPDATE deferral_task_instances SET
+    ended_at = NULL,
+    deferred_at = CASE WHEN state = 'deferred' THEN run_after + interval '5 seconds' END
+WHERE state NOT IN ('success', 'failed', 'upstream_failed')
 """
 #: A second try for one task instance in 20 (the first archived by the engine's trigger).
 RETRIED_SQL = "UPDATE deferral_task_instances SET try_number = 2 WHERE id % 20 = 0"
@@ -106,7 +119,7 @@ async def _fill(store: Store, url: str, runs: int, tasks: int) -> None:
         await asyncio.gather(*(one(n) for n in range(first, min(runs, first + BATCH))))
     conn = await asyncpg.connect(url)
     try:
-        for sql in (STATES_SQL, RETRIED_SQL, RUNS_SQL, "ANALYZE"):
+        for sql in (STATES_SQL, UNENDED_SQL, RETRIED_SQL, RUNS_SQL, "ANALYZE"):
             await conn.execute(sql)
     finally:
         await conn.close()
