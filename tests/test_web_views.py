@@ -418,3 +418,35 @@ async def test_bad_query_parameters_of_the_views_are_a_400_naming_them(
         text = await get(client, path, 400, **bad)
         assert name in text, (path, bad)
         assert "<h1>Bad Request</h1>" in text, (path, bad)
+
+
+async def test_an_earlier_trys_rendered_fields_and_error_are_shown_masked(store: Store) -> None:
+    """Try 1's rendered fields and error, kept when try 2 started, go through the same masking
+    as the latest try's: a key named like a secret and a password inside a URL are ***."""
+    with DAG(dag_id="secret") as dag:
+        PythonOperator(task_id="t", python_callable=_noop, retries=1, retry_delay=dt.timedelta(0))
+    await store.upsert_dag("secret", "secret.py", dag.serialize_tasks(), None)
+    await store.create_dag_run("secret", "r1", logical_date=DAY)
+    worker = await store.register_worker("mask-host", 8, 4)
+    (first,), _ = await store.claim_tasks(worker, 1)
+    rendered = {"password": "hunter2-field", "dsn": "postgresql://u:hunter2-url@db/x"}
+    assert await store.set_rendered_fields(first.id, worker, 1, rendered)
+    await store.finish_tasks(
+        [
+            TaskOutcome(
+                ti_id=first.id,
+                worker_id=worker,
+                try_number=1,
+                kind="failed",
+                error="cannot connect to postgresql://u:hunter2-error@db/x",
+            )
+        ]
+    )
+    (second,), _ = await store.claim_tasks(worker, 1)
+    assert second.try_number == 2
+    async with TestClient(TestServer(make_app(store))) as client:
+        text = await get(client, "/task", dag_id="secret", run_id="r1", task_id="t", **{"try": "1"})
+    assert "an earlier try" in text
+    assert "hunter2" not in text
+    assert "***" in region(text, "error", "</pre>")
+    assert "***" in text
