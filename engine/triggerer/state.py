@@ -14,7 +14,8 @@ from engine.runtime.metrics import Metrics
 from engine.runtime.wakeup import Wakeup
 from engine.store import Store
 from engine.triggerer.held import HeldSet
-from engine.usercode.logsink import LogLimits, LogSink
+from engine.usercode.loglimits import LogLimits
+from engine.usercode.logsink import LogSink
 
 __all__ = ["LoopState"]
 

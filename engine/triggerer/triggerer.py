@@ -41,7 +41,7 @@ from engine.triggerer.running import TriggerRunner
 from engine.triggerer.state import LoopState
 from engine.triggerer.watchdog import BlockReport, LoopWatchdog
 from engine.usercode import guard as usercode
-from engine.usercode.logsink import LogLimits
+from engine.usercode.loglimits import LogLimits
 from operators.base import DEFAULT_QUEUE
 
 __all__ = ["Triggerer"]
