@@ -24,24 +24,18 @@ rendered to. Rendering follows Airflow:
 
 The operators never import this module (they import contracts only): the worker calls
 :func:`render_task` with the operator, which only provides ``template_fields`` and
-``template_ext``. One Jinja environment serves each DAG folder and search path (each DAG
-with settings of its own has its own); compiled templates are kept, so a task's templates are
-compiled once per process, not once per try.
+``template_ext``. One Jinja environment (engine/worker/jinjaenv.py) serves each DAG folder
+and search path (each DAG with settings of its own has its own); compiled templates are
+kept, so a task's templates are compiled once per process, not once per try.
 """
 
 from __future__ import annotations
 
-import ast
 import datetime as dt
-import difflib
 import functools
 import inspect
-import os
 import re
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
@@ -66,7 +60,8 @@ from engine.worker.context import (
     restore_context,
     run_values,
 )
-from engine.worker.macros import FILTERS, MACROS, ds_add, ds_format
+from engine.worker.jinjaenv import CompiledTemplate, Env, TemplateRenderError, close_names, env_for
+from engine.worker.macros import MACROS, ds_add, ds_format
 
 if TYPE_CHECKING:
     from engine.store import ClaimedTask, Store
@@ -95,18 +90,8 @@ __all__ = [
     "wants",
 ]
 
-#: The start of a template: a string holding none of these renders to itself (and is not
-#: compiled), unless it ends with a newline or holds a carriage return (Jinja rewrites those).
-_MARKERS = ("{{", "{%", "{#")
-#: Compiled string templates kept per environment; past this many, the cache starts over.
-_MAX_CACHED = 2048
 #: Template variables that read the store when a template uses them (rendered off the loop).
 _READS_STORE = frozenset({"var", "conn"})
-
-
-class TemplateRenderError(Exception):
-    """A templated field could not be rendered (undefined variable, syntax error, missing
-    template file, a refused attribute): fails the try like any other error of the task."""
 
 
 class RenderedTask(NamedTuple):
@@ -149,209 +134,13 @@ async def render_task(
     return RenderedTask(context, None if rendered is None else redact(jsonable(rendered)))
 
 
-# -- environments ------------------------------------------------------------------------
-
-
-class _Sandboxed(jinja2.sandbox.SandboxedEnvironment):
-    """Airflow's sandbox: attributes starting with ``_`` are readable, ``__`` ones are not."""
-
-    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
-        return not jinja2.sandbox.is_internal_attribute(obj, attr)
-
-
-def _native_concat(values: Iterable[Any]) -> Any:
-    """A native render's value: one node's value as it is; text that reads as a Python
-    literal as that literal; any other text as text. (Jinja's own gives up on a literal
-    that parses but cannot be built, such as a run's conf value ``{{ 1 }}``: a set of a set.)"""
-    parts = list(values)
-    if not parts:
-        return None
-    if len(parts) == 1 and not isinstance(parts[0], str):
-        return parts[0]
-    raw = "".join(str(p) for p in parts)
-    try:
-        # (parsed here, not by literal_eval, so that leading blanks are kept as Jinja does)
-        return ast.literal_eval(ast.parse(raw, mode="eval"))
-    except Exception:
-        return raw
-
-
-class _SandboxedNative(_Sandboxed):
-    """The sandbox, rendering a field that is one expression to its Python value
-    (``render_template_as_native_obj``). Airflow's native environment is not sandboxed; this
-    one is."""
-
-    code_generator_class = jinja2.nativetypes.NativeCodeGenerator
-    concat = staticmethod(_native_concat)
-
-
-class _NativeTemplate(jinja2.nativetypes.NativeTemplate):
-    # (NativeTemplate.render concatenates with its environment_class's concat)
-    environment_class = _SandboxedNative  # type: ignore[assignment]
-
-
-_SandboxedNative.template_class = _NativeTemplate
-
-
-def _close_names(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, sorted(set(known)), n=3, cutoff=0.6)
-    if not close:
-        return ""
-    return f" (did you mean {' or '.join(f'`{c}`' for c in close)}?)"
-
-
-class _HintingUndefined(jinja2.StrictUndefined):
-    """StrictUndefined whose error about a missing attribute or key names the closest ones."""
-
-    __slots__ = ()
-
-    def _fail_with_undefined_error(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super()._fail_with_undefined_error(*args, **kwargs)
-        except jinja2.UndefinedError as exc:
-            owner = self._undefined_obj
-            if owner is jinja2.utils.missing or not isinstance(self._undefined_name, str):
-                raise
-            if isinstance(owner, Mapping):
-                known: Iterable[str] = (k for k in owner if isinstance(k, str))
-            else:
-                known = (a for a in dir(owner) if not a.startswith("_"))
-            hint = _close_names(self._undefined_name, known)
-            if not hint:
-                raise
-            raise jinja2.UndefinedError(f"{exc.message}{hint}") from None
-
-
-# (StrictUndefined binds its operators to the base class's method: bind them to the override.)
-for _name in dir(jinja2.StrictUndefined):
-    if getattr(jinja2.StrictUndefined, _name, None) is jinja2.Undefined._fail_with_undefined_error:
-        setattr(_HintingUndefined, _name, _HintingUndefined._fail_with_undefined_error)
-
-
-class _Env:
-    """One Jinja environment (a DAG folder and search path, and a DAG's settings) and its
-    compiled templates."""
-
-    def __init__(self, paths: list[str], dag: Any = None) -> None:
-        self.paths = paths
-        options: dict[str, Any] = {
-            "loader": jinja2.FileSystemLoader(paths),
-            "undefined": getattr(dag, "template_undefined", None) or _HintingUndefined,
-            "extensions": ["jinja2.ext.do"],
-            "autoescape": False,
-            "cache_size": _MAX_CACHED,
-        }
-        custom = dict(getattr(dag, "jinja_environment_kwargs", None) or {})
-        options.update(custom)
-        self.native = bool(getattr(dag, "render_template_as_native_obj", False))
-        env_class = _SandboxedNative if self.native else _Sandboxed
-        try:
-            self.jinja = env_class(**options)
-        except Exception as exc:
-            raise TemplateRenderError(
-                f"DAG {getattr(dag, 'dag_id', '?')}: jinja_environment_kwargs: {exc}"
-            ) from None
-        self.jinja.filters.update(FILTERS)
-        self.jinja.globals.update(getattr(dag, "user_defined_macros", None) or {})
-        self.jinja.filters.update(getattr(dag, "user_defined_filters", None) or {})
-        #: Whether a string without the template markers renders to itself (not when the
-        #: DAG changes Jinja's syntax or renders native values).
-        self.literal_plain = not custom and not self.native
-        self._compiled: dict[str, _Template] = {}
-        self._files: dict[str, _Template] = {}
-        self._lock = threading.Lock()
-
-    def from_string(self, source: str) -> _Template:
-        found = self._compiled.get(source)
-        if found is None:
-            found = _compile(self.jinja, source, self.jinja.from_string)
-            with self._lock:
-                if len(self._compiled) >= _MAX_CACHED:
-                    self._compiled.clear()
-                self._compiled[source] = found
-        return found
-
-    def from_file(self, name: str) -> _Template:
-        """The template file ``name``: an absolute path, or relative to the DAG folder or a
-        search path entry (the first that has it)."""
-        if os.path.isabs(name):
-            try:
-                source = Path(name).read_text()
-            except OSError as exc:
-                raise jinja2.TemplateNotFound(name) from exc
-            return self.from_string(source)
-        found = self._files.get(name)
-        if found is None or not found.template.is_up_to_date:
-            template = self.jinja.get_template(name)  # (jinja keeps it while the file is)
-            source, _, _ = self.jinja.loader.get_source(self.jinja, name)  # type: ignore[union-attr]
-            found = _compile(self.jinja, source, lambda _s: template)
-            with self._lock:
-                self._files[name] = found
-        return found
-
-    def is_template(self, value: str) -> bool:
-        """Whether a string must go through Jinja (else it renders to itself)."""
-        if not self.literal_plain:
-            return True
-        return any(m in value for m in _MARKERS) or value.endswith("\n") or "\r" in value
-
-
-class _Template(NamedTuple):
-    template: jinja2.Template
-    #: The variables it reads (of the template itself; not of templates it includes).
-    names: frozenset[str]
-
-
-def _compile(
-    env: jinja2.Environment, source: str, make: Callable[[str], jinja2.Template]
-) -> _Template:
-    names = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
-    return _Template(make(source), names)
-
-
-_envs: dict[tuple[str, ...], _Env] = {}
-_dag_envs: weakref.WeakKeyDictionary[Any, _Env] = weakref.WeakKeyDictionary()
-_envs_lock = threading.Lock()
-
-_DAG_SETTINGS = (
-    "user_defined_macros",
-    "user_defined_filters",
-    "render_template_as_native_obj",
-    "template_undefined",
-    "jinja_environment_kwargs",
-)
-
-
-def _env_for(op: BaseOperator) -> _Env:
-    """The environment of the operator's DAG: its file's folder, then its search path; a DAG
-    with template settings of its own has an environment of its own."""
-    dag = getattr(op, "dag", None)
-    own = dag is not None and any(getattr(dag, name, None) for name in _DAG_SETTINGS)
-    if own:
-        env = _dag_envs.get(dag)
-        if env is not None:
-            return env
-    fileloc = getattr(dag, "fileloc", None) or ""
-    key = (fileloc, *(str(p) for p in getattr(dag, "template_searchpath", None) or ()))
-    if not own:
-        env = _envs.get(key)
-        if env is not None:
-            return env
-    paths = [str(Path(fileloc).resolve().parent)] if fileloc else []
-    paths.extend(key[1:])
-    with _envs_lock:
-        if own:
-            return _dag_envs.setdefault(dag, _Env(paths, dag))
-        return _envs.setdefault(key, _Env(paths))
-
-
 # -- compiling a task's fields -------------------------------------------------------------
 
 
 class _Field(NamedTuple):
     """A template inside a field's value, where it sits."""
 
-    template: _Template
+    template: CompiledTemplate
 
 
 class _Container(NamedTuple):
@@ -379,7 +168,7 @@ class Prepared:
         op: BaseOperator,
         fields: dict[str, Any],
         names: frozenset[str],
-        env: _Env | None = None,
+        env: Env | None = None,
     ) -> None:
         self.op = op
         self._fields = fields
@@ -412,12 +201,12 @@ def _error(
     field: str,
     exc: Exception,
     context: Mapping[str, Any] | None = None,
-    env: _Env | None = None,
+    env: Env | None = None,
 ) -> TemplateRenderError:
     dag = getattr(op, "dag", None)
     task = f"{dag.dag_id}.{op.task_id}" if dag is not None else op.task_id
     if isinstance(exc, jinja2.TemplateNotFound):
-        searched = ", ".join(_env_for(op).paths) or "(no DAG folder, no template_searchpath)"
+        searched = ", ".join(env_for(op).paths) or "(no DAG folder, no template_searchpath)"
         detail = f"template file {exc.name!r} not found in {searched}"
     elif isinstance(exc, jinja2.TemplateSyntaxError):
         detail = f"template syntax error: {exc.message} (line {exc.lineno})"
@@ -432,7 +221,7 @@ def _error(
             known = set(context)
             if env is not None:
                 known |= set(env.jinja.globals)
-            detail += _close_names(found.group(1), known)
+            detail += close_names(found.group(1), known)
     return TemplateRenderError(f"task {task}: template field {field!r}: {detail}")
 
 
@@ -449,7 +238,7 @@ def prepare(op: BaseOperator) -> Prepared:
     ]
     if not templated:  # the common case: no Jinja environment, nothing compiled
         return Prepared(op, fields, frozenset())
-    env = _env_for(op)
+    env = env_for(op)
     for name, value in templated:
         try:
             compiled, found = _compile_value(env, value, ext, set())
@@ -462,7 +251,7 @@ def prepare(op: BaseOperator) -> Prepared:
 
 
 def _compile_value(
-    env: _Env, value: Any, ext: tuple[str, ...], seen: set[int]
+    env: Env, value: Any, ext: tuple[str, ...], seen: set[int]
 ) -> tuple[Any, set[str] | None]:
     """``value`` with its templates compiled and the names they read; None instead of the
     names when it holds no template (an empty set: templates that read no variable)."""
@@ -512,7 +301,7 @@ def _template_fields_of(value: Any) -> tuple[str, ...]:
 
 
 def _compile_items(
-    env: _Env, values: Iterable[Any], ext: tuple[str, ...], seen: set[int]
+    env: Env, values: Iterable[Any], ext: tuple[str, ...], seen: set[int]
 ) -> tuple[list[Any], set[str] | None]:
     items: list[Any] = []
     names: set[str] | None = None
