@@ -278,3 +278,34 @@ async def test_a_trigger_resolves_a_stored_connection_where_it_runs(
         tis = await engine.finish("conn_trigger")
     assert tis["wait"]["state"] == "success", tis["wait"]["error"]
     assert decode_value(tis["wait"]["result"]) == "from the stored connection"
+
+
+_ISOLATED_DAG = """
+from engine import DAG, Variable
+from operators.python import PythonOperator
+
+
+def reads():
+    return Variable.get("bucket")
+
+
+with DAG("var_isolated"):
+    PythonOperator(task_id="code", python_callable=reads, isolation="process")
+"""
+
+
+async def test_an_isolated_task_is_told_it_cannot_read_stored_variables(
+    store: Store, tmp_path: Any
+) -> None:
+    from engine.dags.dagbag import DagBag
+
+    await store.set_variable("bucket", "s3://raw")
+    (tmp_path / "var_isolated_dag.py").write_text(_ISOLATED_DAG)
+    bag = DagBag(tmp_path)
+    dag = bag.get_dag("var_isolated")
+    await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), None)
+    await store.create_dag_run(dag.dag_id, "run1", logical_date=LOGICAL)
+    async with run_engine(store, dagbag=bag) as engine:
+        tis = await engine.finish("var_isolated")
+    assert tis["code"]["state"] == "failed"
+    assert 'isolation="process"' in tis["code"]["error"]

@@ -19,8 +19,9 @@ task (:func:`bind_store`), and a sync task, a sensor's ``poke`` or a template re
 it from its worker thread. On the event loop's own thread (an ``async def execute``) a sync
 ``Variable.get`` would stop every other task of the worker while it waits: it refuses, and
 ``await Variable.async_get(...)`` reads without blocking. Code that runs outside a worker
-(a task with ``isolation="process"``, a DAG file's top level in a scheduler) reads through a
-connection of its own to the database the settings name (:func:`bind_fallback`).
+(a DAG file's top level in a scheduler, a script) reads through a connection of its own to the
+database the settings name. A task with ``isolation="process"`` runs in a process without
+database credentials: it is refused, with a message saying so (:func:`bind_fallback`).
 
 A value read is registered with the secrets masker (engine.masking) when its key is named
 like a secret (``api_token``) or the Variable is marked secret (``--secret``), and a
@@ -215,10 +216,23 @@ _bridge_lock = threading.Lock()
 _bridge: StoreAccess | None = None
 
 
+#: Set in a child process of ``isolation="process"``: it has no database credentials.
+_isolated = False
+
+_ISOLATED = (
+    'a task with isolation="process" cannot read stored Variables or connections: its process '
+    "gets no database credentials (a clean environment, as a BashOperator command). Read them "
+    "in a task without isolation, or pass the value in (op_kwargs, params)"
+)
+
+
 def _open_bridge() -> StoreAccess:
     """A store of this process's own, on an event loop in a thread of its own, opened from
-    the settings (environment and deferral.toml) on first use."""
+    the settings (environment and deferral.toml) on first use; refused in an isolated task's
+    process, which has no credentials (it would reach another database, or none)."""
     global _bridge
+    if _isolated:
+        raise LookupError(_ISOLATED)
     with _bridge_lock:
         if _bridge is not None:
             return _bridge
@@ -236,9 +250,10 @@ def _open_bridge() -> StoreAccess:
 
 
 def bind_fallback() -> None:
-    """In a process that runs a task without a worker (``isolation="process"``): read stored
-    Connections through a connection of its own, opened on first use (Variables fall back to
-    it by themselves)."""
+    """In the process of a task with ``isolation="process"``: stored Variables and
+    Connections are refused with a message that says why (the environment's are read)."""
+    global _isolated
+    _isolated = True
     if current_source() is None:
         _set_source(_BridgeSource())
 
