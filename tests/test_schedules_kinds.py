@@ -11,7 +11,8 @@ import pytest
 
 from engine import DAG
 from engine.dags.timetables import CronTriggerTimetable, EventsTimetable
-from engine.scheduler.dagruns import create_due_runs, manual_data_interval, record_dags
+from engine.scheduler.dagrecord import record_dags
+from engine.scheduler.dagruns import create_due_runs, manual_data_interval
 from engine.store import Store
 from engine.store.models import RunRow
 from engine.testing.harness import run_engine
