@@ -20,7 +20,7 @@ from engine import DAG
 from engine.dags.dagbag import DagBag
 from engine.scheduler.scheduler import Scheduler
 from engine.store import Store, TaskInstance
-from engine.store.logstore import TaskLogRow, TriggerLogRow
+from engine.store.models import TaskLogRow, TriggerLogRow
 from engine.testing import run_engine
 from engine.usercode import capture as logcapture
 from engine.usercode import logsink

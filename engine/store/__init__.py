@@ -7,6 +7,15 @@ import anyio
 from engine.config import Settings
 from engine.masking import register_url_password
 from engine.security.keys import keyring_from_settings
+from engine.store.connection import (
+    CHANNEL_DEADLINES,
+    CHANNEL_FINISHED,
+    CHANNEL_RUNS,
+    CHANNEL_STOP,
+    CHANNEL_TASKS,
+    CHANNEL_TRIGGERS,
+    Listener,
+)
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
 from engine.store.models import (
     ClaimedTask,
@@ -22,11 +31,14 @@ from engine.store.models import (
     LoggedTry,
     LogLine,
     MovedTask,
+    Override,
+    TaskClaim,
     TaskInstance,
     TaskLogs,
     TaskOutcome,
     TaskTry,
     TimedOutTask,
+    TriggerClaim,
     TriggererRow,
     TriggerLogs,
     TriggerOutcome,
@@ -35,22 +47,11 @@ from engine.store.models import (
     WaitingTask,
     WorkLeft,
 )
-from engine.store.overrides import MARK_STATES, VIA_PAGE, Override
-from engine.store.store import (
-    CHANNEL_DEADLINES,
-    CHANNEL_FINISHED,
-    CHANNEL_RUNS,
-    CHANNEL_STOP,
-    CHANNEL_TASKS,
-    CHANNEL_TRIGGERS,
-    DagRunNotFound,
-    DuplicateRun,
-    Listener,
-    PoolInUse,
-    PoolNotFound,
-    Store,
-    UnknownDag,
-)
+from engine.store.overrides import MARK_STATES, VIA_PAGE
+from engine.store.pools import PoolInUse, PoolNotFound
+from engine.store.runs import DagRunNotFound, UnknownDag
+from engine.store.schedules import DuplicateRun
+from engine.store.store import Store
 
 __all__ = [
     "CHANNEL_DEADLINES",
@@ -82,11 +83,13 @@ __all__ = [
     "PoolInUse",
     "PoolNotFound",
     "Store",
+    "TaskClaim",
     "TaskInstance",
     "TaskLogs",
     "TaskOutcome",
     "TaskTry",
     "TimedOutTask",
+    "TriggerClaim",
     "TriggerLogs",
     "TriggerOutcome",
     "TriggerRow",

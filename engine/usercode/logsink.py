@@ -41,7 +41,7 @@ import anyio
 import msgspec
 
 from engine.runtime.retry import REFUSED_DATA_ERRORS
-from engine.store.logstore import TaskLogRow, TriggerLogRow
+from engine.store.models import TaskLogRow, TriggerLogRow
 from engine.usercode import capture as logcapture
 from engine.usercode.capture import (
     NOT_STORED,
