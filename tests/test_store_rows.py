@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from engine import DAG
+from engine.states import STATES
 from engine.store import (
     CHANNEL_TASKS,
     Deferral,
@@ -26,7 +27,7 @@ from engine.store import (
     TriggerOutcome,
     downstream,
 )
-from engine.store.models import NewRun, NextRun, TaskLogRow, TriggerLogRow
+from engine.store.models import NewRun, NextRun, RunFilter, TaskLogRow, TriggerLogRow
 from engine.store.session import TriggererSession
 from operators.python import PythonOperator
 from tests.triggers_for_tests import NeverTrigger
@@ -238,14 +239,24 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert [x.id for x in fleet.schedulers] == [scheduler]
     await s.unregister_scheduler(scheduler)
     assert [d.dag_id for d in await s.dags_overview()] == ["rows"]
-    (summary,) = await s.dag_runs("rows")
+    (summary,) = await s.runs_page("rows", RunFilter(), limit=25)
     assert len(await s.run_task_grid(summary.id)) == 4
     assert sum((await s.run_task_counts(summary.id)).values()) == 4
     a_try = await s.task_try("rows", "r1", "a")
     assert a_try is not None
     assert a_try.state == "success"
     assert isinstance(await s.triggers_page(classpath="Never"), list)
-    assert isinstance(await s.trigger_class_counts(), list)
+    assert isinstance(await s.trigger_groups(), list)
+    assert isinstance(await s.triggerer_health(), list)
+    # The views' reads (engine/store/browse.py).
+    assert await s.count_runs("rows", RunFilter()) == 1
+    assert await s.count_runs(None, RunFilter()) == 1
+    assert len(await s.grid_cells([summary.id])) == 4
+    assert [t.try_number for t in await s.task_tries("rows", "r1", "a")] == [1]
+    assert len(await s.run_tries(summary.id, "rows", "r1", limit=10)) == 4
+    states = sorted(STATES)
+    assert await s.count_pool_tasks("default_pool", states, due_only=False) == 4
+    assert len(await s.pool_tasks("default_pool", states, due_only=False, limit=10)) == 4
     assert isinstance(await s.oldest_waits(), list)
     assert (await s.clear_task(a_try.id, who="t")).state == "scheduled"
     assert (await s.mark_task(a_try.id, "failed", who="t")).state == "failed"

@@ -32,7 +32,8 @@ from engine.cli.listing import (
     show_outcome,
     wide_option,
 )
-from engine.dags.dagbag import DagBag, error_summary
+from engine.dags.dagbag import DagBag
+from engine.dags.importerrors import error_summary
 from engine.store import DuplicateRun
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool, wide: 
     check_dags_folder(settings)
 
     async def main() -> tuple[list[DagSummary], dict[str, str]]:
-        from engine.scheduler.scheduler import sync_dags
+        from engine.scheduler.dagsync import sync_dags
         from engine.store import open_store
 
         store = await open_store(settings)
@@ -321,7 +322,7 @@ def dags_backfill(
             bar.update(task, total=p.total, completed=done, detail=detail)
 
         async def main() -> BackfillProgress:
-            from engine.scheduler.scheduler import sync_dags
+            from engine.scheduler.dagsync import sync_dags
             from engine.store import open_store
 
             store = await open_store(settings)

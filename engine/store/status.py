@@ -1,7 +1,8 @@
 """The store's part for the status page (engine/web/) and the schedulers' registry: reads of
 the fleet, DAGs, runs, task tries and triggers, and the page's trigger cancel, written to the
 audit table (marks and clears: engine/store/overrides.py). A reader of
-:class:`engine.store.Store`; none of it is on a hot path."""
+:class:`engine.store.Store`; none of it is on a hot path. The reads of the page's views (grid,
+Gantt, tries, searches): engine/store/browse.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from engine.security.keys import UnreadableValue
-from engine.store.core import StoreCore, struct, structs
+from engine.store.browse import BrowseReads
+from engine.store.core import struct, structs
 from engine.store.models import (
     AuditRow,
     Backlog,
@@ -23,10 +25,8 @@ from engine.store.models import (
     GridCell,
     MovedTask,
     OldestWait,
-    RunSummary,
     SchedulerRow,
     TaskTry,
-    TriggerClassCount,
     TriggerListing,
     WorkerRow,
 )
@@ -40,7 +40,7 @@ __all__ = ["StatusQueries"]
 log = logging.getLogger(__name__)
 
 
-class StatusQueries(StoreCore):
+class StatusQueries(BrowseReads):
     """The statements of the status page and the schedulers' registry."""
 
     # -- the schedulers' registry ----------------------------------------------------------
@@ -81,11 +81,18 @@ class StatusQueries(StoreCore):
             backlog=struct(backlog, Backlog),
         )
 
-    async def dags_overview(self, runs: int = 10) -> list[DagOverview]:
-        return structs(await self._pool.fetch(self._q["dags_overview"], runs), DagOverview)
-
-    async def dag_runs(self, dag_id: str, limit: int = 25) -> list[RunSummary]:
-        return structs(await self._pool.fetch(self._q["dag_runs"], dag_id, limit), RunSummary)
+    async def dags_overview(
+        self,
+        runs: int = 10,
+        *,
+        name: str | None = None,
+        state: str | None = None,
+        paused: bool | None = None,
+    ) -> list[DagOverview]:
+        """Every DAG with its ``runs`` latest runs; those whose id holds ``name`` or with a tag
+        ``name`` (any case), whose latest run is in ``state``, paused or not (None: all)."""
+        rows = await self._pool.fetch(self._q["dags_overview"], runs, name, state, paused)
+        return structs(rows, DagOverview)
 
     async def run_task_grid(
         self,
@@ -134,8 +141,9 @@ class StatusQueries(StoreCore):
         )
         return structs(rows, TriggerListing)
 
-    async def trigger_class_counts(self) -> list[TriggerClassCount]:
-        return structs(await self._pool.fetch(self._q["trigger_class_counts"]), TriggerClassCount)
+    async def triggerer_health(self) -> list[FleetTriggerer]:
+        """Every registered triggerer with the triggers it holds and its loop's health."""
+        return structs(await self._pool.fetch(self._q["fleet_triggerers"]), FleetTriggerer)
 
     async def oldest_waits(self, limit: int = 20) -> list[OldestWait]:
         return structs(await self._pool.fetch(self._q["oldest_waits"], limit), OldestWait)

@@ -8,6 +8,14 @@ output encodes them as they are). Import them from here (or the public ones from
 
 from __future__ import annotations
 
+from engine.store.models.browse import (
+    GridCellCounts,
+    GridRun,
+    PoolTask,
+    RunFilter,
+    TriggerGroup,
+    TryRecord,
+)
 from engine.store.models.downstream import FinishedTask, FiredTriggers, MovedTask, TimedOutTask
 from engine.store.models.logstore import (
     LoggedTry,
@@ -38,10 +46,8 @@ from engine.store.models.status import (
     GridCell,
     OldestWait,
     RunSquare,
-    RunSummary,
     SchedulerRow,
     TaskTry,
-    TriggerClassCount,
     TriggerListing,
     WorkerRow,
 )
@@ -84,6 +90,8 @@ __all__ = [
     "Fleet",
     "FleetTriggerer",
     "GridCell",
+    "GridCellCounts",
+    "GridRun",
     "Heartbeat",
     "LogLine",
     "LoggedTry",
@@ -93,10 +101,11 @@ __all__ = [
     "OldestWait",
     "Override",
     "PoolRow",
+    "PoolTask",
     "RefusedTrigger",
+    "RunFilter",
     "RunRow",
     "RunSquare",
-    "RunSummary",
     "RunWait",
     "SchedulerRow",
     "StartedRun",
@@ -110,7 +119,7 @@ __all__ = [
     "TaskWait",
     "TimedOutTask",
     "TriggerClaim",
-    "TriggerClassCount",
+    "TriggerGroup",
     "TriggerListing",
     "TriggerLogRow",
     "TriggerLogs",
@@ -119,6 +128,7 @@ __all__ = [
     "TriggerWaiters",
     "TriggererHealth",
     "TriggererRow",
+    "TryRecord",
     "WaitingTask",
     "WhyTask",
     "WorkLeft",

@@ -16,10 +16,8 @@ __all__ = [
     "GridCell",
     "OldestWait",
     "RunSquare",
-    "RunSummary",
     "SchedulerRow",
     "TaskTry",
-    "TriggerClassCount",
     "TriggerListing",
     "WorkerRow",
 ]
@@ -101,18 +99,6 @@ class DagOverview(msgspec.Struct, frozen=True, kw_only=True):
     last_runs: list[RunSquare]
 
 
-class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
-    id: int
-    dag_id: str
-    run_id: str
-    logical_date: dt.datetime
-    conf: dict[str, Any]
-    state: str
-    created_at: dt.datetime
-    ended_at: dt.datetime | None
-    task_counts: dict[str, int]
-
-
 class GridCell(msgspec.Struct, frozen=True, kw_only=True):
     """A task instance in a run's grid."""
 
@@ -180,13 +166,6 @@ class TriggerListing(msgspec.Struct, frozen=True, kw_only=True):
     timeout_at: dt.datetime | None
     created_at: dt.datetime
     age_s: float
-    waiting: int
-
-
-class TriggerClassCount(msgspec.Struct, frozen=True, kw_only=True):
-    classpath: str
-    triggers: int
-    held: int
     waiting: int
 
 
