@@ -28,7 +28,7 @@ from click.testing import CliRunner, Result
 from engine import DAG, masking
 from engine.cli import cli
 from engine.store import Deferral, Store, TaskOutcome
-from engine.store.logstore import TaskLogRow
+from engine.store.models import TaskLogRow
 from engine.testing import run_engine
 from engine.web.app import make_app
 from operators.base import BaseOperator, Context
@@ -128,7 +128,7 @@ async def scene(store: Store) -> Scene:
         "masked", "r1", logical_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), conf=CONF
     )
     worker = await store.register_worker("mask-host", 4242, 4)
-    claimed, _ = await store.claim_tasks(worker, 10)
+    claimed = (await store.claim_tasks(worker, 10)).claimed
     ids = {ti.task_id: ti.id for ti in claimed}
     assert await store.set_rendered_fields(ids["a"], worker, 1, RENDERED)
     await store.defer_task(

@@ -14,7 +14,7 @@ from engine.runtime.wakeup import Wakeup
 from engine.scheduler.dagruns import manual_data_interval
 from engine.scheduler.dagsync import request_rescan, sync_dags
 from engine.store import CHANNEL_RUNS, Store, TaskInstance, UnknownDag, open_store
-from engine.store.schedules import NewRun
+from engine.store.models import NewRun
 
 __all__ = ["RunOutcome", "trigger_dag", "wait_for_run", "wait_run"]
 

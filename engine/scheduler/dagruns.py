@@ -25,7 +25,7 @@ from engine.dags.timetables import (
     stored_timezone,
     to_aware,
 )
-from engine.store.schedules import NewRun, NextRun
+from engine.store.models import NewRun, NextRun
 
 if TYPE_CHECKING:
     from engine.store import Store

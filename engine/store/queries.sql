@@ -212,25 +212,10 @@ WITH free AS (
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
         trigger_queue, max_active_tis_per_dag)
-    SELECT run.id, run.dag_id, run.run_id, t.task_id,
-           CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
-                THEN 'scheduled' ELSE 'pending' END,
-           COALESCE((run.tries_before ->> t.task_id)::integer, 0),
-           t.retries + COALESCE((run.tries_before ->> t.task_id)::integer, 0), t.retry_delay_s,
-           t.retry_exponential_backoff, t.max_retry_delay_s,
-           t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
-           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false),
-           COALESCE(t.pool_slots, 1), COALESCE(t.queue, 'default'),
-           COALESCE(t.trigger_queue, 'default'), t.max_active_tis_per_dag
+    SELECT run.id, run.dag_id, run.run_id, t.*
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
-    CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
-        task_id text, upstream text[], trigger_rule text, retries integer,
-        retry_delay_s double precision, retry_exponential_backoff boolean,
-        max_retry_delay_s double precision, execution_timeout_s double precision,
-        soft_fail boolean, is_leaf boolean, priority integer, pool text,
-        no_retry_on_timeout boolean, pool_slots integer, queue text, trigger_queue text,
-        max_active_tis_per_dag integer)
+    CROSS JOIN LATERAL deferral_task_rows(d.tasks, run.tries_before) t
     RETURNING 1
 )
 SELECT run.id, run.dag_id, run.run_id, (SELECT count(*) FROM tis) AS task_count FROM run;
@@ -307,8 +292,8 @@ SELECT dag_id, fileloc, tasks, description, timetable, schedule, start_date, end
 FROM deferral_dags WHERE dag_id = $1;
 
 -- name: create_dag_run
--- Create a run of a stored DAG and all its task instances in one statement: tasks without
--- upstreams (or whose rule is 'always') start scheduled, the others pending. Returns nothing
+-- Create a run of a stored DAG and all its task instances in one statement (their rows:
+-- deferral_task_rows, schema.sql; the ones start_queued_runs inserts too). Returns nothing
 -- if the DAG is unknown. (Not held back by max_active_runs: the engine's API for tests and
 -- benchmarks; insert_runs and start_queued_runs admit runs.)
 WITH run AS (
@@ -320,27 +305,14 @@ WITH run AS (
     RETURNING id, dag_id, run_id
 ), tis AS (
     INSERT INTO deferral_task_instances (
-        dag_run_id, dag_id, run_id, task_id, state, retries, retry_delay_s,
+        dag_run_id, dag_id, run_id, task_id, state, try_number, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
         trigger_queue, max_active_tis_per_dag)
-    SELECT run.id, run.dag_id, run.run_id, t.task_id,
-           CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
-                THEN 'scheduled' ELSE 'pending' END,
-           t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
-           t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
-           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false),
-           COALESCE(t.pool_slots, 1), COALESCE(t.queue, 'default'),
-           COALESCE(t.trigger_queue, 'default'), t.max_active_tis_per_dag
+    SELECT run.id, run.dag_id, run.run_id, t.*
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
-    CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
-        task_id text, upstream text[], trigger_rule text, retries integer,
-        retry_delay_s double precision, retry_exponential_backoff boolean,
-        max_retry_delay_s double precision, execution_timeout_s double precision,
-        soft_fail boolean, is_leaf boolean, priority integer, pool text,
-        no_retry_on_timeout boolean, pool_slots integer, queue text, trigger_queue text,
-        max_active_tis_per_dag integer)
+    CROSS JOIN LATERAL deferral_task_rows(d.tasks, NULL) t
     RETURNING 1
 )
 SELECT run.id, (SELECT count(*) FROM tis) AS task_count FROM run;

@@ -46,12 +46,13 @@ from engine.store.models import (
     ClaimedTask,
     Deferral,
     FiredTriggers,
+    TaskClaim,
     TimedOutTask,
     TriggerOutcome,
 )
 from engine.testing.harness import run_engine
 from engine.usercode import logsink
-from operators.base import DEFAULT_QUEUE
+from operators.defaults import DEFAULT_QUEUE
 from triggers.base import decode_value
 
 __all__ = [
@@ -229,14 +230,12 @@ class _RecordingStore(Store):
         *,
         queues: Sequence[str] = (DEFAULT_QUEUE,),
         parallelism: int = 0,
-    ) -> tuple[list[ClaimedTask], float | None]:
-        claimed, next_in = await super().claim_tasks(
-            worker_id, limit, queues=queues, parallelism=parallelism
-        )
-        for ti in claimed:
+    ) -> TaskClaim:
+        claim = await super().claim_tasks(worker_id, limit, queues=queues, parallelism=parallelism)
+        for ti in claim.claimed:
             if ti.next_method:
                 self.recorder.resumed(ti)
-        return claimed, next_in
+        return claim
 
     async def fire_triggers(
         self, triggerer_id: int, outcomes: Sequence[TriggerOutcome]

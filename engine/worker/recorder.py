@@ -230,6 +230,13 @@ class Recorder:
         await queued.done.wait()
         return queued.state
 
+    def refuse_claimed(self, outcomes: list[TaskOutcome]) -> None:
+        """Claimed tries that cannot run (a resume no configured key opens, a pool that does
+        not exist) fail, written by the writer like every outcome."""
+        for outcome in outcomes:
+            log.error("task instance %s cannot run: %s", outcome.ti_id, outcome.error)
+            self._outbox.put(_Queued(outcome))
+
     def _new_outbox(self) -> Outbox[_Queued, tuple[int, int], str]:
         """Outcomes are written by one writer (engine/runtime/outbox.py), every try queued
         while the last write was in flight in one statement."""

@@ -243,14 +243,16 @@ class Worker:
         # Until the reply arrives, the claim may commit with nobody to run what it took.
         self._claims_unsure = True
         started = time.perf_counter()
-        claimed, next_in = await self.store.claim_tasks(
+        claim = await self.store.claim_tasks(
             self.id, limit, queues=self.queues, parallelism=self.parallelism
         )
+        claimed = claim.claimed
         if claimed:
             crash_point("worker.claim.after_commit")
         self._claims_unsure = False
+        self.recorder.refuse_claimed(claim.refused)
         self._observe_claim(claimed, time.perf_counter() - started)
-        return claimed, next_in
+        return claimed, claim.next_in
 
     def _observe_claim(self, claimed: list[ClaimedTask], duration_s: float) -> None:
         m = self.metrics
@@ -268,8 +270,10 @@ class Worker:
         (else the task would sit unrun and unheartbeated until reaped, losing its try)."""
         assert self.id is not None
         known = [*self.running, *self._abandoned]
-        found = await self.store.unacknowledged_claims(self.id, known)
+        claim = await self.store.unacknowledged_claims(self.id, known)
+        found = claim.claimed
         self._claims_unsure = False
+        self.recorder.refuse_claimed(claim.refused)
         if found:
             log.warning(
                 "found %d claim(s) whose reply was lost with the connection (first: task "

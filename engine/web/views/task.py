@@ -8,7 +8,7 @@ import datetime as dt
 from typing import Any
 
 from engine.store import Store, TaskTry
-from engine.store.browse import TryRecord
+from engine.store.models import TryRecord
 from engine.web import hooks
 from engine.web.paging import shortened
 from engine.web.render import _age, _when, decoded, masked, pretty
