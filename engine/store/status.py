@@ -14,6 +14,7 @@ import asyncpg
 import msgspec
 
 from engine.security.keys import Keyring, UnreadableValue
+from engine.store.fleetstats import read_backlog_split
 from engine.store.models import (
     AuditRow,
     Backlog,
@@ -81,12 +82,13 @@ class StatusReads:
             workers = await conn.fetch(self._q["fleet_workers"])
             triggerers = await conn.fetch(self._q["fleet_triggerers"])
             backlog = await conn.fetchrow(self._q["fleet_backlog"])
+            split = await read_backlog_split(conn, self._q)
         assert backlog is not None
         return Fleet(
             schedulers=_rows(schedulers, SchedulerRow),
             workers=_rows(workers, WorkerRow),
             triggerers=_rows(triggerers, FleetTriggerer),
-            backlog=msgspec.convert(dict(backlog), Backlog),
+            backlog=msgspec.convert({**dict(backlog), **msgspec.to_builtins(split)}, Backlog),
         )
 
     async def dags_overview(self, runs: int = 10) -> list[DagOverview]:

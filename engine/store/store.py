@@ -18,6 +18,9 @@ from engine.runtime.crashpoints import crash_point
 from engine.runtime.retry import with_db_retry
 from engine.security.keys import Keyring, UnreadableValue
 from engine.store.downstream import settle
+from engine.store.endpoints import Endpoints
+from engine.store.fleetstats import FleetStats
+from engine.store.importerrors import ImportErrors
 from engine.store.logstore import LogStore
 from engine.store.models import (
     ClaimedTask,
@@ -45,6 +48,7 @@ from engine.store.models import (
 )
 from engine.store.overrides import TaskOverrides
 from engine.store.queries import load_queries, migrations
+from engine.store.runselect import RunSelection
 from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
 from engine.store.why import WhyReads
@@ -169,12 +173,24 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
+class Store(
+    ScheduleStore,
+    StatusReads,
+    TaskOverrides,
+    LogStore,
+    WhyReads,
+    ImportErrors,
+    Endpoints,
+    RunSelection,
+    FleetStats,
+):
     """A pool of connections and one method per named query (or per transaction of them).
     The statements of schedules and run admission are in :mod:`engine.store.schedules`; the
     status page's reads and actions in engine/store/status.py; marks and clears in
     engine/store/overrides.py; the log lines' in
-    engine/store/logs.py; the reads of "why is this task not running" in engine/store/why.py."""
+    engine/store/logs.py; the reads of "why is this task not running" in engine/store/why.py;
+    import errors, endpoints, run selectors and the fleet's numbers in
+    engine/store/importerrors.py, endpoints.py, runselect.py and fleetstats.py."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, keyring: Keyring | None = None) -> None:
         self._pool = pool
