@@ -53,7 +53,7 @@ from engine.runtime.wakeup import Wakeup
 from engine.scheduler.contact import Contact, max_gap_s, probe_interval_s
 from engine.scheduler.dagrecord import DagRecorder
 from engine.scheduler.dagruns import create_due_runs
-from engine.states import STATES
+from engine.scheduler.fleetmetrics import export_fleet, observe_ended_runs
 from engine.store import CHANNEL_FINISHED, Listener, Store
 from engine.store.downstream import resolve_all_pending, settle
 
@@ -111,6 +111,10 @@ async def sync_dags(
     if dagbag.folder is not None:
         # (A file still importing keeps its DAGs as they were, as one that failed to import.)
         kept = [*dagbag.import_errors.keys(), *map(str, dagbag.slow_imports)]
+        # (Shown by `dags list` and the status page until the file imports again or is gone.)
+        await store.record_import_errors(
+            str(dagbag.folder), dagbag.import_errors, map(str, dagbag.slow_imports)
+        )
         gone = await store.deactivate_missing_dags(str(dagbag.folder), dags.keys(), kept)
         for dag_id in gone:
             log.warning(
@@ -400,6 +404,7 @@ class Scheduler:
         ended = await self.store.finish_dag_runs()
         for run in ended:
             log.info("DAG run %s/%s ended: %s", run.dag_id, run.run_id, run.state)
+        await observe_ended_runs(self.store, self.metrics, ended)
         if ended:
             await self._started(
                 await self.store.start_queued_runs(sorted({r.dag_id for r in ended}))
@@ -485,11 +490,8 @@ class Scheduler:
         self.housekeeping_passes += 1
 
     async def export_fleet(self) -> None:
-        """Set the fleet gauges: task instances by state, triggers no triggerer runs."""
-        counts = await self.store.count_task_states()
-        for state in sorted(STATES):
-            self.metrics.tasks.labels(state).set(counts.get(state, 0))
-        self.metrics.triggers_unassigned.set(await self.store.count_unowned_triggers())
+        """Set the fleet gauges (engine/scheduler/fleetmetrics.py)."""
+        await export_fleet(self.store, self.metrics)
 
     def health_checks(self) -> dict[str, Check]:
         """Readiness: a pass of the scheduler's loop completed recently
