@@ -110,7 +110,9 @@ def test_pause_and_unpause(db_url: str, tmp_path: Path, dags_folder: Path) -> No
     env = process_env(db_url, tmp_path, dags_folder)
     code, out = cli(env, "dags", "list", "--json", cwd=tmp_path)
     assert code == 0, out
-    daily = next(d for d in json.loads(out)["dags"] if d["dag_id"] == "daily")
+    # (The JSON is stdout's one line; the log (LOG_LEVEL=INFO, on stderr) may say more.)
+    listing = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    daily = next(d for d in listing["dags"] if d["dag_id"] == "daily")
     assert (daily["is_paused"], daily["schedule"]) == (True, "@daily")
     assert daily["next_dagrun"] is not None
     # The next run's logical date starts its interval; it is created when the interval ends.

@@ -173,6 +173,7 @@ def _add_commands() -> None:
     from engine.cli import (
         config,
         dags,
+        dags_list,
         db,
         demo,
         health,
@@ -188,7 +189,7 @@ def _add_commands() -> None:
         webserver,
     )
 
-    del tasks_logs  # (imported for its command, which it adds to the tasks group)
+    del dags_list, tasks_logs  # (imported for their commands, added to dags and tasks)
     tasks.tasks.add_command(tasks_test.tasks_test)
 
     for command in (

@@ -291,12 +291,20 @@ def capturing(recorder: Recorder) -> Iterator[None]:
     capture = Capture(recorder)
     quiet = Quiet()
     handlers = [h for h in root.handlers if h is not capture]
+    levels = {h: h.level for h in handlers}
+    previous = root.level
     for handler in handlers:
         handler.addFilter(quiet)
+        # (The process's own lines stay at its level: quiet by default, -v for INFO ...)
+        handler.setLevel(max(handler.level, previous))
+    # (... while the report records the task's and trigger's INFO lines whatever it is.)
+    root.setLevel(min(previous, logging.INFO))
     root.addHandler(capture)
     try:
         yield
     finally:
         root.removeHandler(capture)
+        root.setLevel(previous)
         for handler in handlers:
             handler.removeFilter(quiet)
+            handler.setLevel(levels[handler])
