@@ -17,19 +17,16 @@ batch while more tasks were waiting (the limits at work) and how many came back 
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from benchmarks.cli import bench
+from benchmarks.results import keep_db_option, out_option, write_result
 
 __all__ = ["claims"]
 
 
-@bench.command("claims")
+@click.command("claims")
 @click.option(
     "--tasks",
     "n",
@@ -74,8 +71,8 @@ __all__ = ["claims"]
     show_default=True,
     help="Global limit on running tasks passed to each claim (0: none).",
 )
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
-@click.option("--keep-db", is_flag=True, help="Do not drop the benchmark database.")
+@out_option
+@keep_db_option()
 def claims(**options: Any) -> None:
     """Admissions per second and claim latency, with pools holding tasks back."""
     from benchmarks.claims_run import CHUNK, print_table, run_claims
@@ -84,9 +81,5 @@ def claims(**options: Any) -> None:
         raise click.UsageError(f"--tasks above {CHUNK:,} must be a multiple of {CHUNK:,}")
     out = options.pop("out")
     result = run_claims(**options)
-    text = json.dumps(result, indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-    else:
-        sys.stdout.write(text + "\n")
+    write_result(result, out)
     print_table(result)

@@ -12,22 +12,19 @@ as ``deferral standalone`` would run them in three.
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from benchmarks.cli import bench
 from benchmarks.plots import require_matplotlib
+from benchmarks.results import keep_db_option, out_option, write_result
 
 __all__ = ["fleet"]
 
 MODES = ("poke", "reschedule", "deferrable")
 
 
-@bench.command("fleet")
+@click.command("fleet")
 @click.option("--sensors", "n", type=click.IntRange(min=1), default=2000, show_default=True)
 @click.option("--slots", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--mode", type=click.Choice([*MODES, "all"]), default="all", show_default=True)
@@ -55,13 +52,13 @@ MODES = ("poke", "reschedule", "deferrable")
     "and the compute tasks in a pool 'compute', each with a slot for every task: admission "
     "at work, never holding one back.",
 )
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
+@out_option
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False),
     help="Write a PNG of slots held over time (needs the 'plot' extra).",
 )
-@click.option("--keep-db", is_flag=True, help="Do not drop the benchmark databases.")
+@keep_db_option("databases")
 def fleet(**options: Any) -> None:
     """A fleet of sensors on a few worker slots, in poke, reschedule and deferrable mode."""
     from benchmarks.fleet_run import print_table, run_fleet
@@ -73,11 +70,7 @@ def fleet(**options: Any) -> None:
     mode = options.pop("mode")
     modes = list(MODES) if mode == "all" else [mode]
     result = run_fleet(modes=modes, **options)
-    text = json.dumps(result, indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-    else:
-        sys.stdout.write(text + "\n")
+    write_result(result, out)
     print_table(result)
     if plot:
         from benchmarks.fleet_run import plot_slots

@@ -10,8 +10,6 @@ from typing import Any
 
 import click
 
-from benchmarks.cli import bench
-
 __all__ = ["INSTALL_HINT", "plot", "plot_result", "plot_waits_summary", "require_matplotlib"]
 
 #: What to run for the figures.
@@ -99,7 +97,7 @@ def plot_result(result: dict[str, Any], path: str | Path) -> str:
     return kind
 
 
-@bench.command("plot")
+@click.command("plot")
 @click.argument("result_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--out",

@@ -8,19 +8,16 @@ metric for the same delay is ``dagrun.schedule_delay``.
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from benchmarks.cli import bench
+from benchmarks.results import keep_db_option, out_option, write_result
 
 __all__ = ["schedule"]
 
 
-@bench.command("schedule")
+@click.command("schedule")
 @click.option("--dags", "n", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option(
     "--schedule", "cron", default="* * * * *", show_default=True, help="Cron of every DAG."
@@ -36,17 +33,13 @@ __all__ = ["schedule"]
 @click.option(
     "--tasks", type=click.IntRange(min=1), default=1, show_default=True, help="Tasks per DAG."
 )
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
-@click.option("--keep-db", is_flag=True, help="Do not drop the benchmark database.")
+@out_option
+@keep_db_option()
 def schedule(**options: Any) -> None:
     """Scheduling delay (interval end -> run created) and scheduler CPU for many DAGs."""
     from benchmarks.schedule_run import print_table, run_schedule
 
     out = options.pop("out")
     result = run_schedule(**options)
-    text = json.dumps(result, indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-    else:
-        sys.stdout.write(text + "\n")
+    write_result(result, out)
     print_table(result)

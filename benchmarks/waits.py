@@ -18,21 +18,18 @@ The run, against a fresh database (embedded server, or ``DEFERRAL_DATABASE_URL``
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from benchmarks.cli import bench
 from benchmarks.plots import require_matplotlib
+from benchmarks.results import keep_db_option, out_option, write_result
 
 __all__ = ["waits"]
 
 
-@bench.command("waits")
+@click.command("waits")
 @click.option("--triggers", "n", type=click.IntRange(min=1), default=10_000, show_default=True)
 @click.option("--triggerers", "k", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
@@ -58,13 +55,13 @@ __all__ = ["waits"]
     help="Put the waiting tasks in a pool 'sensors' that counts deferred tasks "
     "(include_deferred), with a slot for each: admission at work, never holding one back.",
 )
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here.")
+@out_option
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False),
     help="Write a PNG here (needs the 'plot' extra; `bench plot` draws a saved --out JSON).",
 )
-@click.option("--keep-db", is_flag=True, help="Do not drop the benchmark database.")
+@keep_db_option()
 @click.option(
     "--synchronous-commit/--no-synchronous-commit",
     default=True,
@@ -89,11 +86,7 @@ def waits(**options: Any) -> None:
     if options["plot"]:
         require_matplotlib()  # now, not after a run of minutes
     result = run_waits(**options)
-    text = json.dumps(result, indent=2)
-    if options["out"]:
-        Path(options["out"]).write_text(text + "\n")
-    else:
-        sys.stdout.write(text + "\n")
+    write_result(result, options["out"])
     if os.environ.get("DEFERRAL_BENCH_STRICT") and (
         result["events_lost"] or result["resumed_twice"]
     ):

@@ -1,7 +1,8 @@
 """Run a Python callable as a task.
 
-``PythonSensor`` lives in :mod:`operators.sensors` with the other sensors (this module imports
-that one, never the other way round); it is re-exported here, where it used to live.
+``PythonSensor`` lives in :mod:`operators.sensors` with the other sensors
+(``operators/sensors/python.py``; this module imports that one, never the other way round); it
+is re-exported here, where it used to live.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from engine import DAG
 from engine.cli import cli
 from engine.config import ConfigError, Settings, load
-from engine.scheduler.dagruns import record_dags
+from engine.scheduler.dagrecord import record_dags
 from engine.store import ClaimedTask, Store, TriggerOutcome
 from engine.store.queries import load_queries
 from engine.testing import LocalEngine, run_engine

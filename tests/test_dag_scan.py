@@ -17,7 +17,8 @@ import asyncpg
 import pytest
 
 from engine.dags.dagbag import DagBag
-from engine.scheduler.scheduler import Scheduler, request_rescan, sync_dags
+from engine.scheduler.dagsync import request_rescan, sync_dags
+from engine.scheduler.scheduler import Scheduler
 from engine.security.keys import Keyring
 from engine.store import Store
 from tests.conftest import TEST_FERNET_KEY

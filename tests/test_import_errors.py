@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from engine.dags.dagbag import DagBag
-from engine.scheduler.scheduler import sync_dags
+from engine.scheduler.dagsync import sync_dags
 from engine.store import Store
 from engine.web.app import make_app
 from tests.helpers import wait_until

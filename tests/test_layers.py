@@ -3,6 +3,7 @@ shape, PythonSensor with the other sensors, and a runtime that does not load the
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -68,7 +69,21 @@ def test_python_sensor_lives_with_the_sensors_and_is_still_importable_from_pytho
     from operators.python import PythonSensor as FromPython
 
     assert FromPython is PythonSensor
-    assert PythonSensor.__module__ == "operators.sensors"
+    assert PythonSensor.__module__ == "operators.sensors.python"
+
+
+def test_the_sensors_mirror_the_triggers_one_module_per_family() -> None:
+    import operators.sensors
+
+    families = set()
+    for name in operators.sensors.__all__:
+        package, family = getattr(operators.sensors, name).__module__.rsplit(".", 1)
+        assert package == "operators.sensors", name
+        families.add(family)
+    # Every family but the base waits, deferred, on the triggers of the same name.
+    assert families - {"base"} == {"temporal", "file", "http", "sql", "external_task", "python"}
+    for family in families - {"base"}:
+        assert importlib.util.find_spec(f"triggers.{family}") is not None, family
 
 
 def test_one_parser_reads_every_named_sql_file() -> None:

@@ -23,6 +23,7 @@ from engine import DAG
 from engine.runtime import metrics
 from engine.runtime.health import HealthServer, WithHealth, database_check
 from engine.runtime.metrics import Metrics
+from engine.scheduler.duties import export_fleet
 from engine.store import Store
 from engine.testing import run_engine
 from engine.worker.worker import Worker
@@ -145,7 +146,7 @@ async def test_counters_move_when_an_engine_runs(store: Store) -> None:
             ChattyOperator(task_id="talk")
         async with run_engine(store) as engine:
             tis = await engine.run_dag(dag)
-            await engine.scheduler.export_fleet()
+            await export_fleet(engine.scheduler)
             assert engine.worker.metrics is fresh
             text = fresh.exposition().decode()
             pools = await store.list_pools()

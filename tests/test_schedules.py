@@ -15,7 +15,8 @@ import pytest
 
 from engine import DAG
 from engine.scheduler.backfill import backfill
-from engine.scheduler.dagruns import create_due_runs, record_dags
+from engine.scheduler.dagrecord import record_dags
+from engine.scheduler.dagruns import create_due_runs
 from engine.store import Store
 from engine.store.models import RunRow
 from engine.testing.harness import run_engine
@@ -409,7 +410,7 @@ async def test_a_dag_gone_from_the_folder_gets_no_more_scheduled_runs(
     store: Store, tmp_path: Path
 ) -> None:
     from engine.dags.dagbag import DagBag
-    from engine.scheduler.scheduler import sync_dags
+    from engine.scheduler.dagsync import sync_dags
 
     folder = tmp_path / "dags"
     folder.mkdir()

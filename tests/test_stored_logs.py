@@ -18,6 +18,7 @@ import pytest
 
 from engine import DAG
 from engine.dags.dagbag import DagBag
+from engine.scheduler.duties import delete_old_logs
 from engine.scheduler.scheduler import Scheduler
 from engine.store import Store, TaskInstance
 from engine.store.logstore import TaskLogRow, TriggerLogRow
@@ -356,7 +357,7 @@ async def test_a_full_buffer_keeps_the_newest_lines_and_says_how_many_went(store
 async def test_retention_deletes_old_lines_in_batches(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("engine.scheduler.scheduler.LOG_RETENTION_BATCH", 2)
+    monkeypatch.setattr("engine.scheduler.duties.LOG_RETENTION_BATCH", 2)
     old, new = time.time() - 40 * 86400, time.time()
     # Old and recent lines interleaved (clocks of different hosts): the old ones go all the same.
     ages = [(at, f"{age} {i}") for i in range(5) for at, age in ((old, "old"), (new, "new"))]
@@ -365,12 +366,12 @@ async def test_retention_deletes_old_lines_in_batches(
         [TaskLogRow("d", "r", "t", 1, at, "INFO", "stdout", "<stdout>", m) for at, m in ages]
     )
     scheduler = Scheduler(store, log_retention_days=30)
-    assert await scheduler.delete_old_logs() == 10
+    assert await delete_old_logs(scheduler) == 10
     trigger_lines = (await store.trigger_logs(7)).lines
     task_lines = (await store.task_logs("d", "r", "t", 1)).lines
     assert [line.message for line in trigger_lines] == [f"new {i}" for i in range(5)]
     assert [line.message for line in task_lines] == [f"new {i}" for i in range(5)]
-    assert await scheduler.delete_old_logs() == 0
+    assert await delete_old_logs(scheduler) == 0
 
 
 async def test_engine_chatter_stays_out_long_lines_are_cut_odd_text_is_kept(

@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 
 from engine import DAG
 from engine.cli import cli
-from engine.scheduler.dagruns import record_dags
+from engine.scheduler.dagrecord import record_dags
 from engine.store import Store, TaskOutcome
 from engine.store.schedules import NewRun
 from engine.web import hooks

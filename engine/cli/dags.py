@@ -259,7 +259,7 @@ def dags_backfill(
             bar.update(task, total=p.total, completed=done, detail=detail)
 
         async def main() -> BackfillProgress:
-            from engine.scheduler.scheduler import sync_dags
+            from engine.scheduler.dagsync import sync_dags
             from engine.store import open_store
 
             store = await open_store(settings)

@@ -20,7 +20,8 @@ from engine.cli.common import (
 )
 from engine.cli.dags import _when, dags
 from engine.cli.listing import cell, fmt_time, print_table, wide_option
-from engine.dags.dagbag import DagBag, error_summary
+from engine.dags.dagbag import DagBag
+from engine.dags.importerrors import error_summary
 from engine.masking import redact_text
 from engine.store.importerrors import ImportErrorRow
 from engine.store.models import DagSummary
@@ -78,7 +79,7 @@ def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool, wide: 
     check_dags_folder(settings)
 
     async def main() -> tuple[list[DagSummary], list[ImportErrorRow]]:
-        from engine.scheduler.scheduler import sync_dags
+        from engine.scheduler.dagsync import sync_dags
         from engine.store import open_store
 
         store = await open_store(settings)

@@ -25,7 +25,8 @@ from engine.cli.common import (
     _usage_exit,
     require_dags_folder,
 )
-from engine.dags.dagbag import DagBag, error_summary
+from engine.dags.dagbag import DagBag
+from engine.dags.importerrors import error_summary
 
 if TYPE_CHECKING:
     from engine.testing.tasktest import TaskTestReport

@@ -12,7 +12,7 @@ from engine.config import Settings
 from engine.dags.dagbag import NO_FOLDER_HINT, DagBag
 from engine.runtime.wakeup import Wakeup
 from engine.scheduler.dagruns import manual_data_interval
-from engine.scheduler.scheduler import request_rescan, sync_dags
+from engine.scheduler.dagsync import request_rescan, sync_dags
 from engine.store import CHANNEL_RUNS, Store, TaskInstance, UnknownDag, open_store
 from engine.store.schedules import NewRun
 

@@ -1,10 +1,8 @@
 """Load DAG files from a folder.
 
-The folder goes on ``sys.path`` and each file is imported under its dotted path
-relative to it (``orders.py`` -> module ``orders``, ``team/etl.py`` ->
-``team.etl``), so a trigger class defined next to the DAGs has a classpath the
-triggerer can import. A file that fails to import is reported by name and does
-not stop the others.
+The folder goes on ``sys.path`` and each file is imported under its dotted path relative to it
+(:mod:`engine.dags.dagfiles`: which files, their module names, the names a file may not take).
+A file that fails to import is reported by name and does not stop the others.
 
 A file is imported again only when it changed: its modification time, size or inode
 (one ``stat``) differ from the import's, *and* its content does (a SHA-256 of the bytes, read
@@ -26,25 +24,19 @@ process. (A file that behaves differently on its second import can still fail he
 again until it changes.
 
 A module or package at the top of the folder named like one of the engine's packages
-(:data:`engine.dags.dagparse.RESERVED_NAMES`: ``engine.py``, ``triggers/``, ...) or a standard
-library module (``json.py``) is not imported: the import would find the engine's or the standard
-library's module instead (or replace it for the whole process). It is an import error saying
-what to rename.
-
-Each import error is logged once per change of its file: a short first line (the exception and
-where it was raised) with the traceback under it. A rescan that finds the same error in the
-unchanged file logs it again only at DEBUG level.
+(``engine.py``, ``triggers/``, ...) or a standard library module (``json.py``) is an import error
+saying what to rename. Each import error (:mod:`engine.dags.importerrors`) is logged once per
+change of its file: a short first line with the traceback under it; the same error in the
+unchanged file again only at DEBUG level.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import importlib.util
 import logging
 import os
-import re
 import sys
 import threading
 from collections.abc import Mapping
@@ -53,10 +45,20 @@ from types import ModuleType
 
 from engine.dags import dagparse
 from engine.dags.dag import DAG, dags_of_module, forget_module
+from engine.dags.dagfiles import (
+    FileStat,
+    dag_files,
+    file_digest,
+    file_stat,
+    module_name,
+    reserved_entries,
+    stat_or_none,
+)
+from engine.dags.importerrors import ErrorReports, describe, error_summary
 from engine.runtime.crashpoints import crash_point
 from operators.base import BaseOperator
 
-__all__ = ["NO_FOLDER_HINT", "SLOW_IMPORT_S", "DagBag", "add_to_sys_path", "error_summary"]
+__all__ = ["NO_FOLDER_HINT", "SLOW_IMPORT_S", "DagBag", "add_to_sys_path"]
 
 
 log = logging.getLogger(__name__)
@@ -67,21 +69,6 @@ SLOW_IMPORT_S = 2.0
 
 #: What to do when a process needs DAGs and has no folder (in errors that come of it).
 NO_FOLDER_HINT = "pass --dags FOLDER or set DEFERRAL_DAGS_FOLDER"
-
-_TRACEBACK_FILE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+)', re.MULTILINE)
-
-
-def error_summary(error: str) -> str:
-    """One line for an import error: a traceback's exception line with the place it was raised
-    (``SyntaxError: invalid syntax (at dags/x.py:3)``), or the first line of any other text."""
-    lines = [line for line in error.strip().splitlines() if line.strip()]
-    if not lines:
-        return "(no error text)"
-    if not any(line.startswith("Traceback") for line in lines):
-        return lines[0]
-    places = list(_TRACEBACK_FILE.finditer(error))
-    where = f" (at {places[-1]['file']}:{places[-1]['line']})" if places else ""
-    return lines[-1].strip() + where
 
 
 def add_to_sys_path(folder: str | os.PathLike[str] | None) -> Path | None:
@@ -116,22 +103,6 @@ class _Snapshot:
         self.import_errors = import_errors
         #: The paths whose import error this (re)load logged: new or changed since last time.
         self.reported = reported
-
-
-#: What a file's ``stat`` says of it: modification time (ns), size, inode. Any change means
-#: its content is read and compared.
-FileStat = tuple[int, int, int]
-
-
-def file_stat(path: str | os.PathLike[str]) -> FileStat:
-    """The file's :data:`FileStat` (raises OSError when it is gone)."""
-    st = os.stat(path)
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of the file's bytes (raises OSError when it cannot be read)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class _Loaded:
@@ -176,10 +147,8 @@ class DagBag:
         #: Files still importing in a child of their own (slow), with their ``stat`` and
         #: content digest.
         self._slow: dict[Path, tuple[FileStat, str, dagparse.SlowImport]] = {}
-        #: The import error last logged for each path: its ``stat`` and summary.
-        self._reported: dict[str, tuple[FileStat | None, str]] = {}
-        #: Paths whose error the reload in progress logged.
-        self._new_reports: list[str] = []
+        #: Logs each import error once per change of its file.
+        self._reports = ErrorReports(log)
         #: Files imported in this process (each import of a new or changed file), and files
         #: whose ``stat`` changed but not their content (not imported again): for tests and
         #: introspection.
@@ -204,15 +173,8 @@ class DagBag:
         return self._snapshot.reported
 
     def files(self) -> list[Path]:
-        if self.folder is None:
-            return []
-        found = []
-        for root, dirs, names in os.walk(self.folder):
-            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-            for name in sorted(names):
-                if name.endswith(".py") and not name.startswith(("_", ".")):
-                    found.append(Path(root) / name)
-        return found
+        """The folder's DAG files (:func:`engine.dags.dagfiles.dag_files`)."""
+        return dag_files(self.folder)
 
     def collect(self, *, wait_slow: bool = True) -> Mapping[str, DAG]:
         """(Re)load every file whose content changed; returns all DAGs. ``wait_slow=False``:
@@ -226,37 +188,15 @@ class DagBag:
         """The files whose import goes on in a child of their own (not loaded yet)."""
         return list(self._slow)
 
-    def reserved_entries(self) -> dict[Path, str]:
-        """The modules and packages at the top of the folder named like one of the engine's
-        packages or a standard library module, with the error that says what to rename."""
-        if self.folder is None:
-            return {}
-        found: dict[Path, str] = {}
-        try:
-            entries = sorted(self.folder.iterdir())
-        except OSError:
-            return {}
-        for entry in entries:
-            if entry.name.startswith(("_", ".")):
-                continue
-            if entry.suffix == ".py" and entry.is_file():
-                pass
-            elif not (entry.is_dir() and any(entry.rglob("*.py"))):
-                continue
-            error = dagparse.reserved_name_error(self.folder, entry)
-            if error is not None:
-                found[entry] = error
-        return found
-
     def _collect(self, wait_slow: bool) -> Mapping[str, DAG]:
-        reserved = self.reserved_entries()
+        reserved = reserved_entries(self.folder)
         files = [f for f in self.files() if not any(f == r or r in f.parents for r in reserved)]
         self._drop_stale_slow(set(files))
         self._errors = dict(self._snapshot.import_errors)
-        self._new_reports = []
+        self._reports.begin()
         for entry, error in reserved.items():
             self._errors[str(entry)] = error
-            self._report(str(entry), _stat(entry), error)
+            self._reports.report(str(entry), stat_or_none(entry), error)
         changed = [c for c in map(self._needs_import, files) if c is not None]
         if changed:
             crash_point("dagbag.parse")
@@ -293,8 +233,7 @@ class DagBag:
         present = {str(f) for f in seen} | {str(r) for r in reserved}
         for stale in set(self._errors) - present:
             del self._errors[stale]
-        for stale in set(self._reported) - present:
-            del self._reported[stale]
+        self._reports.keep(present)
         stats = {str(file): loaded.stat for file, loaded in self._modules.items()}
         built = dict(self._extra)
         for file, loaded in self._modules.items():
@@ -303,33 +242,18 @@ class DagBag:
                     other = built[dag.dag_id].fileloc
                     error = f"DAG {dag.dag_id!r} is also defined in {other}"
                     self._errors[str(file)] = error
-                    self._report(str(file), loaded.stat, error)
+                    self._reports.report(str(file), loaded.stat, error)
                     continue
                 dag.fileloc = str(file)
                 built[dag.dag_id] = dag
-        self._snapshot = _Snapshot(built, stats, self._errors, tuple(self._new_reports))
+        self._snapshot = _Snapshot(built, stats, self._errors, tuple(self._reports.new))
         return built
-
-    def _report(self, path: str, stat: FileStat | None, error: str) -> None:
-        """Log an import error once per change of its file (or of the error): a short line
-        and the traceback under it; the same error again is logged at DEBUG level only."""
-        summary = error_summary(error)
-        if self._reported.get(path) == (stat, summary):
-            log.debug("DAG file %s still fails to import (reported before): %s", path, summary)
-            return
-        self._reported[path] = (stat, summary)
-        self._new_reports.append(path)
-        detail = error.strip()
-        if detail == summary:
-            log.error("DAG file %s failed to import: %s", path, summary)
-        else:
-            log.error("DAG file %s failed to import: %s\n%s", path, summary, detail)
 
     def _drop_stale_slow(self, files: set[Path]) -> None:
         """Stop the slow imports of files gone or changed since they began (a changed one
         is checked again)."""
         for file, (stat, _, job) in list(self._slow.items()):
-            current = _stat(file) if file in files else None
+            current = stat_or_none(file) if file in files else None
             if current != stat:
                 job.close()
                 del self._slow[file]
@@ -375,7 +299,7 @@ class DagBag:
                 self._overran[file] = stat
             self._fail(file, stat, known, failed.error)
             return
-        name = dagparse.module_name(self.folder, file) if self.folder else None
+        name = module_name(self.folder, file) if self.folder else None
         try:
             self.imports += 1
             if known is not None:
@@ -395,15 +319,15 @@ class DagBag:
             for dag in dags:
                 dag.validate()
         except BaseException as exc:  # user code: even SystemExit is this file's import error
-            self._fail(file, stat, known, dagparse.describe(file, exc))
+            self._fail(file, stat, known, describe(file, exc))
             return
         self._errors.pop(str(file), None)
-        self._reported.pop(str(file), None)
+        self._reports.forget(str(file))
         self._modules[file] = _Loaded(module, stat, digest, dags)
 
     def _fail(self, file: Path, stat: FileStat, known: _Loaded | None, error: str) -> None:
         self._errors[str(file)] = error
-        self._report(str(file), stat, error)
+        self._reports.report(str(file), stat, error)
         if known is not None:
             # A failed reload leaves the half-run module in sys.modules; once the file is
             # fixed, import_module would return it without running the fixed code.
@@ -468,10 +392,3 @@ class DagBag:
             self._extra[dag.dag_id] = dag
             old = self._snapshot
             self._snapshot = _Snapshot({**old.dags, dag.dag_id: dag}, old.stats, old.import_errors)
-
-
-def _stat(path: Path) -> FileStat | None:
-    try:
-        return file_stat(path)
-    except OSError:
-        return None

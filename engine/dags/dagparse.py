@@ -30,33 +30,27 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from engine.dags.dagfiles import module_name, path_module_name
+from engine.dags.importerrors import describe
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
-    "RESERVED_NAMES",
     "TIMEOUT_SETTING",
     "Failure",
     "SlowImport",
     "check_files",
     "import_dag_file",
-    "reserved_name_error",
 ]
 
 #: How long one DAG file may take to import (``dag_file_processor_timeout_s``).
 DEFAULT_TIMEOUT_S = 30.0
 #: The setting that bounds a file's import, named in the error of a file that overran it.
 TIMEOUT_SETTING = "dag_file_processor_timeout_s"
-
-#: The engine's own top-level packages. A module or package of one of these names (or of a
-#: standard library module's) at the top of a DAGs folder cannot be imported: the engine's
-#: package of that name is already loaded (and a classpath under it names the engine's code),
-#: so such a file is an import error that says what to rename.
-RESERVED_NAMES = frozenset({"engine", "triggers", "operators", "benchmarks"})
 
 _FD_ENV = "DEFERRAL_DAGPARSE_FD"
 _PARENT_ENV = "DEFERRAL_DAGPARSE_PARENT"
@@ -75,38 +69,6 @@ class Failure:
     timed_out: bool = False
 
 
-def module_name(folder: Path, file: Path) -> str | None:
-    """``team/etl.py`` under the folder imports as ``team.etl``; None when a part of the path
-    is not an identifier (the file is then imported by path)."""
-    parts = list(file.relative_to(folder).with_suffix("").parts)
-    if all(p.isidentifier() for p in parts):
-        return ".".join(parts)
-    return None
-
-
-def reserved_name_error(folder: Path, entry: Path) -> str | None:
-    """Why ``entry`` (a module or package at the top of the DAGs folder) cannot be imported:
-    its name is one of the engine's packages or a module of the standard library, which the
-    import finds instead (or which it would replace for the whole process); None when it is
-    free."""
-    name = entry.name.removesuffix(".py") if entry.suffix == ".py" else entry.name
-    if name in RESERVED_NAMES:
-        owner = "the engine's own package"
-    elif name in sys.stdlib_module_names:
-        owner = "the standard library's module"
-    else:
-        return None
-    kind = "DAG file" if entry.suffix == ".py" else "package"
-    return (
-        f"{kind} {entry} has the name of {owner} {name!r}, which is imported instead of it; "
-        f"rename it, for instance to my_{entry.name}"
-    )
-
-
-def path_module_name(file: Path) -> str:
-    return "deferral_dag_" + "".join(c if c.isalnum() else "_" for c in str(file))
-
-
 def import_dag_file(folder: Path | None, file: Path) -> str:
     """Import one DAG file (fresh: not already in ``sys.modules``); returns its module name."""
     name = module_name(folder, file) if folder is not None else None
@@ -121,60 +83,6 @@ def import_dag_file(folder: Path | None, file: Path) -> str:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return name
-
-
-#: Frames of the import machinery (this module, the DAG bag, importlib) are left out of an
-#: import error's traceback: the DAG author needs their own file's lines, not the engine's.
-_MACHINERY_FILES = frozenset(
-    {str(Path(__file__).resolve()), str(Path(__file__).resolve().with_name("dagbag.py"))}
-)
-_IMPORTLIB_DIR = str(Path(importlib.__file__).resolve().parent)
-
-
-def _is_machinery(filename: str) -> bool:
-    if filename.startswith("<frozen importlib"):
-        return True
-    try:
-        path = str(Path(filename).resolve())
-    except (OSError, ValueError):
-        return False
-    return path in _MACHINERY_FILES or path.startswith(_IMPORTLIB_DIR + os.sep)
-
-
-def user_traceback(exc: BaseException) -> str:
-    """The traceback of ``exc`` (and of the exceptions chained to it) without the import
-    machinery's frames, under a ``Traceback (most recent call last):`` line even when no frame
-    is left (a ``SyntaxError``: its file, line and caret follow)."""
-    top = traceback.TracebackException.from_exception(exc)
-    seen: set[int] = set()
-    pending = [top]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        current.stack = traceback.StackSummary.from_list(
-            [frame for frame in current.stack if not _is_machinery(frame.filename)]
-        )
-        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-    text = "".join(top.format())
-    if not top.stack:
-        # format() writes the header only above frames: put it back above the exception line.
-        lines = text.splitlines(keepends=True)
-        own = "".join(top.format_exception_only())
-        text = "".join(lines[: len(lines) - len(own.splitlines())])
-        text += "Traceback (most recent call last):\n" + own
-    return text.rstrip()
-
-
-def describe(file: Path, exc: BaseException) -> str:
-    """An import error's text: what happened, then the traceback (the DAG file's frames)."""
-    body = user_traceback(exc)
-    if isinstance(exc, SystemExit):
-        return f"DAG file {file} called sys.exit({exc.code!r}) at import\n{body}"
-    if not isinstance(exc, Exception):
-        return f"DAG file {file} raised {type(exc).__name__} at import\n{body}"
-    return body
 
 
 def check_files(

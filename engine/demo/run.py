@@ -27,7 +27,7 @@ from engine.demo.dag import dag_file_source
 from engine.demo.jobs import JobApi
 from engine.launch.app import spawn, stop_children
 from engine.runtime.runner import run_async
-from engine.scheduler.scheduler import sync_dags
+from engine.scheduler.dagsync import sync_dags
 from engine.security.keys import child_key_env, keyring_from_settings
 from engine.store import Store, TaskInstance, database_url
 from engine.store.databases import create_database

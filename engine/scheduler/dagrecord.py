@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from engine.dags.dag import DAG
     from engine.store import Store
 
-__all__ = ["DagRecord", "DagRecorder", "serialize_dag"]
+__all__ = ["DagRecord", "DagRecorder", "record_dags", "serialize_dag"]
 
 log = logging.getLogger(__name__)
 
@@ -158,3 +158,11 @@ class DagRecorder:
             )
         if changed:
             await self.store.set_next_dagruns(changed)
+
+
+async def record_dags(store: Store, dags: Iterable[DAG]) -> int:
+    """Record the DAGs' structure and schedule (those whose row differs); for those new or
+    whose schedule changed, compute the next scheduled run again. Returns how many DAGs were
+    given. A scheduler keeps one :class:`DagRecorder` for its folder instead, which remembers
+    what it serialized."""
+    return await DagRecorder(store).record(dags)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.dags.timetables import (
@@ -28,7 +28,6 @@ from engine.dags.timetables import (
 from engine.store.schedules import NewRun, NextRun
 
 if TYPE_CHECKING:
-    from engine.dags.dag import DAG
     from engine.store import Store
     from engine.store.models import DueDag
 
@@ -38,7 +37,6 @@ __all__ = [
     "create_due_runs",
     "manual_data_interval",
     "next_run",
-    "record_dags",
     "run_id_for",
 ]
 
@@ -69,6 +67,11 @@ def next_run(
     info = timetable.next_dagrun_info(
         last=last, earliest=start_date, latest=end_date, catchup=catchup, now=now
     )
+    return _stored(dag_id, info)
+
+
+def _stored(dag_id: str, info: DagRunInfo | None) -> NextRun:
+    """What ``deferral_dags`` keeps of a DAG's next run (None: it has none)."""
     if info is None:
         return NextRun(dag_id=dag_id, logical_date=None, interval_end=None, create_after=None)
     return NextRun(
@@ -77,17 +80,6 @@ def next_run(
         interval_end=info.data_interval.end,
         create_after=info.run_after,
     )
-
-
-async def record_dags(store: Store, dags: Iterable[DAG]) -> int:
-    """Record the DAGs' structure and schedule (those whose row differs); for those new or
-    whose schedule changed, compute the next scheduled run again. Returns how many DAGs were
-    given. A scheduler keeps one :class:`engine.scheduler.dagrecord.DagRecorder` for its folder
-    instead, which remembers what it serialized."""
-    # (engine.scheduler.dagrecord imports next_run from this module.)
-    from engine.scheduler.dagrecord import DagRecorder
-
-    return await DagRecorder(store).record(dags)
 
 
 def _runs_due(due: DueDag, timetable: Timetable) -> tuple[list[DagRunInfo], NextRun]:
@@ -114,17 +106,7 @@ def _runs_due(due: DueDag, timetable: Timetable) -> tuple[list[DagRunInfo], Next
     while info is not None and info.run_after <= now and len(infos) < MAX_RUNS_PER_PASS:
         infos.append(info)
         info = timetable.next_dagrun_info(last=info.data_interval, **kwargs)
-    if info is None:
-        following = NextRun(dag_id=due.dag_id, logical_date=None, interval_end=None,
-                            create_after=None)  # fmt: skip
-    else:
-        following = NextRun(
-            dag_id=due.dag_id,
-            logical_date=info.logical_date,
-            interval_end=info.data_interval.end,
-            create_after=info.run_after,
-        )
-    return infos, following
+    return infos, _stored(due.dag_id, info)
 
 
 async def create_due_runs(store: Store, *, batch: int = DUE_BATCH) -> int:
@@ -152,8 +134,7 @@ async def create_due_runs(store: Store, *, batch: int = DUE_BATCH) -> int:
                     infos, following = _runs_due(dag, timetable)
                 except Exception:  # a bad stored timetable must not stop the other DAGs
                     log.exception("cannot compute the next run of DAG %s", dag.dag_id)
-                    nexts.append(NextRun(dag_id=dag.dag_id, logical_date=None,
-                                         interval_end=None, create_after=None))  # fmt: skip
+                    nexts.append(_stored(dag.dag_id, None))
                     continue
                 nexts.append(following)
                 runs.extend(

@@ -29,7 +29,7 @@ import msgspec
 from engine.dags.dag import DAG
 from engine.dags.dagbag import DagBag
 from engine.runtime.wakeup import Wakeup
-from engine.scheduler.dagruns import record_dags
+from engine.scheduler.dagrecord import record_dags
 from engine.scheduler.scheduler import Scheduler
 from engine.store import (
     CHANNEL_DEADLINES,
