@@ -1,6 +1,8 @@
 """deferral: an engine for tasks that spend most of their life waiting.
 
-Public names: :class:`DAG`, :class:`Settings` and :func:`load_settings`. The processes
+Public names: :class:`DAG`, :class:`Variable` and :class:`Connection` (what task code reads at
+run time: ``Variable.get("bucket")``, ``Connection.get("warehouse")``), :class:`Settings` and
+:func:`load_settings`. The processes
 (``engine.worker.worker.Worker``, ``engine.triggerer.Triggerer``,
 ``engine.scheduler.scheduler.Scheduler``) and the store (``engine.store``) are importable from their
 modules.
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 from engine.config import Settings, load_settings
 from engine.dags.dag import DAG
+from engine.usercode.variables import Variable
 from engine.version import __version__
+from triggers.connections import Connection
 
-__all__ = ["DAG", "Settings", "__version__", "load_settings"]
+__all__ = ["DAG", "Connection", "Settings", "Variable", "__version__", "load_settings"]

@@ -11,6 +11,7 @@ import click
 from engine.cli.common import PATH_TEXT, TEXT
 from engine.cli.pipes import EXIT_CLOSED_PIPE, is_closed_pipe, silence_stdout
 from engine.config import DEFAULT_SOURCE, ConfigError, Loaded, load, register_setting_secrets
+from engine.dags import defaults as dag_defaults
 from engine.masking import register_environment
 from engine.runtime import logs
 from engine.version import __version__
@@ -154,6 +155,11 @@ def cli(
     register_environment()
     register_setting_secrets(settings)
     logs.configure_logging(_log_level(loaded, verbose, ctx.invoked_subcommand), settings.log_format)
+    # DAG files this command reads are declared with its settings (default_timezone, ...).
+    try:
+        dag_defaults.configure(settings)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     ctx.obj = {"settings": settings, "loaded": loaded}
 
 
@@ -172,6 +178,7 @@ def _log_level(loaded: Loaded, verbose: int, command: str | None) -> str:
 def _add_commands() -> None:
     from engine.cli import (
         config,
+        connections,
         dags,
         dags_list,
         db,
@@ -186,6 +193,7 @@ def _add_commands() -> None:
         tasks_logs,
         tasks_test,
         triggers,
+        variables,
         webserver,
     )
 
@@ -202,6 +210,8 @@ def _add_commands() -> None:
         tasks.tasks,
         triggers.triggers,
         pools.pools,
+        variables.variables,
+        connections.connections,
         db.db,
         demo.demo,
         keys.keys,

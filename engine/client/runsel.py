@@ -24,11 +24,13 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.dags.timetables import UTC, stored_timezone, to_aware
+from engine.dags.timetables import stored_timezone, to_aware
 
 if TYPE_CHECKING:
     from engine.store import Store
     from engine.store.runselect import SelectedRun
+
+UTC = dt.UTC
 
 __all__ = [
     "LATEST",

@@ -124,23 +124,30 @@ WHERE d.dag_id = u.dag_id;
 -- name: due_dags
 -- Lock up to $1 unpaused DAGs whose next scheduled run may be created now (by the partial
 -- index deferral_dags_due: the DAGs not due are not read). SKIP LOCKED: another scheduler
--- creating runs of a DAG is not waited for; it does that DAG.
+-- creating runs of a DAG is not waited for; it does that DAG. A @continuous DAG is due only
+-- once none of its runs is queued or running (its next run starts when the last ended).
 SELECT dag_id, timetable, start_date, end_date, catchup,
        next_dagrun_data_interval_start, next_dagrun_data_interval_end, next_dagrun_create_after,
        now() AS db_now
-FROM deferral_dags
+FROM deferral_dags d
 WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL
   AND next_dagrun_create_after <= now()
+  AND NOT (d.timetable->>'kind' = 'continuous' AND EXISTS (
+      SELECT 1 FROM deferral_dag_runs r
+      WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')))
 ORDER BY next_dagrun_create_after
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
 -- name: next_due
 -- Seconds until the earliest unpaused DAG's next scheduled run may be created (database
--- clock; null: none).
+-- clock; null: none). A @continuous DAG with a run not ended counts only once it ended.
 SELECT EXTRACT(EPOCH FROM min(next_dagrun_create_after) - now())::double precision AS next_in
-FROM deferral_dags
-WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL;
+FROM deferral_dags d
+WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL
+  AND NOT (d.timetable->>'kind' = 'continuous' AND EXISTS (
+      SELECT 1 FROM deferral_dag_runs r
+      WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')));
 
 -- name: insert_runs
 -- Create runs as 'queued' (no task instances yet: start_queued_runs creates them), at most one
@@ -2227,3 +2234,113 @@ FROM runnable r
 LEFT JOIN deferral_pools p ON p.name = r.pool
 LEFT JOIN deferral_dags d ON d.dag_id = r.dag_id
 ORDER BY r.pool, r.dag_id, r.task_id;
+
+-- ---------------------------------------------------------------------------------------------
+-- Variables, Connections and the previous successful run: what task code and templates read
+-- at run time (engine/store/variables.py). A Variable's value and a Connection's secrets are
+-- stored encrypted by the caller (the store's keyring); these statements never see plaintext.
+
+-- name: set_variable
+-- Create or replace Variable $1 with the sealed value $2; description $3 and is_secret $4
+-- stay as they were when null. Returns whether it was created.
+INSERT INTO deferral_variables (key, value, description, is_secret)
+VALUES ($1, $2, $3, COALESCE($4::boolean, false))
+ON CONFLICT (key) DO UPDATE
+SET value = EXCLUDED.value,
+    description = COALESCE($3, deferral_variables.description),
+    is_secret = COALESCE($4::boolean, deferral_variables.is_secret),
+    updated_at = now()
+RETURNING (xmax = 0) AS created;
+
+-- name: get_variable
+-- Variable $1 (its value sealed).
+SELECT key, value, description, is_secret, updated_at FROM deferral_variables WHERE key = $1;
+
+-- name: list_variables
+-- Every Variable, by key.
+SELECT key, value, description, is_secret, updated_at FROM deferral_variables ORDER BY key;
+
+-- name: delete_variable
+-- Delete Variable $1; whether it existed.
+WITH gone AS (DELETE FROM deferral_variables WHERE key = $1 RETURNING 1)
+SELECT count(*) > 0 FROM gone;
+
+-- name: add_connection
+-- Store connection $1 unless one of that id exists; whether it was stored.
+WITH added AS (
+    INSERT INTO deferral_connections
+        (conn_id, conn_type, host, schema, login, port, secrets, description)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (conn_id) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) > 0 FROM added;
+
+-- name: replace_connection
+-- Store connection $1, replacing one of that id; whether it was created.
+INSERT INTO deferral_connections
+    (conn_id, conn_type, host, schema, login, port, secrets, description)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (conn_id) DO UPDATE
+SET conn_type = EXCLUDED.conn_type, host = EXCLUDED.host, schema = EXCLUDED.schema,
+    login = EXCLUDED.login, port = EXCLUDED.port, secrets = EXCLUDED.secrets,
+    description = EXCLUDED.description, updated_at = now()
+RETURNING (xmax = 0) AS created;
+
+-- name: get_connection
+-- Connection $1 (its secrets sealed).
+SELECT conn_id, conn_type, host, schema, login, port, secrets, description, updated_at
+FROM deferral_connections WHERE conn_id = $1;
+
+-- name: list_connections
+-- Every stored connection, by id.
+SELECT conn_id, conn_type, host, schema, login, port, secrets, description, updated_at
+FROM deferral_connections ORDER BY conn_id;
+
+-- name: delete_connection
+-- Delete connection $1; whether it existed.
+WITH gone AS (DELETE FROM deferral_connections WHERE conn_id = $1 RETURNING 1)
+SELECT count(*) > 0 FROM gone;
+
+-- name: rotation_variables
+-- Key rotation: the next $2 Variables after key $1, with their sealed values.
+SELECT key AS id, value FROM deferral_variables WHERE key > $1 ORDER BY key LIMIT $2;
+
+-- name: rotate_variable_values
+-- Key rotation: set each Variable $1[i] to $3[i] if its value is still $2[i] (unchanged since
+-- it was read); how many were rewritten.
+WITH done AS (
+    UPDATE deferral_variables v SET value = u.new
+    FROM unnest($1::text[], $2::bytea[], $3::bytea[]) AS u(key, old, new)
+    WHERE v.key = u.key AND v.value = u.old
+    RETURNING 1
+)
+SELECT count(*)::integer FROM done;
+
+-- name: rotation_connections
+-- Key rotation: the next $2 connections with secrets after id $1.
+SELECT conn_id AS id, secrets AS value FROM deferral_connections
+WHERE conn_id > $1 AND secrets IS NOT NULL ORDER BY conn_id LIMIT $2;
+
+-- name: rotate_connection_secrets
+-- Key rotation: set each connection $1[i]'s secrets to $3[i] if they are still $2[i].
+WITH done AS (
+    UPDATE deferral_connections c SET secrets = u.new
+    FROM unnest($1::text[], $2::bytea[], $3::bytea[]) AS u(conn_id, old, new)
+    WHERE c.conn_id = u.conn_id AND c.secrets = u.old
+    RETURNING 1
+)
+SELECT count(*)::integer FROM done;
+
+-- name: prev_success_run
+-- The latest successful run of DAG $1 before logical date $2: its data interval (a run made
+-- before runs had data intervals, migration 0009, spans its logical date) and when it started
+-- and ended (the template variables prev_*_success). Runs only when a template or a callable
+-- asks for one of them.
+SELECT COALESCE(data_interval_start, logical_date) AS data_interval_start,
+       COALESCE(data_interval_end, logical_date) AS data_interval_end,
+       COALESCE(started_at, created_at) AS start_date, ended_at AS end_date
+FROM deferral_dag_runs
+WHERE dag_id = $1 AND state = 'success' AND logical_date < $2
+ORDER BY logical_date DESC
+LIMIT 1;

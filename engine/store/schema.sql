@@ -365,6 +365,29 @@ CREATE TABLE deferral_pools (
 INSERT INTO deferral_pools (name, slots, description)
 VALUES ('default_pool', 128, 'the pool of every task that names none');
 
+-- Variables and Connections (added by 0017): values a task reads at run time. A Variable's
+-- value and a Connection's password and extra are encrypted with the store's keys.
+CREATE TABLE deferral_variables (
+    key         text PRIMARY KEY CHECK (key <> '' AND length(key) <= 250),
+    value       bytea NOT NULL,
+    description text,
+    -- masked wherever the engine shows it, whatever its key is called
+    is_secret   boolean NOT NULL DEFAULT false,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE deferral_connections (
+    conn_id     text PRIMARY KEY CHECK (conn_id <> '' AND length(conn_id) <= 250),
+    conn_type   text,
+    host        text,
+    schema      text,
+    login       text,
+    port        integer CHECK (port BETWEEN 0 AND 65535),
+    -- {"password": ..., "extra": {...}} as JSON, encrypted (null: neither)
+    secrets     bytea,
+    description text,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
 -- the deferred tasks of a pool, and those whose trigger fired until a worker claims them:
 -- counted when the pool includes deferred tasks
 CREATE INDEX deferral_ti_deferred_pool ON deferral_task_instances (pool)
@@ -567,7 +590,7 @@ END;
 $$;
 
 -- The DAG files that failed to import, as the latest scan of their folder found them (added by
--- 0017): `deferral dags list` and the status page's banner show them until the file is fixed.
+-- 0018): `deferral dags list` and the status page's banner show them until the file is fixed.
 CREATE TABLE deferral_import_errors (
     fileloc text PRIMARY KEY,
     -- the DAGs folder the file was found in (a path ending in '/')
@@ -578,7 +601,7 @@ CREATE TABLE deferral_import_errors (
 );
 
 -- Where the engine's processes listen (their metrics server; a webserver's status page), for
--- `deferral status` (added by 0018): kept by a heartbeat, removed when the process stops.
+-- `deferral status` (added by 0019): kept by a heartbeat, removed when the process stops.
 CREATE TABLE deferral_endpoints (
     id           bigserial PRIMARY KEY,
     kind         text NOT NULL CHECK (kind IN ('metrics', 'webserver')),

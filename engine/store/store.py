@@ -51,6 +51,7 @@ from engine.store.queries import load_queries, migrations
 from engine.store.runselect import RunSelection
 from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
+from engine.store.variables import VariableStore
 from engine.store.why import WhyReads
 from engine.version import __version__
 from operators.base import DEFAULT_POOL, DEFAULT_QUEUE
@@ -183,6 +184,7 @@ class Store(
     Endpoints,
     RunSelection,
     FleetStats,
+    VariableStore,
 ):
     """A pool of connections and one method per named query (or per transaction of them).
     The statements of schedules and run admission are in :mod:`engine.store.schedules`; the

@@ -540,22 +540,12 @@ class Worker:
         """The call's context, with ``op``'s templated fields rendered in place (before
         ``execute`` and again before a resumed method, from the same values; what they
         rendered to is stored at the start of the try)."""
-        context = templating.build_context(
-            ti, op, op.dag, default_deferrable=self.default_deferrable
+        rendered = await templating.render_task(
+            ti, op, store=self.store, default_deferrable=self.default_deferrable
         )
-        if templating.reads_files(op):  # template files: read off the loop
-            prepared = await anyio.to_thread.run_sync(templating.prepare, op)
-        else:
-            prepared = templating.prepare(op)
-        if templating.wants(op, prepared, templating.PREV_SUCCESS):
-            context[templating.PREV_SUCCESS] = await with_db_retry(
-                "look up the previous successful run",
-                lambda: self.store.prev_success_interval_start(ti.dag_id, ti.logical_date),
-            )
-        rendered = prepared.render(context)
-        if rendered is not None and not ti.next_method:
-            await self._store_rendered(ti, rendered)
-        return context  # type: ignore[return-value]
+        if rendered.fields is not None and not ti.next_method:
+            await self._store_rendered(ti, rendered.fields)
+        return rendered.context  # type: ignore[return-value]
 
     async def _store_rendered(self, ti: ClaimedTask, rendered: dict[str, Any]) -> None:
         """Keep what the fields rendered to; a failure to do so only costs the display."""
