@@ -144,24 +144,6 @@ async def wait_run(
         await store.close()
 
 
-async def dag_of_run(settings: Settings, run_id: str) -> str:
-    """The DAG of the run called ``run_id``. Raises LookupError when no DAG has such a run, or
-    when several have one (a run id is unique within its DAG only)."""
-    store = await open_store(settings)
-    try:
-        dag_ids = await store.dags_of_run_id(run_id)
-    finally:
-        await store.close()
-    if not dag_ids:
-        raise LookupError(f"no run {run_id!r} (deferral runs list shows the runs and their ids)")
-    if len(dag_ids) > 1:
-        raise LookupError(
-            f"run id {run_id!r} names a run of {len(dag_ids)} DAGs ({', '.join(dag_ids)}): "
-            f"name the DAG too: deferral runs wait DAG_ID {run_id}"
-        )
-    return dag_ids[0]
-
-
 async def _wait_outcome(
     store: Store, dag_id: str, run_id: str, timeout_s: float | None
 ) -> RunOutcome:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,14 @@ from engine.dags.dagbag import DagBag, add_to_sys_path
 from engine.dags.timetables.custom import allow_custom_timetables
 from engine.runtime import logs
 from engine.runtime.health import Check, HealthServer, WithHealth, database_check
+from engine.runtime.listen import (
+    LISTEN_FD_ENV,
+    ListenError,
+    bound_port,
+    inherited_socket,
+    listen,
+    listen_url,
+)
 from engine.runtime.metrics import Metrics
 from engine.runtime.metrics import use as use_metrics
 from engine.runtime.runner import (
@@ -33,6 +42,7 @@ from engine.scheduler.scheduler import Scheduler
 from engine.security.allow import TriggerAllowList
 from engine.security.keys import child_key_env
 from engine.store import Store, database_url, open_store
+from engine.store.endpoints import advertised
 from engine.triggerer import Triggerer
 from engine.usercode.logsink import LogLimits
 from engine.usercode.variables import bind_store
@@ -154,27 +164,46 @@ async def run_component(kind: str, settings: Settings) -> None:
     ``spawn``, until its supervisor asks)."""
     logs.set_process_name(kind)
     supervisor = supervisor_fd()
-    metrics = use_metrics(Metrics(max_series=settings.metrics_max_series))
+    sock = inherited_socket() or _metrics_socket(settings)
+    metrics = use_metrics(Metrics(max_series=settings.metrics_max_series, kind=kind))
     store = await open_store(settings)
     try:
         made = _MAKERS[kind](store, settings, metrics)
         component: Component = made
-        if settings.metrics_port:
+        where: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+        if sock is not None:
             checks = {"database": database_check(store.now), **made.health_checks()}
+            port = bound_port(sock)
             server = HealthServer(
-                metrics, host=settings.metrics_host, port=settings.metrics_port, checks=checks
+                metrics, host=settings.metrics_host, port=port, checks=checks, sock=sock
             )
             component = WithHealth(made, server)
+            # (`deferral status` says where it listens.)
+            url = listen_url(settings.metrics_host, port, "/metrics")
+            where = advertised(store, "metrics", kind, url)
         # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
         # also when it is the embedded server, whose URL is known only now. (Operators read
         # default_deferrable from their context: the worker puts it there.)
         with engine_connections(store):
-            cancelled = await serve([component], supervisor=supervisor)
+            async with where:
+                cancelled = await serve([component], supervisor=supervisor)
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()
     if cancelled:
         exit_without_threads()
+
+
+def _metrics_socket(settings: Settings) -> socket.socket | None:
+    """The metrics server's socket when the settings ask for one (``metrics_port``; 0: a free
+    port). A port that cannot be bound is logged: the process runs on without metrics."""
+    if settings.metrics_port is None:
+        return None
+    try:
+        return listen(settings.metrics_host, settings.metrics_port)
+    except ListenError as exc:
+        log.error("cannot serve metrics: %s; running without them", exc.strerror)
+        return None
 
 
 class Child(subprocess.Popen[bytes]):
@@ -211,12 +240,14 @@ def spawn(
     *extra: str,
     env: dict[str, str] | None = None,
     stderr: IO[bytes] | None = None,
+    sock: socket.socket | None = None,
 ) -> Child:
     """Start ``deferral <kind>`` as a child process on the same database and DAGs folder.
 
     The child runs in a new session (a terminal's SIGINT goes to the caller only) and is
     stopped through a pipe (``Child.ask``, ``stop_children``); it stops gracefully by itself
-    when the caller dies and the pipe closes."""
+    when the caller dies and the pipe closes. ``sock``: a listening socket the child serves
+    on (its metrics server, or the status page), bound here already."""
     child_env = {**os.environ, **(env or {})}
     child_env["DEFERRAL_DATABASE_URL"] = database_url(settings)
     # Handed the URL, the child sees an external database: it needs this process's keys.
@@ -230,13 +261,17 @@ def spawn(
         child_env["DEFERRAL_TRIGGER_ALLOW"] = ",".join(settings.trigger_allow)
     read_end, write_end = os.pipe()
     child_env[SUPERVISOR_FD_ENV] = str(read_end)
+    passed = [read_end]
+    if sock is not None:
+        child_env[LISTEN_FD_ENV] = str(sock.fileno())
+        passed.append(sock.fileno())
     try:
         child = Child(
             [sys.executable, "-m", "engine", kind, *extra],
             env=child_env,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
-            pass_fds=(read_end,),
+            pass_fds=tuple(passed),
             start_new_session=True,
         )
     except BaseException:

@@ -39,6 +39,7 @@ from engine.scheduler.dagrecord import DagRecorder
 from engine.scheduler.dagruns import create_due_runs
 from engine.scheduler.dagsync import CHANNEL_DAG_RESCAN, DagScan
 from engine.scheduler.duties import DutyLoop, log_started
+from engine.scheduler.fleetmetrics import observe_ended_runs
 from engine.store import CHANNEL_FINISHED, Listener, Store
 
 __all__ = ["MIN_WAIT_S", "Scheduler"]
@@ -214,6 +215,7 @@ class Scheduler:
         ended = await self.store.finish_dag_runs()
         for run in ended:
             log.info("DAG run %s/%s ended: %s", run.dag_id, run.run_id, run.state)
+        await observe_ended_runs(self.store, self.metrics, ended)
         if ended:
             log_started(await self.store.start_queued_runs(sorted({r.dag_id for r in ended})))
 

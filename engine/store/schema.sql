@@ -300,7 +300,7 @@ $$;
 -- null: none) is what a run a backfill reprocessed had reached: its tries number on from there,
 -- and its retries count past them (as a clear does). create_dag_run and start_queued_runs
 -- insert these rows; a single SELECT in SQL, so the planner inlines it into their plans.
--- Added by migration 0017.
+-- Added by migration 0020.
 CREATE FUNCTION deferral_task_rows(tasks jsonb, tries_before jsonb)
 RETURNS TABLE (
     task_id text, state text, try_number integer, retries integer,
@@ -623,3 +623,29 @@ BEGIN
     LIMIT p_limit;
 END;
 $$;
+
+-- The DAG files that failed to import, as the latest scan of their folder found them (added by
+-- 0018): `deferral dags list` and the status page's banner show them until the file is fixed.
+CREATE TABLE deferral_import_errors (
+    fileloc text PRIMARY KEY,
+    -- the DAGs folder the file was found in (a path ending in '/')
+    folder  text NOT NULL,
+    error   text NOT NULL,
+    -- when this error (this text) was first recorded
+    since   timestamptz NOT NULL DEFAULT now()
+);
+
+-- Where the engine's processes listen (their metrics server; a webserver's status page), for
+-- `deferral status` (added by 0019): kept by a heartbeat, removed when the process stops.
+CREATE TABLE deferral_endpoints (
+    id           bigserial PRIMARY KEY,
+    kind         text NOT NULL CHECK (kind IN ('metrics', 'webserver')),
+    process      text NOT NULL,
+    hostname     text NOT NULL,
+    pid          integer NOT NULL,
+    version      text,
+    url          text NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX deferral_endpoints_process ON deferral_endpoints (hostname, pid);

@@ -15,7 +15,8 @@ import msgspec
 
 from engine.security.keys import UnreadableValue
 from engine.store.browse import BrowseReads
-from engine.store.core import struct, structs
+from engine.store.core import structs
+from engine.store.fleetstats import read_backlog_split
 from engine.store.models import (
     AuditRow,
     Backlog,
@@ -73,12 +74,13 @@ class StatusQueries(BrowseReads):
             workers = await conn.fetch(self._q["fleet_workers"])
             triggerers = await conn.fetch(self._q["fleet_triggerers"])
             backlog = await conn.fetchrow(self._q["fleet_backlog"])
+            split = await read_backlog_split(conn, self._q)
         assert backlog is not None
         return Fleet(
             schedulers=structs(schedulers, SchedulerRow),
             workers=structs(workers, WorkerRow),
             triggerers=structs(triggerers, FleetTriggerer),
-            backlog=struct(backlog, Backlog),
+            backlog=msgspec.convert({**dict(backlog), **msgspec.to_builtins(split)}, Backlog),
         )
 
     async def dags_overview(

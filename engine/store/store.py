@@ -11,11 +11,15 @@ import asyncpg
 from engine.runtime.retry import with_db_retry
 from engine.security.keys import Keyring
 from engine.store.connection import CONNECT_ATTEMPTS, Listener, create_pool
+from engine.store.endpoints import Endpoints
+from engine.store.fleetstats import FleetStats
+from engine.store.importerrors import ImportErrors
 from engine.store.logstore import LogQueries
 from engine.store.overrides import OverrideQueries
 from engine.store.pools import PoolQueries
 from engine.store.rotation import RotationQueries
 from engine.store.runs import RunQueries
+from engine.store.runselect import RunSelection
 from engine.store.schedules import ScheduleQueries
 from engine.store.status import StatusQueries
 from engine.store.tasks import TaskQueries
@@ -38,6 +42,10 @@ class Store(
     WhyQueries,
     RotationQueries,
     VariableQueries,
+    ImportErrors,
+    Endpoints,
+    RunSelection,
+    FleetStats,
 ):
     """A pool of connections and one method per named query (or per transaction of them),
     each defined by the reader class of its part of the engine."""

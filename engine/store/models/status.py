@@ -67,6 +67,11 @@ class Backlog(msgspec.Struct, frozen=True, kw_only=True):
 
     runnable: int
     unowned_triggers: int
+    #: Of the runnable ones: held back by their pool's slots, by a limit (max_active_tasks,
+    #: max_active_tis_per_dag), or waiting for a worker's free slot (engine/store/fleetstats.py).
+    held_by_pool: int = 0
+    held_by_limit: int = 0
+    waiting_for_worker: int = 0
 
 
 class Fleet(msgspec.Struct, frozen=True, kw_only=True):
