@@ -151,6 +151,13 @@ class Recorder:
         self._lost_if_not(ok, ti)
         if ok:
             self._metrics.task_outcomes.labels("deferred").inc()
+            TryLogs.deferred(
+                deferral.classpath,
+                decode_value(trigger.kwargs),
+                deferral.method_name,
+                deferral.timeout_s,
+                deferral.dedup_key is not None,
+            )
         log.info(
             "deferred to %s (resume at %s%s)",
             deferral.classpath,
