@@ -32,6 +32,7 @@ from engine.store.session import TriggererSession
 from operators.python import PythonOperator
 from tests.triggers_for_tests import NeverTrigger
 from triggers.base import encode_value, validate_trigger
+from triggers.connections import Connection
 
 pytestmark = pytest.mark.anyio
 
@@ -267,8 +268,40 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert len(await s.list_audit()) == 6
     await s.unregister_worker(worker)
     await _schedule_calls(s)
+    await _reader_calls(s, summary.id)
 
     assert set(_public_coroutines(Store)) - _LIFECYCLE - s.called == set()
+
+
+async def _reader_calls(s: Any, run_pk: int) -> None:
+    """Variables and connections, run selectors, endpoints, import errors, fleet numbers."""
+    assert await s.set_variable("rows_key", "v1")
+    assert (await s.get_variable("rows_key")).value == "v1"
+    assert [v.key for v in await s.list_variables()] == ["rows_key"]
+    assert await s.add_connection(Connection(conn_id="rows_conn", host="h", password="p"))
+    assert (await s.get_connection("rows_conn")).password == "p"
+    assert [c.conn_id for c in await s.list_connections()] == ["rows_conn"]
+    assert isinstance(await s.rotate_secret_values(), dict)
+    assert await s.delete_variable("rows_key")
+    assert await s.delete_connection("rows_conn")
+    day = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    prev = await s.prev_success_run("rows", day)
+    assert prev is None or prev.data_interval_end <= day
+    (named,) = await s.runs_named("rows", "r1")
+    assert named.run_id == "r1"
+    assert (await s.latest_run("rows")).run_id == "r1"
+    assert isinstance(await s.runs_dated("rows", day - dt.timedelta(days=36500), day, 5), list)
+    assert [r.run_id for r in await s.runs_prefixed("rows", "r", 5)] == ["r1"]
+    assert [r.run_id for r in await s.recent_runs("rows", 5)] == ["r1"]
+    endpoint = await s.register_endpoint("metrics", "worker", "http://127.0.0.1:1/")
+    assert await s.heartbeat_endpoint(endpoint)
+    assert [e.url for e in await s.endpoints()] == ["http://127.0.0.1:1/"]
+    await s.unregister_endpoint(endpoint)
+    assert isinstance(await s.record_import_errors("/rows", {"/rows/bad.py": "boom"}), tuple)
+    assert [e.error for e in await s.import_errors()] == ["boom"]
+    assert isinstance((await s.backlog_split()).waiting_for_worker, int)
+    assert isinstance(await s.active_runs_by_dag(), dict)
+    assert isinstance(await s.ended_run_facts([run_pk]), list)
 
 
 async def _schedule_calls(s: Any) -> None:
