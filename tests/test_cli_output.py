@@ -64,7 +64,7 @@ async def _some_of_everything(store: Store) -> int:
     await store.upsert_dag("piped", "piped.py", dag.serialize_tasks(), None)
     await store.create_dag_run("piped", "r1", logical_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     worker = await store.register_worker("pipe-host", 1, 1)
-    (claimed,), _ = await store.claim_tasks(worker, 1)
+    (claimed,) = (await store.claim_tasks(worker, 1)).claimed
     assert await store.defer_task(claimed.id, worker, never_deferral("piped"))
     (trigger,) = await store.list_triggers(10)
     await store.insert_trigger_logs(
