@@ -38,19 +38,23 @@ from engine.runtime.runner import (
     serve,
     supervisor_fd,
 )
+from engine.scheduler.config import SchedulerConfig
 from engine.scheduler.scheduler import Scheduler
 from engine.security.allow import TriggerAllowList
 from engine.security.keys import child_key_env
 from engine.store import Store, database_url, open_store
 from engine.store.endpoints import advertised
 from engine.triggerer import Triggerer
-from engine.usercode.logsink import LogLimits
+from engine.triggerer.config import TriggererConfig
+from engine.usercode.loglimits import LogLimits
 from engine.usercode.variables import bind_store
+from engine.worker.config import WorkerConfig
 from engine.worker.worker import Worker
 from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, connection_defaults
 
 __all__ = [
     "Child",
+    "dag_bag",
     "engine_connections",
     "log_limits",
     "make_scheduler",
@@ -67,55 +71,31 @@ log = logging.getLogger(__name__)
 
 def trigger_allow_list(settings: Settings) -> TriggerAllowList:
     """The allow-list the setting ``trigger_allow`` gives (its default when unset)."""
-    return TriggerAllowList.from_setting(settings.trigger_allow, settings.dags_folder)
+    return TriggerAllowList.from_settings(settings)
 
 
 def log_limits(settings: Settings) -> LogLimits:
     """The bounds of the stored logs the settings log_* give."""
-    return LogLimits(
-        max_lines_per_s=settings.log_max_lines_per_s,
-        max_try_bytes=settings.log_max_try_bytes,
-        max_trigger_bytes=settings.log_max_trigger_bytes,
-        max_line_bytes=settings.log_max_line_bytes,
-        buffer_bytes=settings.log_buffer_bytes,
-    )
+    return LogLimits.from_settings(settings)
+
+
+def dag_bag(settings: Settings) -> DagBag:
+    """The DAGs of the settings' folder (setting ``dags_folder``), each file imported first
+    in a child process (``dag_file_processor_timeout_s``)."""
+    return DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s)
+
+
+# Each process is given its config, built from the settings in one place (its config's
+# ``from_settings``), and its collaborators: the store, the DAG bag, the metrics.
 
 
 def make_worker(store: Store, settings: Settings, metrics: Metrics | None = None) -> Worker:
-    return Worker(
-        store,
-        DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s),
-        slots=settings.worker_slots,
-        queues=settings.worker_queues,
-        parallelism=settings.parallelism,
-        poll_interval_s=settings.worker_poll_interval_s,
-        heartbeat_s=settings.worker_heartbeat_s,
-        shutdown_grace_s=settings.worker_shutdown_grace_s,
-        allow=trigger_allow_list(settings),
-        default_deferrable=settings.default_deferrable,
-        metrics=metrics,
-        log_limits=log_limits(settings),
-    )
+    return Worker(store, dag_bag(settings), WorkerConfig.from_settings(settings), metrics=metrics)
 
 
 def make_triggerer(store: Store, settings: Settings, metrics: Metrics | None = None) -> Triggerer:
     add_to_sys_path(settings.dags_folder)
-    return Triggerer(
-        store,
-        capacity=settings.triggerer_capacity,
-        lease_s=settings.triggerer_lease_s,
-        poll_interval_s=settings.triggerer_poll_interval_s,
-        claim_batch=settings.triggerer_claim_batch,
-        blocked_loop_s=settings.triggerer_blocked_loop_s,
-        cleanup_timeout_s=settings.triggerer_cleanup_timeout_s,
-        cancel_blocking_after=settings.triggerer_cancel_blocking_after,
-        max_block_s=settings.triggerer_max_block_s,
-        allow=trigger_allow_list(settings),
-        dags_folder=settings.dags_folder,
-        metrics=metrics,
-        queues=settings.triggerer_queues,
-        log_limits=log_limits(settings),
-    )
+    return Triggerer(store, TriggererConfig.from_settings(settings), metrics=metrics)
 
 
 def make_scheduler(store: Store, settings: Settings, metrics: Metrics | None = None) -> Scheduler:
@@ -123,17 +103,9 @@ def make_scheduler(store: Store, settings: Settings, metrics: Metrics | None = N
     allow_custom_timetables(trigger_allow_list(settings))
     return Scheduler(
         store,
-        (
-            DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s)
-            if settings.dags_folder
-            else None
-        ),
-        interval_s=settings.scheduler_interval_s,
-        zombie_threshold_s=settings.zombie_threshold_s,
-        timeout_backstop_grace_s=settings.timeout_backstop_grace_s,
-        dag_rescan_interval_s=settings.dag_rescan_interval_s,
+        dag_bag(settings) if settings.dags_folder else None,
+        SchedulerConfig.from_settings(settings),
         metrics=metrics,
-        log_retention_days=settings.log_retention_days,
     )
 
 
