@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Literal, cast
 
 import msgspec
 
+from triggers.values import decode_ext
+
 __all__ = [
     "BaseTrigger",
     "ImportPathError",
@@ -46,7 +48,8 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 # deduplication key and the rebuild check compare. MessagePack keeps aware
 # datetimes as datetimes across the round trip (JSON would turn them to text).
 _encoder = msgspec.msgpack.Encoder(order="sorted")
-_decoder = msgspec.msgpack.Decoder()
+# (Values stored by triggers.values.encode_data carry extensions for dates, UUIDs, decimals.)
+_decoder = msgspec.msgpack.Decoder(ext_hook=decode_ext)
 
 
 class TriggerSerializationError(ValueError):

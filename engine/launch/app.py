@@ -83,6 +83,7 @@ def make_worker(store: Store, settings: Settings, metrics: Metrics | None = None
         default_deferrable=settings.default_deferrable,
         metrics=metrics,
         log_limits=log_limits(settings),
+        xcom_max_bytes=settings.xcom_max_bytes,
     )
 
 

@@ -48,6 +48,7 @@ from engine.store.queries import load_queries, migrations
 from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
 from engine.store.why import WhyReads
+from engine.store.xcom import XComStore
 from engine.version import __version__
 from operators.base import DEFAULT_POOL, DEFAULT_QUEUE
 
@@ -169,7 +170,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
+class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads, XComStore):
     """A pool of connections and one method per named query (or per transaction of them).
     The statements of schedules and run admission are in :mod:`engine.store.schedules`; the
     status page's reads and actions in engine/store/status.py; marks and clears in
@@ -982,6 +983,7 @@ class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads):
                 counts["rewritten"] += rewritten
                 counts["changed"] += wanted - rewritten
                 crash_point("keys.rotate.after_batch")
+        await self.rotate_xcom_keys(counts, batch_size=batch_size)
         return counts
 
     def _rotated(self, value: bytes, counts: dict[str, int]) -> bytes | None:

@@ -34,6 +34,7 @@ from anyio.abc import TaskStatus
 from engine.config import (
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
+    DEFAULT_XCOM_MAX_BYTES,
 )
 from engine.dags.dagbag import DagBag
 from engine.runtime import logs
@@ -51,7 +52,7 @@ from engine.store.downstream import settle
 from engine.usercode import guard as usercode
 from engine.usercode.logsink import NOT_STORED, LogLimits, LogSink, capture_line, capture_record
 from engine.usercode.tracebacks import format_user_exception
-from engine.worker import isolation, templating
+from engine.worker import isolation, templating, xcom
 from operators.base import (
     DEFAULT_QUEUE,
     MAX_WAIT_S,
@@ -62,8 +63,8 @@ from operators.base import (
     SkipTask,
     TaskDeferred,
 )
+from operators.xcom import current_context
 from triggers.base import (
-    MAX_PAYLOAD_BYTES,
     TriggerSerializationError,
     decode_value,
     encode_value,
@@ -172,6 +173,7 @@ class Worker:
         isolation_kill_grace_s: float = isolation.DEFAULT_KILL_GRACE_S,
         metrics: _metrics.Metrics | None = None,
         log_limits: LogLimits | None = None,
+        xcom_max_bytes: int = DEFAULT_XCOM_MAX_BYTES,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
@@ -193,6 +195,8 @@ class Worker:
         self._allow = allow
         #: Setting default_deferrable, handed to operators in their context.
         self.default_deferrable = default_deferrable
+        #: Setting xcom_max_bytes: the largest return value or pushed XCom, encoded.
+        self.xcom_max_bytes = xcom_max_bytes
         self.id: int | None = None
         self.running: dict[int, ClaimedTask] = {}
         self.peak_running = 0
@@ -543,6 +547,10 @@ class Worker:
         context = templating.build_context(
             ti, op, op.dag, default_deferrable=self.default_deferrable
         )
+        loop = asyncio.get_running_loop()
+        rti = xcom.bind(ti, self.store, max_bytes=self.xcom_max_bytes, loop=loop)
+        context["ti"] = rti
+        await xcom.resolve_refs(op, rti)  # XComArgs in templated fields: their values
         if templating.reads_files(op):  # template files: read off the loop
             prepared = await anyio.to_thread.run_sync(templating.prepare, op)
         else:
@@ -552,7 +560,10 @@ class Worker:
                 "look up the previous successful run",
                 lambda: self.store.prev_success_interval_start(ti.dag_id, ti.logical_date),
             )
-        rendered = prepared.render(context)
+        if "ti" in prepared.names:  # ti.xcom_pull() waits for the loop: render in a thread
+            rendered = await anyio.to_thread.run_sync(prepared.render, context)
+        else:
+            rendered = prepared.render(context)
         if rendered is not None and not ti.next_method:
             await self._store_rendered(ti, rendered)
         return context  # type: ignore[return-value]
@@ -601,10 +612,12 @@ class Worker:
             crash_point("worker.resume.before_method")
         if getattr(op, "isolation", "none") == "process":
             return await self._in_child(op, ti, context, kwargs, remaining)
-        if not inspect.iscoroutinefunction(fn):
-            return await self._in_thread(ti, functools.partial(fn, context, **kwargs), remaining)
-        with anyio.move_on_after(remaining):
-            return await fn(context, **kwargs)
+        with current_context(context):  # get_current_context(); threads get a copy
+            if not inspect.iscoroutinefunction(fn):
+                call = functools.partial(fn, context, **kwargs)
+                return await self._in_thread(ti, call, remaining)
+            with anyio.move_on_after(remaining):
+                return await fn(context, **kwargs)
         raise ExecutionTimeout(_timeout_message(ti))
 
     async def _in_thread(
@@ -706,7 +719,7 @@ class Worker:
             dag_id=ti.dag_id,
             task_id=ti.task_id,
             method=ti.next_method,
-            context=encode_value(templating.child_context(context)),
+            context=encode_value(templating.child_context(xcom.plain_context(context))),
             kwargs=encode_value(kwargs),
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             log_format="json",  # read back line by line and stored with the try's lines
@@ -752,6 +765,7 @@ class Worker:
             await self._record_reschedule(ti, worker_id, req)
             return
         except SkipTask as exc:
+            await xcom.write_pushes(self.store, ti, worker_id)
             await self._record_end(ti, worker_id, "skipped", None)
             log.info("skipped: %s", exc)
             return
@@ -768,25 +782,11 @@ class Worker:
             await self._record_failure(ti, worker_id, error)
             return
         try:
-            payload = None if result is None else encode_value(result)
-        except (TypeError, ValueError, OverflowError) as exc:
-            await self._record_failure(
-                ti,
-                worker_id,
-                f"the task returned {type(result).__name__}, which cannot be stored as its result "
-                f"({exc}); return plain data",
-                no_retry=True,
-            )
+            payload = xcom.encode_result(ti, result, self.xcom_max_bytes)
+        except xcom.XComError as exc:
+            await self._record_failure(ti, worker_id, str(exc), no_retry=True)
             return
-        if payload is not None and len(payload) > MAX_PAYLOAD_BYTES:
-            await self._record_failure(
-                ti,
-                worker_id,
-                f"the task's result encodes to {len(payload)} bytes, over the limit of "
-                f"{MAX_PAYLOAD_BYTES}",
-                no_retry=True,
-            )
-            return
+        await xcom.write_pushes(self.store, ti, worker_id)
         await self._record_end(ti, worker_id, "success", payload)
         log.info("%s succeeded in %.1f ms", what, (time.perf_counter() - started) * 1000)
 
@@ -839,6 +839,7 @@ class Worker:
         except Exception as exc:  # any bad deferral fails its own task only
             await self._refuse(ti, worker_id, "the task's deferral is invalid", exc)
             return
+        await xcom.write_pushes(self.store, ti, worker_id)
         crash_point("worker.defer.before_write")
         try:
             ok = await with_db_retry(
@@ -873,6 +874,7 @@ class Worker:
         except InvalidDeferral as exc:
             await self._refuse(ti, worker_id, "the task's reschedule is invalid", exc)
             return
+        await xcom.write_pushes(self.store, ti, worker_id)
         try:
             ok = await with_db_retry(
                 "reschedule",

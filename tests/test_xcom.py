@@ -1,0 +1,206 @@
+"""XCom on a real engine: return values and pushes pulled within a run, across runs and DAGs,
+lists of task ids in order, missing values, values of the types JSON lacks, encode errors and
+the size limit (nothing written), encryption at rest, templates that pull, a new try without
+the previous try's pushes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import uuid
+from typing import Any
+
+import pytest
+
+from engine import DAG
+from engine.store import Store
+from engine.testing import run_engine
+from operators.base import BaseOperator, Context
+from operators.bash import BashOperator
+from operators.python import PythonOperator
+from triggers.base import decode_value
+from triggers.values import encode_data
+
+pytestmark = pytest.mark.anyio
+
+
+def _result(ti: dict[str, Any]) -> Any:
+    assert ti["state"] == "success", ti
+    return decode_value(ti["result"]) if ti["result"] is not None else None
+
+
+async def _run(store: Store, dag: DAG, run_id: str = "run1", **kwargs: Any) -> dict[str, Any]:
+    async with run_engine(store, **kwargs) as engine:
+        await engine.start_run(dag, run_id)
+        return await engine.finish(dag.dag_id, run_id)
+
+
+async def test_a_return_value_and_pushes_are_pulled_downstream(store: Store) -> None:
+    def produce(ti: Any) -> int:
+        ti.xcom_push("extra", {"rows": [1, 2, 3]})
+        ti.xcom_push(key="note", value="hello")
+        return 42
+
+    def consume(ti: Any) -> list[Any]:
+        return [
+            ti.xcom_pull(task_ids="produce"),
+            ti.xcom_pull(task_ids="produce", key="extra"),
+            ti.xcom_pull("produce", "note"),
+            ti.xcom_pull(task_ids="produce", key="missing"),
+            ti.xcom_pull(task_ids="produce", key="missing", default="dflt"),
+            ti.xcom_pull(task_ids="nobody", default=7),
+        ]
+
+    with DAG(dag_id="xc_basic") as dag:
+        PythonOperator(task_id="produce", python_callable=produce) >> PythonOperator(
+            task_id="consume", python_callable=consume
+        )
+    tis = await _run(store, dag)
+    assert _result(tis["consume"]) == [42, {"rows": [1, 2, 3]}, "hello", None, "dflt", 7]
+
+
+async def test_a_list_of_task_ids_gives_a_list_in_that_order(store: Store) -> None:
+    with DAG(dag_id="xc_list") as dag:
+        a = PythonOperator(task_id="a", python_callable=lambda: "A")
+        b = PythonOperator(task_id="b", python_callable=lambda: "B")
+        none = PythonOperator(task_id="none", python_callable=lambda: None)
+        pull = PythonOperator(
+            task_id="pull",
+            python_callable=lambda ti: [
+                ti.xcom_pull(task_ids=["b", "a"]),
+                ti.xcom_pull(task_ids=["none", "a", "b"]),
+                ti.xcom_pull(task_ids=[]),
+            ],
+        )
+        [a, b, none] >> pull
+    tis = await _run(store, dag)
+    # (A task without the XCom is left out, as Airflow does.)
+    assert _result(tis["pull"]) == [["B", "A"], ["A", "B"], []]
+
+
+async def test_values_pull_across_runs_and_dags(store: Store) -> None:
+    with DAG(dag_id="xc_source") as source:
+        PythonOperator(task_id="make", python_callable=lambda run_id: f"made in {run_id}")
+    with DAG(dag_id="xc_reader") as reader:
+        PythonOperator(
+            task_id="read",
+            python_callable=lambda ti: [
+                ti.xcom_pull(task_ids="make", dag_id="xc_source", run_id="first"),
+                ti.xcom_pull(task_ids="make", dag_id="xc_source", run_id="second"),
+                ti.xcom_pull(task_ids="make", dag_id="xc_source", run_id="nope", default=0),
+            ],
+        )
+    await _run(store, source, "first")
+    await _run(store, source, "second")
+    tis = await _run(store, reader, "r")
+    assert _result(tis["read"]) == ["made in first", "made in second", 0]
+
+
+async def test_values_keep_their_types(store: Store) -> None:
+    value = {
+        "when": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+        "naive": dt.datetime(2026, 1, 2, 3, 4, 5),
+        "day": dt.date(2026, 1, 2),
+        "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        "amount": decimal.Decimal("10.25"),
+        "raw": b"\x00\x01",
+        "nested": [1, 2.5, None, True, "s", (1, 2)],
+    }
+    with DAG(dag_id="xc_types") as dag:
+        PythonOperator(task_id="give", python_callable=lambda: value) >> PythonOperator(
+            task_id="take", python_callable=lambda ti: ti.xcom_pull(task_ids="give")
+        )
+    tis = await _run(store, dag)
+    got = _result(tis["take"])
+    assert got == {**value, "nested": [1, 2.5, None, True, "s", [1, 2]]}
+    assert type(got["day"]) is dt.date and type(got["amount"]) is decimal.Decimal
+
+
+@pytest.mark.parametrize(
+    ("how", "bad", "says"),
+    [
+        ("return", object(), "a object cannot be stored"),
+        ("push", {1: "x"}, "keys must be str"),
+        ("return", {"f": len}, "builtin_function_or_method"),
+        ("push", "x" * 3000, "over the limit of 2000 bytes (setting xcom_max_bytes)"),
+        ("return", b"y" * 3000, "over the limit of 2000 bytes (setting xcom_max_bytes)"),
+    ],
+)
+async def test_a_value_that_cannot_be_stored_fails_the_task_and_nothing_is_written(
+    store: Store, how: str, bad: Any, says: str
+) -> None:
+    def task(ti: Any) -> Any:
+        ti.xcom_push("good", 1)
+        if how == "push":
+            ti.xcom_push("bad", bad)
+            return "never"
+        return bad
+
+    with DAG(dag_id="xc_bad") as dag:
+        PythonOperator(task_id="bad_task", python_callable=task, retries=0)
+    tis = await _run(store, dag, worker_options={"xcom_max_bytes": 2000})
+    ti = tis["bad_task"]
+    assert ti["state"] == "failed"
+    key = "'bad'" if how == "push" else "'return_value'"
+    assert f"task xc_bad.bad_task: XCom {key}" in ti["error"]
+    assert says in ti["error"]
+    assert ti["result"] is None
+    assert await store.xcom_of_task("xc_bad", "run1", "bad_task") == {}
+
+
+async def test_values_are_encrypted_at_rest(store: Store) -> None:
+    # (The store of the tests has a key: values are sealed as in production.)
+    def task(ti: Any) -> str:
+        ti.xcom_push("secretish", "plain-text-marker")
+        return "another-marker"
+
+    with DAG(dag_id="xc_enc") as dag:
+        PythonOperator(task_id="t", python_callable=task)
+    await _run(store, dag)
+    async with store._pool.acquire() as conn:
+        raw = await conn.fetchval("SELECT value FROM deferral_xcom WHERE key = 'secretish'")
+        result = await conn.fetchval(
+            "SELECT result FROM deferral_task_instances WHERE task_id = 't'"
+        )
+    assert b"plain-text-marker" not in raw and raw != encode_data("plain-text-marker")
+    assert b"another-marker" not in result
+    stored = await store.xcom_of_task("xc_enc", "run1", "t")
+    assert stored is not None
+    assert {k: decode_value(v) for k, v in stored.items()} == {
+        "secretish": "plain-text-marker",
+        "return_value": "another-marker",
+    }
+
+
+async def test_templates_pull_with_ti(store: Store) -> None:
+    with DAG(dag_id="xc_tmpl") as dag:
+        total = PythonOperator(task_id="total", python_callable=lambda: 17)
+        echo = BashOperator(
+            task_id="echo",
+            bash_command="echo total={{ ti.xcom_pull(task_ids='total') }} "
+            "missing={{ ti.xcom_pull(task_ids='x', default='none') }}",
+        )
+        total >> echo
+    tis = await _run(store, dag)
+    assert _result(tis["echo"]) == "total=17 missing=none"
+
+
+class _PushThenFailOnce(BaseOperator):
+    def execute(self, context: Context) -> Any:
+        ti = context["ti"]
+        seen = ti.xcom_pull(task_ids=self.task_id, key="mine")
+        ti.xcom_push("mine", context["try_number"])
+        if context["try_number"] == 1:
+            # (Pushes of a failing call are not written; a deferral writes them, see below.)
+            raise RuntimeError("first try fails")
+        return seen
+
+
+async def test_a_new_try_does_not_see_the_previous_tries_pushes(store: Store) -> None:
+    with DAG(dag_id="xc_retry") as dag:
+        _PushThenFailOnce(task_id="again", retries=1, retry_delay=0)
+    tis = await _run(store, dag)
+    assert tis["again"]["try_number"] == 2
+    assert _result(tis["again"]) is None  # try 2 saw nothing of try 1
+    stored = await store.xcom_of_task("xc_retry", "run1", "again")
+    assert stored is not None and decode_value(stored["mine"]) == 2
