@@ -7,18 +7,25 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import uuid
 from typing import Any
 
+import anyio
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from click.testing import CliRunner
 
 from engine import DAG
+from engine.cli import cli
 from engine.store import Store
 from engine.testing import run_engine
+from engine.web.app import make_app
 from operators.base import BaseOperator, Context
 from operators.bash import BashOperator
 from operators.python import PythonOperator
 from triggers.base import decode_value
+from triggers.temporal import TimeDeltaTrigger
 from triggers.values import encode_data
 
 pytestmark = pytest.mark.anyio
@@ -113,7 +120,8 @@ async def test_values_keep_their_types(store: Store) -> None:
     tis = await _run(store, dag)
     got = _result(tis["take"])
     assert got == {**value, "nested": [1, 2.5, None, True, "s", [1, 2]]}
-    assert type(got["day"]) is dt.date and type(got["amount"]) is decimal.Decimal
+    assert type(got["day"]) is dt.date
+    assert type(got["amount"]) is decimal.Decimal
 
 
 @pytest.mark.parametrize(
@@ -162,7 +170,8 @@ async def test_values_are_encrypted_at_rest(store: Store) -> None:
         result = await conn.fetchval(
             "SELECT result FROM deferral_task_instances WHERE task_id = 't'"
         )
-    assert b"plain-text-marker" not in raw and raw != encode_data("plain-text-marker")
+    assert b"plain-text-marker" not in raw
+    assert raw != encode_data("plain-text-marker")
     assert b"another-marker" not in result
     stored = await store.xcom_of_task("xc_enc", "run1", "t")
     assert stored is not None
@@ -203,4 +212,114 @@ async def test_a_new_try_does_not_see_the_previous_tries_pushes(store: Store) ->
     assert tis["again"]["try_number"] == 2
     assert _result(tis["again"]) is None  # try 2 saw nothing of try 1
     stored = await store.xcom_of_task("xc_retry", "run1", "again")
-    assert stored is not None and decode_value(stored["mine"]) == 2
+    assert stored is not None
+    assert decode_value(stored["mine"]) == 2
+
+
+class _PushDeferReturn(BaseOperator):
+    """Pushes before deferring; the resumed method returns the value handed downstream."""
+
+    def execute(self, context: Context) -> None:
+        context["ti"].xcom_push("submitted", {"job": "j-1"})
+        self.defer(trigger=TimeDeltaTrigger(0), method_name="done", kwargs={"job_id": "j-1"})
+
+    def done(self, context: Context, event: Any = None, job_id: str = "") -> str:
+        return job_id
+
+
+class _AsyncPull(BaseOperator):
+    async def execute(self, context: Context) -> Any:
+        ti = context["ti"]
+        try:
+            ti.xcom_pull(task_ids="wait")
+        except RuntimeError as exc:
+            refused = str(exc)
+        return [await ti.xcom_pull_async(task_ids="wait"), "xcom_pull_async" in refused]
+
+
+async def test_a_resumed_method_returns_the_value_and_pushes_survive_the_deferral(
+    store: Store,
+) -> None:
+    with DAG(dag_id="xc_defer") as dag:
+        wait = _PushDeferReturn(task_id="wait")
+        use = PythonOperator(
+            task_id="use",
+            python_callable=lambda ti: [
+                ti.xcom_pull(task_ids="wait"),
+                ti.xcom_pull(task_ids="wait", key="submitted"),
+            ],
+        )
+        wait >> use >> _AsyncPull(task_id="async_pull")
+    tis = await _run(store, dag)
+    assert _result(tis["wait"]) == "j-1"
+    assert _result(tis["use"]) == ["j-1", {"job": "j-1"}]
+    assert _result(tis["async_pull"]) == ["j-1", True]
+
+
+async def test_cli_lists_and_prints_xcoms(store: Store, db_url: str) -> None:
+    def produce(ti: Any) -> dict[str, Any]:
+        ti.xcom_push("long", "z" * 500)
+        ti.xcom_push("password", "hunter2")
+        return {"n": 1}
+
+    with DAG(dag_id="xc_cli") as dag:
+        PythonOperator(task_id="produce", python_callable=produce)
+        PythonOperator(task_id="quiet", python_callable=lambda: None)
+    await _run(store, dag)
+    env = {"DEFERRAL_DATABASE_URL": db_url}
+    runner = CliRunner()
+
+    def cli_run(*args: str) -> Any:
+        return runner.invoke(cli, list(args), env=env)
+
+    listed = await anyio.to_thread.run_sync(cli_run, "tasks", "list", "--dag", "xc_cli", "--json")
+    assert listed.exit_code == 0, listed.output
+    by_task = {t["task_id"]: t for t in json.loads(listed.stdout)}
+    xcom = by_task["produce"]["xcom"]
+    assert set(xcom) == {"return_value", "long", "password"}
+    assert xcom["return_value"] == {"bytes": len(encode_data({"n": 1})), "preview": '{"n":1}'}
+    assert xcom["long"]["bytes"] == len(encode_data("z" * 500))
+    assert xcom["long"]["preview"].endswith("...")
+    assert len(xcom["long"]["preview"]) == 80
+    assert "hunter2" not in listed.stdout
+    assert by_task["quiet"]["xcom"] == {}
+
+    full = await anyio.to_thread.run_sync(cli_run, "tasks", "xcom", "xc_cli", "run1", "produce")
+    assert full.exit_code == 0, full.output
+    assert "z" * 500 in full.stdout
+    assert "return_value:" in full.stdout
+    assert "hunter2" not in full.stdout
+    one = await anyio.to_thread.run_sync(
+        cli_run, "tasks", "xcom", "xc_cli", "run1", "produce", "--key", "return_value", "--json"
+    )
+    assert json.loads(one.stdout) == {"n": 1}
+    both = await anyio.to_thread.run_sync(
+        cli_run, "tasks", "xcom", "xc_cli", "run1", "produce", "--json"
+    )
+    assert json.loads(both.stdout)["long"] == "z" * 500
+    missing = await anyio.to_thread.run_sync(
+        cli_run, "tasks", "xcom", "xc_cli", "run1", "produce", "--key", "nope"
+    )
+    assert missing.exit_code == 2
+    assert "no XCom 'nope'" in missing.stderr
+    assert "long, password, return_value" in missing.stderr
+    nothing = await anyio.to_thread.run_sync(cli_run, "tasks", "xcom", "xc_cli", "run1", "nobody")
+    assert nothing.exit_code == 2
+
+
+async def test_the_status_page_task_view_shows_the_xcoms(store: Store) -> None:
+    def produce(ti: Any) -> int:
+        ti.xcom_push("rows", ["<b>bold</b>"])
+        return 5
+
+    with DAG(dag_id="xc_web") as dag:
+        PythonOperator(task_id="produce", python_callable=produce)
+    await _run(store, dag)
+    async with TestClient(TestServer(make_app(store))) as client:
+        response = await client.get("/task?dag_id=xc_web&run_id=run1&task_id=produce")
+        text = await response.text()
+    assert response.status == 200
+    assert 'id="xcoms"' in text
+    assert "<dt>rows</dt>" in text
+    assert "&lt;b&gt;bold&lt;/b&gt;" in text
+    assert "<dt>return_value</dt>" in text

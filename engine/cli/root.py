@@ -128,12 +128,14 @@ def _add_commands() -> None:
         tasks,
         tasks_logs,
         tasks_test,
+        tasks_xcom,
         triggers,
         webserver,
     )
 
     del tasks_logs  # (imported for its command, which it adds to the tasks group)
     tasks.tasks.add_command(tasks_test.tasks_test)
+    tasks.tasks.add_command(tasks_xcom.tasks_xcom)
 
     for command in (
         processes.scheduler,

@@ -1964,18 +1964,16 @@ ORDER BY x.ti_id, x.key;
 
 -- name: xcom_of_task
 -- Every XCom of one task instance (DAG $1, run $2, task $3) in its current try: its result
--- under 'return_value' (when it has one, and nothing was pushed under that key) and the values
--- it pushed, by key. No row: no such task instance; a row with a null key: it has none.
+-- under 'return_value' (over a value pushed under that key, as xcom_pull reads it) and the
+-- values it pushed, by key. No row: no such task instance; a row with a null key: it has none.
 SELECT ti.id AS ti_id, k.key, k.value
 FROM deferral_task_instances ti
 LEFT JOIN LATERAL (
     SELECT x.key, x.value FROM deferral_xcom x
     WHERE x.ti_id = ti.id AND x.try_number = ti.try_number
+      AND NOT (x.key = 'return_value' AND ti.result IS NOT NULL)
     UNION ALL
-    SELECT 'return_value', ti.result
-    WHERE ti.result IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM deferral_xcom x
-        WHERE x.ti_id = ti.id AND x.try_number = ti.try_number AND x.key = 'return_value')
+    SELECT 'return_value', ti.result WHERE ti.result IS NOT NULL
 ) k ON true
 WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
 ORDER BY k.key;

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from engine.security.keys import UnreadableValue
 from engine.store import Store
 from engine.store.models import (
     DagOverview,
@@ -365,6 +366,7 @@ async def task_page(store: Store, dag_id: str, run_id: str, task_id: str) -> dic
             ("resumes at", ti.next_method or "-"),
         ]
     why = await hooks.why_not_running(store, ti)
+    xcoms = await _xcoms(store, dag_id, run_id, task_id)
     log_lines = await hooks.task_log_lines(store, ti)
     trigger_lines = (
         await hooks.trigger_log_lines(store, ti.trigger_id) if ti.trigger_id is not None else None
@@ -377,11 +379,22 @@ async def task_page(store: Store, dag_id: str, run_id: str, task_id: str) -> dic
         "fields": fields,
         "rendered": _rendered(ti),
         "result": None if ti.result is None else pretty(masked(decoded(ti.result))),
+        "xcoms": xcoms,
         "deferral": deferral,
         "why": why,
         "log_lines": log_lines,
         "trigger_lines": trigger_lines,
     }
+
+
+async def _xcoms(store: Store, dag_id: str, run_id: str, task_id: str) -> list[tuple[str, str]]:
+    """The XComs of the task's current try (its return value among them), by key, as
+    indented JSON with secrets masked; a value no configured key opens says so."""
+    try:
+        found = await store.xcom_of_task(dag_id, run_id, task_id)
+    except UnreadableValue as exc:
+        return [("(unreadable)", str(exc))]
+    return [(k, pretty(masked({k: decoded(v)})[k])) for k, v in sorted((found or {}).items())]
 
 
 def _rendered(ti: TaskTry) -> list[tuple[str, str]]:
