@@ -1,6 +1,7 @@
 """deferral: an engine for tasks that spend most of their life waiting.
 
-Public names: :class:`DAG`, :class:`Settings` and :func:`load_settings`. The processes
+Public names: :class:`DAG`, :class:`Settings` and :func:`load_settings`; TaskFlow's
+:data:`task` decorator, :func:`get_current_context` and :class:`XComArg`. The processes
 (``engine.worker.worker.Worker``, ``engine.triggerer.Triggerer``,
 ``engine.scheduler.scheduler.Scheduler``) and the store (``engine.store``) are importable from their
 modules.
@@ -11,5 +12,16 @@ from __future__ import annotations
 from engine.config import Settings, load_settings
 from engine.dags.dag import DAG
 from engine.version import __version__
+from operators.taskflow import PokeReturnValue, task
+from operators.xcom import XComArg, get_current_context
 
-__all__ = ["DAG", "Settings", "__version__", "load_settings"]
+__all__ = [
+    "DAG",
+    "PokeReturnValue",
+    "Settings",
+    "XComArg",
+    "__version__",
+    "get_current_context",
+    "load_settings",
+    "task",
+]

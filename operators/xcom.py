@@ -17,10 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from operators.base import BaseOperator, Context
+from typing import Any
 
 __all__ = [
     "RETURN_KEY",
@@ -34,10 +31,11 @@ __all__ = [
 #: The key of a task's return value.
 RETURN_KEY = "return_value"
 
-_current: ContextVar[Context | None] = ContextVar("deferral_current_context", default=None)
+# (Typed loosely: this module imports nothing of operators.base, which imports it.)
+_current: ContextVar[Any] = ContextVar("deferral_current_context", default=None)
 
 
-def get_current_context() -> Context:
+def get_current_context() -> Any:
     """The context of the task running here: the same mapping ``execute`` receives. Outside a
     running task, a RuntimeError."""
     context = _current.get()
@@ -50,7 +48,7 @@ def get_current_context() -> Context:
 
 
 @contextmanager
-def current_context(context: Context) -> Iterator[Context]:
+def current_context(context: Any) -> Iterator[Any]:
     """Make ``context`` what :func:`get_current_context` returns while the block runs (and in
     the threads the block starts with the context copied, as anyio's do)."""
     token = _current.set(context)
@@ -65,13 +63,13 @@ class XComArg:
 
     __slots__ = ("key", "operator")
 
-    def __init__(self, operator: BaseOperator, key: str = RETURN_KEY) -> None:
+    def __init__(self, operator: Any, key: str = RETURN_KEY) -> None:
         self.operator = operator
         self.key = key
 
     @property
     def task_id(self) -> str:
-        return self.operator.task_id
+        return str(self.operator.task_id)
 
     def __getitem__(self, key: str) -> XComArg:
         """The XCom ``key`` of the same task (a ``multiple_outputs`` task stores each key of

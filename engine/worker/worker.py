@@ -550,7 +550,6 @@ class Worker:
         loop = asyncio.get_running_loop()
         rti = xcom.bind(ti, self.store, max_bytes=self.xcom_max_bytes, loop=loop)
         context["ti"] = rti
-        await xcom.resolve_refs(op, rti)  # XComArgs in templated fields: their values
         if templating.reads_files(op):  # template files: read off the loop
             prepared = await anyio.to_thread.run_sync(templating.prepare, op)
         else:
@@ -564,6 +563,8 @@ class Worker:
             rendered = await anyio.to_thread.run_sync(prepared.render, context)
         else:
             rendered = prepared.render(context)
+        # XComArgs in templated fields: their values (after rendering: values are not templates)
+        await xcom.resolve_refs(op, rti, rendered)
         if rendered is not None and not ti.next_method:
             await self._store_rendered(ti, rendered)
         return context  # type: ignore[return-value]

@@ -244,9 +244,13 @@ async def write_pushes(store: Store, ti: ClaimedTask, worker_id: int) -> None:
         )
 
 
-async def resolve_refs(op: BaseOperator, rti: RuntimeTaskInstance) -> None:
-    """Replace the references in ``op``'s templated fields by their values: one read per key.
-    A reference to a task that has no such XCom is an XComError."""
+async def resolve_refs(
+    op: BaseOperator, rti: RuntimeTaskInstance, rendered: dict[str, Any] | None = None
+) -> None:
+    """Replace the references in ``op``'s templated fields by their values (in ``rendered``,
+    what the fields rendered to, too): one read per key. Done after rendering, so a value is
+    never taken for a template. A task without a return value gives None; a reference to
+    another key a task does not have is an XComError."""
     fields = {
         name: value
         for name in getattr(op, "template_fields", ())
@@ -255,10 +259,15 @@ async def resolve_refs(op: BaseOperator, rti: RuntimeTaskInstance) -> None:
     if not fields:
         return
     by_key: dict[str, set[str]] = collections.defaultdict(set)
+    # A missing return value is None (a task that returned None stores none), as is a missing
+    # key of a multiple_outputs task; any other missing key is an error (Airflow's rules).
+    may_lack: set[tuple[str, str]] = set()
     for value in fields.values():
         for ref in find_refs(value):
             by_key[ref.key].add(ref.task_id)
-    values: dict[tuple[str, str], Any] = {}
+            if ref.key == RETURN_KEY or getattr(ref.operator, "multiple_outputs", False):
+                may_lack.add((ref.task_id, ref.key))
+    values: dict[tuple[str, str], Any] = dict.fromkeys(may_lack)
     for key, task_ids in by_key.items():
         rows = await rti._read(rti.dag_id, rti.run_id, sorted(task_ids), key)
         for row in rows:
@@ -267,10 +276,12 @@ async def resolve_refs(op: BaseOperator, rti: RuntimeTaskInstance) -> None:
         if missing:
             raise XComError(
                 f"task {_task_name(rti.dag_id, rti.task_id)}: no XCom {key!r} of "
-                f"{', '.join(missing)} in this run (did it return a value?)"
+                f"{', '.join(missing)} in this run (did it push one?)"
             )
     for name, value in fields.items():
         setattr(op, name, replace_refs(value, values))
+        if rendered is not None and name in rendered:
+            rendered[name] = getattr(op, name)
 
 
 def plain_context(context: Any) -> Any:
