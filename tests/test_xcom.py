@@ -18,12 +18,14 @@ from click.testing import CliRunner
 
 from engine import DAG
 from engine.cli import cli
+from engine.security.keys import Keyring, generate_key
 from engine.store import Store
 from engine.testing import run_engine
 from engine.web.app import make_app
 from operators.base import BaseOperator, Context
 from operators.bash import BashOperator
 from operators.python import PythonOperator
+from tests.conftest import TEST_FERNET_KEY
 from triggers.base import decode_value
 from triggers.temporal import TimeDeltaTrigger
 from triggers.values import encode_data
@@ -127,9 +129,9 @@ async def test_values_keep_their_types(store: Store) -> None:
 @pytest.mark.parametrize(
     ("how", "bad", "says"),
     [
-        ("return", object(), "a object cannot be stored"),
+        ("return", object(), "cannot be stored as its value: the value is a builtins.object"),
         ("push", {1: "x"}, "keys must be str"),
-        ("return", {"f": len}, "builtin_function_or_method"),
+        ("return", {"f": len}, "the value['f'] is a builtins.builtin_function_or_method"),
         ("push", "x" * 3000, "over the limit of 2000 bytes (setting xcom_max_bytes)"),
         ("return", b"y" * 3000, "over the limit of 2000 bytes (setting xcom_max_bytes)"),
     ],
@@ -323,3 +325,48 @@ async def test_the_status_page_task_view_shows_the_xcoms(store: Store) -> None:
     assert "<dt>rows</dt>" in text
     assert "&lt;b&gt;bold&lt;/b&gt;" in text
     assert "<dt>return_value</dt>" in text
+
+
+async def test_key_rotation_reencrypts_pushed_values(store: Store, db_url: str) -> None:
+    def task(ti: Any) -> str:
+        ti.xcom_push("a", [1, 2])
+        ti.xcom_push("b", "two")
+        return "r"
+
+    with DAG(dag_id="xc_rotate") as dag:
+        PythonOperator(task_id="t", python_callable=task)
+    await _run(store, dag)
+    new_key = generate_key()
+    rotated = await Store.connect(db_url, pool_size=2, keyring=Keyring([new_key, TEST_FERNET_KEY]))
+    try:
+        counts = await rotated.rotate_keys(batch_size=1)
+        # the result and the two pushed values
+        assert counts == {"rewritten": 3, "current": 0, "changed": 0, "unreadable": 0}
+    finally:
+        await rotated.close()
+    only_new = await Store.connect(db_url, pool_size=2, keyring=Keyring([new_key]))
+    try:
+        stored = await only_new.xcom_of_task("xc_rotate", "run1", "t")
+    finally:
+        await only_new.close()
+    assert stored is not None
+    assert {k: decode_value(v) for k, v in stored.items()} == {
+        "a": [1, 2],
+        "b": "two",
+        "return_value": "r",
+    }
+
+
+async def test_a_push_that_cannot_be_stored_is_not_retried(store: Store) -> None:
+    def task(ti: Any) -> None:
+        ti.xcom_push("bad", {1, 2})
+
+    with DAG(dag_id="xc_push_no_retry") as dag:
+        PythonOperator(task_id="t", python_callable=task, retries=3, retry_delay=0)
+    tis = await _run(store, dag)
+    assert tis["t"]["state"] == "failed"
+    assert tis["t"]["try_number"] == 1
+    assert (
+        "XComError: task xc_push_no_retry.t: XCom 'bad' cannot be stored as its value: the value "
+        "is a builtins.set" in (tis["t"]["error"])
+    )

@@ -97,7 +97,7 @@ class Request(msgspec.Struct, frozen=True):
 
 
 class Returned(msgspec.Struct, frozen=True, tag="returned"):
-    """``encode_value`` of the return value (None for None)."""
+    """``triggers.values.encode_data`` of the return value (None for None)."""
 
     result: bytes | None
 
@@ -378,6 +378,7 @@ def run_request(request: Request) -> Reply:
     """Run the task in this process; what it did, as a reply."""
     from operators.base import FailTask, RescheduleRequested, SkipTask, TaskDeferred
     from triggers.base import encode_value
+    from triggers.values import encode_data
 
     try:
         result = _call(request)
@@ -413,7 +414,7 @@ def run_request(request: Request) -> Reply:
     if result is None:
         return Returned(None)
     try:
-        return Returned(encode_value(result))
+        return Returned(encode_data(result))  # (dates, UUIDs, decimals keep their types)
     except (TypeError, ValueError, OverflowError) as exc:
         return Raised(
             f"the task returned {type(result).__name__}, which cannot be stored as its result "

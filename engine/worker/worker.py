@@ -773,6 +773,9 @@ class Worker:
         except FailTask as exc:
             await self._record_failure(ti, worker_id, f"FailTask: {exc}", no_retry=True)
             return
+        except xcom.XComError as exc:  # a value the store cannot keep: it would fail again
+            await self._record_failure(ti, worker_id, format_user_exception(exc), no_retry=True)
+            return
         except isolation.TaskError as exc:  # raised in a child process: its traceback
             await self._record_failure(ti, worker_id, exc.error, no_retry=exc.no_retry)
             return

@@ -63,9 +63,9 @@ def encode_xcom(task: str, key: str, value: Any, max_bytes: int) -> bytes:
         data = encode_data(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise XComError(
-            f"task {task}: XCom {key!r}: a {type(value).__name__} cannot be stored ({exc}); "
-            "return or push JSON-like data (None, bool, int, float, str, list, dict with str "
-            "keys) or datetime, date, time, UUID, Decimal, bytes"
+            f"task {task}: XCom {key!r} cannot be stored as its value: {exc}; return or push "
+            "JSON-like data (None, bool, int, float, str, list, dict with str keys) or "
+            "datetime, date, time, UUID, Decimal, bytes"
         ) from None
     if len(data) > max_bytes:
         raise XComError(
