@@ -16,7 +16,9 @@ the context anywhere inside a running task.
 
 ``@task.sensor`` makes a sensor of a function returning a bool (or a
 :class:`PokeReturnValue`); ``@task.bash`` a ``BashOperator`` of a function returning its
-command. This module imports contracts and built-in operators only.
+command. This module imports contracts only; the operators the decorators make
+(:mod:`operators.decorated`, built on the built-in ones) are imported when one is used, so
+``from engine import task`` costs no sensor's imports.
 """
 
 from __future__ import annotations
@@ -28,32 +30,12 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from operators.base import BaseOperator, Context, call_with_context, current_dag
-from operators.bash import BashOperator
-from operators.python import PythonOperator
-from operators.sensors.python import PythonSensor
-from operators.xcom import XComArg, find_refs
+from operators.base import BaseOperator, current_dag
+from operators.xcom import PokeReturnValue, XComArg, find_refs
 
 __all__ = ["PokeReturnValue", "TaskDecorator", "task"]
 
 _SUFFIX = re.compile(r"^(?P<base>.+?)__(?P<n>\d+)$")
-
-
-class PokeReturnValue:
-    """What a ``@task.sensor`` function may return: whether the wait is over, and the value
-    the task then returns (its ``return_value`` XCom)."""
-
-    __slots__ = ("is_done", "xcom_value")
-
-    def __init__(self, is_done: bool, xcom_value: Any = None) -> None:
-        self.is_done = bool(is_done)
-        self.xcom_value = xcom_value
-
-    def __bool__(self) -> bool:
-        return self.is_done
-
-    def __repr__(self) -> str:
-        return f"PokeReturnValue(is_done={self.is_done}, xcom_value={self.xcom_value!r})"
 
 
 def _unique_task_id(task_id: str, dag: Any) -> str:
@@ -86,103 +68,13 @@ def _returns_dict(fn: Callable[..., Any]) -> bool:
     return isinstance(origin, type) and issubclass(origin, dict)
 
 
-def _store_outputs(context: Context, result: Any, task_id: str) -> None:
-    """Push each key of a ``multiple_outputs`` task's returned dict as an XCom of its own."""
-    if result is None:
-        return
-    if not isinstance(result, dict) or not all(isinstance(k, str) for k in result):
-        raise TypeError(
-            f"task {task_id} has multiple_outputs, so it must return a dict with str keys, "
-            f"got {type(result).__name__}"
-        )
-    ti = context["ti"]
-    for key, value in result.items():
-        ti.xcom_push(key, value)
-
-
-class _PythonDecoratedOperator(PythonOperator):
-    """The task a ``@task`` function makes: its call, with references resolved."""
-
-    def __init__(self, *, multiple_outputs: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.multiple_outputs = multiple_outputs
-
-    def execute(self, context: Context) -> Any:
-        result = call_with_context(self.python_callable, self.op_args, self.op_kwargs, context)
-        if self.multiple_outputs:
-            _store_outputs(context, result, self.task_id)
-        return result
-
-
-class _DecoratedSensor(PythonSensor):
-    """The sensor a ``@task.sensor`` function makes: done when it returns something truthy
-    (a :class:`PokeReturnValue`'s ``is_done``); then its result (the ``xcom_value``)."""
-
-    def poke(self, context: Context) -> Any:
-        result = call_with_context(self.python_callable, self.op_args, self.op_kwargs, context)
-        if isinstance(result, PokeReturnValue):
-            return _Done(result.xcom_value) if result.is_done else False
-        return result
-
-    def execute(self, context: Context) -> Any:
-        result = super().execute(context)
-        return result.value if isinstance(result, _Done) else result
-
-
-class _Done:
-    """A finished poke whose value (perhaps None or falsy) is the sensor's result."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-#: What a ``@task.bash`` task's command is until its function has run.
-_COMMAND_PENDING = "(the command the task's function returns)"
-
-
-class _DecoratedBash(BashOperator):
-    """The ``BashOperator`` a ``@task.bash`` function makes: the function (run in a worker
-    thread) returns the command."""
-
-    def __init__(
-        self,
-        *,
-        python_callable: Callable[..., Any],
-        op_args: Any = (),
-        op_kwargs: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(bash_command=_COMMAND_PENDING, **kwargs)
-        self.python_callable = python_callable
-        self.op_args = list(op_args or ())
-        self.op_kwargs = dict(op_kwargs or {})
-
-    template_fields = ("op_args", "op_kwargs", "env")  # type: ignore[assignment]
-
-    async def execute(self, context: Context) -> str | None:
-        import asyncio
-
-        command = await asyncio.to_thread(
-            call_with_context, self.python_callable, self.op_args, self.op_kwargs, context
-        )
-        if not isinstance(command, str) or not command.strip():
-            raise TypeError(
-                f"task {self.task_id}: a @task.bash function must return the command as a "
-                f"non-empty str, got {command!r}"
-            )
-        self.bash_command = command
-        return await super().execute(context)
-
-
 class TaskDecorator:
     """A function turned into a task factory: call it inside a DAG to add a task."""
 
     def __init__(
         self,
         fn: Callable[..., Any],
-        operator_class: type[BaseOperator],
+        kind: str,
         kwargs: Mapping[str, Any],
         *,
         multiple_outputs: bool | None = None,
@@ -195,7 +87,8 @@ class TaskDecorator:
                 "function runs in a worker thread; write an operator with an async execute"
             )
         self.function = fn
-        self.operator_class = operator_class
+        #: Which operator a call makes: "python", "sensor" or "bash" (operators.decorated).
+        self.kind = kind
         self.kwargs = dict(kwargs)
         if multiple_outputs is None:
             multiple_outputs = _returns_dict(fn)
@@ -207,7 +100,7 @@ class TaskDecorator:
         multiple_outputs = kwargs.pop("multiple_outputs", self.multiple_outputs)
         return TaskDecorator(
             self.function,
-            self.operator_class,
+            self.kind,
             {**self.kwargs, **kwargs},
             multiple_outputs=multiple_outputs,
         )
@@ -221,10 +114,12 @@ class TaskDecorator:
             )
         options = dict(self.kwargs)
         task_id = _unique_task_id(options.pop("task_id", self.function.__name__), dag)
+        from operators.decorated import OPERATORS
+
         extra: dict[str, Any] = {}
-        if self.operator_class is _PythonDecoratedOperator:
+        if self.kind == "python":
             extra["multiple_outputs"] = self.multiple_outputs
-        make = cast(Callable[..., BaseOperator], self.operator_class)
+        make = cast(Callable[..., BaseOperator], OPERATORS[self.kind])
         op = make(
             task_id=task_id,
             python_callable=self.function,
@@ -242,14 +137,14 @@ class TaskDecorator:
 
 
 def _decorator(
-    operator_class: type[BaseOperator],
+    kind: str,
     fn: Callable[..., Any] | None,
     kwargs: dict[str, Any],
 ) -> Any:
     multiple_outputs = kwargs.pop("multiple_outputs", None)
 
     def wrap(f: Callable[..., Any]) -> TaskDecorator:
-        return TaskDecorator(f, operator_class, kwargs, multiple_outputs=multiple_outputs)
+        return TaskDecorator(f, kind, kwargs, multiple_outputs=multiple_outputs)
 
     return wrap if fn is None else wrap(fn)
 
@@ -259,11 +154,11 @@ class _Task:
 
     def __call__(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
         """``@task`` or ``@task(task_id=..., retries=..., multiple_outputs=..., ...)``."""
-        return _decorator(_PythonDecoratedOperator, python_callable, kwargs)
+        return _decorator("python", python_callable, kwargs)
 
     def python(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
         """The same as ``@task``."""
-        return _decorator(_PythonDecoratedOperator, python_callable, kwargs)
+        return _decorator("python", python_callable, kwargs)
 
     def sensor(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
         """A sensor of a function returning a bool or a :class:`PokeReturnValue`:
@@ -272,14 +167,14 @@ class _Task:
         an ``async def`` the triggerer awaits with the call's keyword arguments."""
         if kwargs.get("multiple_outputs"):
             raise TypeError("@task.sensor does not take multiple_outputs")
-        return _decorator(_DecoratedSensor, python_callable, kwargs)
+        return _decorator("sensor", python_callable, kwargs)
 
     def bash(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
         """A ``BashOperator`` whose command the function returns (``env``, ``cwd``,
         ``skip_on_exit_code``, ... as BashOperator's); its result is the output's last line."""
         if kwargs.get("multiple_outputs"):
             raise TypeError("@task.bash does not take multiple_outputs")
-        return _decorator(_DecoratedBash, python_callable, kwargs)
+        return _decorator("bash", python_callable, kwargs)
 
 
 #: The TaskFlow decorator (``from engine import task``).

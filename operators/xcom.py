@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "RETURN_KEY",
+    "PokeReturnValue",
     "XComArg",
     "current_context",
     "find_refs",
@@ -164,3 +165,20 @@ def replace_refs(value: Any, values: dict[tuple[str, str], Any]) -> Any:
     if isinstance(value, dict):
         return {k: replace_refs(v, values) for k, v in value.items()}
     return value
+
+
+class PokeReturnValue:
+    """What a ``@task.sensor`` function may return: whether the wait is over, and the value
+    the task then returns (its ``return_value`` XCom)."""
+
+    __slots__ = ("is_done", "xcom_value")
+
+    def __init__(self, is_done: bool, xcom_value: Any = None) -> None:
+        self.is_done = bool(is_done)
+        self.xcom_value = xcom_value
+
+    def __bool__(self) -> bool:
+        return self.is_done
+
+    def __repr__(self) -> str:
+        return f"PokeReturnValue(is_done={self.is_done}, xcom_value={self.xcom_value!r})"
