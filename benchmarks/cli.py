@@ -17,6 +17,7 @@ from benchmarks.fleet import fleet
 from benchmarks.plots import plot
 from benchmarks.schedule import schedule
 from benchmarks.waits import waits
+from benchmarks.web import web
 
 __all__ = ["bench"]
 
@@ -30,4 +31,5 @@ bench.add_command(waits)
 bench.add_command(fleet)
 bench.add_command(schedule)
 bench.add_command(claims)
+bench.add_command(web)
 bench.add_command(plot)

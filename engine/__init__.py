@@ -1,7 +1,9 @@
 """deferral: an engine for tasks that spend most of their life waiting.
 
-Public names: :class:`DAG`, :class:`Settings` and :func:`load_settings`; TaskFlow's
-:data:`task` decorator, :func:`get_current_context` and :class:`XComArg`. The processes
+Public names: :class:`DAG`, :class:`Variable` and :class:`Connection` (what task code reads at
+run time: ``Variable.get("bucket")``, ``Connection.get("warehouse")``), :class:`Settings` and
+:func:`load_settings`; TaskFlow's :data:`task` decorator, :func:`get_current_context` and
+:class:`XComArg`. The processes
 (``engine.worker.worker.Worker``, ``engine.triggerer.Triggerer``,
 ``engine.scheduler.scheduler.Scheduler``) and the store (``engine.store``) are importable from their
 modules.
@@ -11,14 +13,18 @@ from __future__ import annotations
 
 from engine.config import Settings, load_settings
 from engine.dags.dag import DAG
+from engine.usercode.variables import Variable
 from engine.version import __version__
 from operators.taskflow import PokeReturnValue, task
 from operators.xcom import XComArg, get_current_context
+from triggers.connections import Connection
 
 __all__ = [
     "DAG",
+    "Connection",
     "PokeReturnValue",
     "Settings",
+    "Variable",
     "XComArg",
     "__version__",
     "get_current_context",

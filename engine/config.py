@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import zoneinfo
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: cannot defer, such as a `PythonSensor` without `async_check`, waits in its `mode`).
     default_deferrable: bool = False
 
+    #: The time zone of naive dates a DAG file gives (`start_date`, `end_date`, the events of
+    #: an `EventsTimetable`): an IANA name (`Europe/Amsterdam`) or `UTC`. A DAG whose
+    #: `start_date` is naive runs its cron schedule in this zone. (Airflow's
+    #: `[core] default_timezone`.)
+    default_timezone: str = "UTC"
+    #: Which timetable a cron string (and a preset such as `@daily`) makes: `true`, data
+    #: intervals (a run per interval, created when it ends, logical date its start: Airflow
+    #: 2's behaviour); `false`, `CronTriggerTimetable` (a run each time the cron fires,
+    #: logical date that moment: Airflow 3's default). A DAG can pass either timetable as its
+    #: `schedule` whatever this says. See [schedules](../howto/schedules.md).
+    create_cron_data_intervals: bool = True
+
     #: The largest XCom value a task may store, in bytes once encoded: its return value and
     #: each `xcom_push`. A larger one fails the task, naming the task, the key, the size and
     #: this setting (nothing of it is written). For larger data, write it to object storage
@@ -332,6 +345,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ConfigError(
                 f"setting event_loop must be 'uvloop' or 'asyncio', not {self.event_loop!r}"
             )
+        if not self.default_timezone.strip():
+            raise ConfigError("setting default_timezone must name a time zone (UTC, Europe/...)")
+        if self.default_timezone.strip().upper() != "UTC":
+            try:
+                zoneinfo.ZoneInfo(self.default_timezone.strip())
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                raise ConfigError(
+                    f"setting default_timezone: unknown time zone {self.default_timezone!r} "
+                    "(an IANA name: Europe/Amsterdam, America/New_York, or UTC)"
+                ) from None
         for pattern in self.trigger_allow or ():
             if not pattern.strip() or pattern != pattern.strip():
                 raise ConfigError(

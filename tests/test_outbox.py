@@ -211,3 +211,43 @@ async def test_a_cancelled_write_is_tried_again_until_it_goes_through(
     assert rec.states() == {ti.id: "success"}
     assert len(rec.written) == 1
     assert (await _rows(store, "transient"))["t"].state == "success"
+
+
+async def test_flush_writes_in_the_caller_and_keeps_what_an_error_left_first(
+    store: Store,
+) -> None:
+    """An outbox with no writer task (the log sink's): ``flush`` writes what is queued in
+    batches in the calling task; an error that is neither transient nor about one item's
+    data is raised, and what it left unwritten stays queued ahead of what came after."""
+    tis = await _claimed(store, "flush", ["a", "b", "c"])
+    # (Twice: the batch, then its first item written alone.)
+    failures = [RuntimeError("the write failed"), RuntimeError("the write failed again")]
+    written: list[list[int]] = []
+
+    async def write(batch: list[TaskOutcome]) -> dict[Key, str]:
+        if failures:
+            raise failures.pop()
+        written.append([o.ti_id for o in batch])
+        return {(f.id, f.worker_id): f.state for f in await store.finish_tasks(batch)}
+
+    outbox: Outbox[TaskOutcome, Key, str] = Outbox(
+        "record outcomes",
+        write=write,
+        substitute=_substitute,
+        on_written=lambda batch, results: None,
+        max_items=2,
+    )
+    outbox.put_all([_outcome(tis, "a", "success"), _outcome(tis, "b", "success")])
+    with pytest.raises(RuntimeError):
+        await outbox.flush()
+    assert (len(outbox), outbox.in_flight) == (2, 0)
+    outbox.put(_outcome(tis, "c", "skipped"))
+    await outbox.flush()
+    assert written == [[tis["a"].id, tis["b"].id], [tis["c"].id]]
+    assert not outbox.pending()
+    rows = await _rows(store, "flush")
+    assert {name: rows[name].state for name in "abc"} == {
+        "a": "success",
+        "b": "success",
+        "c": "skipped",
+    }

@@ -240,8 +240,9 @@ async def test_sql_template_files_come_from_the_dag_folder_and_the_search_path(
     tis = await _run(store, dag)
     assert _result(tis["from_folder"]) == "folder 2026-11-29"
     assert _result(tis["from_search_path"]) == "search path 20261129"
+    # (Jinja drops the file's one trailing newline, as Airflow's environment does.)
     assert tis["from_folder"]["rendered_fields"] == {
-        "sql": "SELECT 'folder 2026-11-29'\n",
+        "sql": "SELECT 'folder 2026-11-29'",
         "parameters": [],
     }
 

@@ -267,7 +267,10 @@ async def test_pools_page_lists_every_pool_and_what_it_holds_escaped(
         "name", "slots", "running", "queued", "deferred", "open", "include_deferred",
         "description",
     ]  # fmt: skip
-    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in pools.split("<tr>")[2:]]
+    rows = [
+        [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in pools.split("<tr")[2:]
+    ]
     default = "the pool of every task that names none"
     assert rows == [
         # c is deferred in default_pool, which does not count it against its slots.
@@ -275,11 +278,15 @@ async def test_pools_page_lists_every_pool_and_what_it_holds_escaped(
         [f"etl{ESCAPED}", "3", "0", "0", "0", "3", "yes", ESCAPED],
     ]
     assert '<td class="num">128</td>' in pools
+    # Each count links to those tasks of the pool.
+    link = '<a href="/pool?name=default_pool&amp;tasks=deferred">1</a>'
+    assert f'<td class="num">{link}</td>' in pools
     # Counting deferred tasks, default_pool has one slot fewer open.
     await scene.store.set_pool("default_pool", 128, include_deferred=True)
     text = await page(client, "/pools")
-    numbers = "".join(f'<td class="num">{n}</td>' for n in (128, 0, 0, 1, 127))
-    assert f"<td>default_pool</td>{numbers}" in text
+    row = text[text.index(">default_pool</a>") :]
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+    assert cells[:5] == ["128", "0", "0", "1", "127"]
 
 
 async def test_a_build_without_pools_offers_no_pools_page(

@@ -9,6 +9,7 @@ first event it yields ends the wait. This module never imports the runtime
 from __future__ import annotations
 
 import abc
+import datetime as dt
 import hashlib
 import importlib
 import logging
@@ -44,10 +45,27 @@ MAX_KWARGS_BYTES = 64 * 1024
 #: Largest encoded event payload a trigger may yield.
 MAX_PAYLOAD_BYTES = 256 * 1024
 
+
 # Sorted keys make equal kwargs encode to equal bytes, which is what the
 # deduplication key and the rebuild check compare. MessagePack keeps aware
 # datetimes as datetimes across the round trip (JSON would turn them to text).
-_encoder = msgspec.msgpack.Encoder(order="sorted")
+def _stdlib_time(value: Any) -> Any:
+    """A subclass of a stdlib time type (pendulum's DateTime, Date, Time, Duration: the
+    template context's dates) as the stdlib value it stands for; anything else is refused."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            return dt.datetime.fromtimestamp(value.timestamp(), tz=dt.UTC)
+        return dt.datetime(*value.timetuple()[:6], value.microsecond)
+    if isinstance(value, dt.date):
+        return dt.date(value.year, value.month, value.day)
+    if isinstance(value, dt.time):
+        return dt.time(value.hour, value.minute, value.second, value.microsecond)
+    if isinstance(value, dt.timedelta):
+        return dt.timedelta(value.days, value.seconds, value.microseconds)
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+_encoder = msgspec.msgpack.Encoder(order="sorted", enc_hook=_stdlib_time)
 # (Values stored by triggers.values.encode_data carry extensions for dates, UUIDs, decimals.)
 _decoder = msgspec.msgpack.Decoder(ext_hook=decode_ext)
 

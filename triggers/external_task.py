@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, resolve_url
+from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, aresolve_url
 from triggers.polling import DEFAULT_POLL_INTERVAL_S, PollingTrigger
 from triggers.sqlfiles import load_queries
 from triggers.temporal import _aware
@@ -87,7 +87,7 @@ class TaskStateTrigger(PollingTrigger):
 
     async def check(self) -> Any:
         queries = load_queries("external_task.sql")
-        conn = await asyncpg.connect(resolve_url(self.conn))
+        conn = await asyncpg.connect(await aresolve_url(self.conn))
         try:
             row = await conn.fetchrow(
                 queries["external_state"], self.dag_id, self.logical_date, self.task_id

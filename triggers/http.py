@@ -11,7 +11,7 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 import aiohttp
 import msgspec
 
-from triggers.connections import resolve_url
+from triggers.connections import aresolve_url
 from triggers.polling import DEFAULT_POLL_INTERVAL_S, PollingTrigger, import_callable
 
 __all__ = ["CredentialsRefused", "HttpResponse", "HttpTrigger"]
@@ -111,11 +111,11 @@ class HttpTrigger(PollingTrigger):
             },
         )
 
-    def _target(self) -> tuple[str, dict[str, str]]:
+    async def _target(self) -> tuple[str, dict[str, str]]:
         """The full URL and the headers, with the connection's credentials as basic auth."""
         if self.conn_id is None:
             return self.url, self.headers
-        parts = urlsplit(resolve_url(self.conn_id))
+        parts = urlsplit(await aresolve_url(self.conn_id))
         headers = dict(self.headers)
         if parts.username is not None:
             # aiohttp.BasicAuth is deprecated and encode_basic_auth needs aiohttp 3.14: the
@@ -141,7 +141,7 @@ class HttpTrigger(PollingTrigger):
         return url, headers
 
     async def check(self) -> dict[str, Any] | None:
-        url, headers = self._target()
+        url, headers = await self._target()
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         try:
             async with (

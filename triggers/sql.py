@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from triggers.connections import resolve_url
+from triggers.connections import aresolve_url
 from triggers.polling import DEFAULT_POLL_INTERVAL_S, PollingTrigger
 
 __all__ = ["SqlTrigger"]
@@ -65,7 +65,7 @@ class SqlTrigger(PollingTrigger):
 
     async def check(self) -> Any:
         if self._connection is None or self._connection.is_closed():
-            self._connection = await asyncpg.connect(resolve_url(self.conn))
+            self._connection = await asyncpg.connect(await aresolve_url(self.conn))
         try:
             value = await self._connection.fetchval(self.sql, *self.parameters)
         except (asyncpg.PostgresConnectionError, ConnectionError, OSError) as exc:

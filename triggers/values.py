@@ -2,7 +2,7 @@
 
 :func:`encode_data` encodes what XComs and task results may hold: JSON's types (``None``,
 bools, ints, floats, strings, lists, dicts with string keys) plus ``datetime``, ``date``,
-``time``, ``UUID``, ``Decimal`` and ``bytes``, each read back as its own type by
+``time``, ``timedelta``, ``UUID``, ``Decimal`` and ``bytes``, each read back as its own type by
 :func:`triggers.base.decode_value` (which every reader of stored values uses). Tuples come
 back as lists. Anything else (an object, a function, a set, a dict with non-string keys) is a
 :class:`TypeError` naming its type, raised before anything is written.
@@ -27,6 +27,7 @@ _EXT_UUID = 2
 _EXT_DECIMAL = 3
 _EXT_NAIVE_DATETIME = 4
 _EXT_TIME = 5
+_EXT_TIMEDELTA = 6
 
 _encoder = msgspec.msgpack.Encoder(order="sorted")
 _PLAIN = (str, int, float, bool, bytes, type(None))
@@ -51,12 +52,19 @@ def _convert(value: Any, path: str) -> Any:
         return out
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None and value.utcoffset() is not None:
-            return value  # MessagePack's own timestamp, read back as an aware datetime
+            # MessagePack's own timestamp, read back as an aware datetime (in UTC); a subclass
+            # (pendulum's DateTime, the context's dates) as the stdlib value it stands for
+            if type(value) is not dt.datetime:
+                return dt.datetime.fromtimestamp(value.timestamp(), tz=dt.UTC)
+            return value
         return msgspec.msgpack.Ext(_EXT_NAIVE_DATETIME, value.isoformat().encode())
     if isinstance(value, dt.date):
         return msgspec.msgpack.Ext(_EXT_DATE, value.isoformat().encode())
     if isinstance(value, dt.time):
         return msgspec.msgpack.Ext(_EXT_TIME, value.isoformat().encode())
+    if isinstance(value, dt.timedelta):
+        parts = f"{value.days},{value.seconds},{value.microseconds}"
+        return msgspec.msgpack.Ext(_EXT_TIMEDELTA, parts.encode())
     if isinstance(value, uuid.UUID):
         return msgspec.msgpack.Ext(_EXT_UUID, value.bytes)
     if isinstance(value, decimal.Decimal):
@@ -89,4 +97,7 @@ def decode_ext(code: int, data: memoryview) -> Any:
         return dt.datetime.fromisoformat(raw.decode())
     if code == _EXT_TIME:
         return dt.time.fromisoformat(raw.decode())
+    if code == _EXT_TIMEDELTA:
+        days, seconds, micros = (int(p) for p in raw.decode().split(","))
+        return dt.timedelta(days=days, seconds=seconds, microseconds=micros)
     return msgspec.msgpack.Ext(code, raw)

@@ -19,7 +19,8 @@ err_console = Console(stderr=True)
 
 @click.group()
 def keys() -> None:
-    """Encryption keys of trigger kwargs, resume kwargs, events and results."""
+    """Encryption keys of trigger kwargs, resume kwargs, events, results, Variables and
+    connections."""
 
 
 @keys.command("generate")
@@ -56,7 +57,8 @@ def keys_generate(path: Path | None) -> None:
 )
 @click.pass_context
 def keys_rotate(ctx: click.Context, batch_size: int) -> None:
-    """Re-encrypt every stored value with the first (primary) key, online.
+    """Re-encrypt every stored value with the first (primary) key, online: trigger kwargs,
+    resume kwargs, events, results, Variables and connections' passwords and extras.
 
     Configure the keys as "NEW,OLD" in every process first (restart them), then run this;
     once it reports nothing left under an old key, OLD can be dropped. Exit 1 when some
@@ -72,7 +74,10 @@ def keys_rotate(ctx: click.Context, batch_size: int) -> None:
         try:
             if not store.keyring.encrypts:
                 raise click.UsageError("no encryption key is configured: nothing to rotate to")
-            return await store.rotate_keys(batch_size=batch_size)
+            counts = await store.rotate_keys(batch_size=batch_size)
+            # Variables and stored connections' secrets too.
+            more = await store.rotate_secret_values(batch_size=batch_size)
+            return {name: counts[name] + more[name] for name in counts}
         finally:
             await store.close()
 

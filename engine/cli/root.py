@@ -9,6 +9,7 @@ import click
 
 from engine.cli.common import PATH_TEXT, TEXT
 from engine.config import ConfigError, load, register_setting_secrets
+from engine.dags import defaults as dag_defaults
 from engine.masking import register_environment
 from engine.runtime import logs
 from engine.version import __version__
@@ -111,12 +112,18 @@ def cli(
     register_environment()
     register_setting_secrets(settings)
     logs.configure_logging(settings.log_level, settings.log_format)
+    # DAG files this command reads are declared with its settings (default_timezone, ...).
+    try:
+        dag_defaults.configure(settings)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     ctx.obj = {"settings": settings, "loaded": loaded}
 
 
 def _add_commands() -> None:
     from engine.cli import (
         config,
+        connections,
         dags,
         db,
         demo,
@@ -130,6 +137,7 @@ def _add_commands() -> None:
         tasks_test,
         tasks_xcom,
         triggers,
+        variables,
         webserver,
     )
 
@@ -147,6 +155,8 @@ def _add_commands() -> None:
         tasks.tasks,
         triggers.triggers,
         pools.pools,
+        variables.variables,
+        connections.connections,
         db.db,
         demo.demo,
         keys.keys,

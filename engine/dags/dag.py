@@ -12,7 +12,9 @@ from typing import Any
 
 import msgspec
 
+from engine.dags.defaults import authoring
 from engine.dags.timetables import (
+    ContinuousTimetable,
     ScheduleError,
     Timetable,
     dag_timezone,
@@ -80,11 +82,21 @@ class DAG:
     tasks, their order and when runs are created.
 
     ``schedule``: None (manual runs only: ``deferral dags trigger``), a cron expression, a
-    preset (``@once``, ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``) or a
-    ``datetime.timedelta``; see :mod:`engine.dags.timetables` for the data intervals. The DAG's
-    time zone is ``start_date``'s (naive: UTC). ``default_args`` apply to every task of the
-    DAG unless the task passes the argument itself; ``params`` are defaults that a run's
-    ``conf`` overrides, handed to tasks as ``context["params"]``.
+    preset (``@once``, ``@continuous``, ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``,
+    ``@quarterly``, ``@yearly``), a ``datetime.timedelta``, a
+    ``dateutil.relativedelta.relativedelta`` or a timetable (``CronTriggerTimetable``,
+    ``EventsTimetable``, one of your own); see :mod:`engine.dags.timetables`. The DAG's time
+    zone is ``start_date``'s; naive dates (``start_date``, ``end_date``) are read in the
+    ``default_timezone`` setting's zone (UTC unless set), as Airflow reads them.
+    ``default_args`` apply to every task of the DAG unless the task passes the argument
+    itself; ``params`` are defaults that a run's ``conf`` overrides, handed to tasks as
+    ``context["params"]``.
+
+    Templates: ``user_defined_macros`` (names every template of the DAG can use),
+    ``user_defined_filters``, ``render_template_as_native_obj`` (a field that is one
+    expression renders to its Python value, not text), ``template_undefined`` (the Jinja
+    ``Undefined`` class; strict by default) and ``jinja_environment_kwargs`` (more arguments
+    of the Jinja environment) are Airflow's; see docs/reference/templates.md.
 
     Template files (a templated field ending in an operator's ``template_ext``) are looked up
     in the DAG file's folder, then in the folders of ``template_searchpath``.
@@ -94,11 +106,11 @@ class DAG:
         self,
         dag_id: str,
         *,
-        schedule: str | dt.timedelta | None = None,
+        schedule: object = None,
         start_date: dt.datetime | None = None,
         end_date: dt.datetime | None = None,
         catchup: bool = False,
-        max_active_runs: int = DEFAULT_MAX_ACTIVE_RUNS,
+        max_active_runs: int | None = None,
         max_active_tasks: int | None = None,
         is_paused_upon_creation: bool = False,
         default_args: Mapping[str, Any] | None = None,
@@ -107,6 +119,11 @@ class DAG:
         description: str | None = None,
         fileloc: str | None = None,
         template_searchpath: _Paths | None = None,
+        user_defined_macros: Mapping[str, Any] | None = None,
+        user_defined_filters: Mapping[str, Callable[..., Any]] | None = None,
+        render_template_as_native_obj: bool = False,
+        template_undefined: type | None = None,
+        jinja_environment_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(dag_id, str) or not _DAG_ID.match(dag_id):
             raise ValueError(
@@ -117,18 +134,33 @@ class DAG:
         for name, value in (("start_date", start_date), ("end_date", end_date)):
             if value is not None and not isinstance(value, dt.datetime):
                 raise TypeError(f"DAG {dag_id}: {name} must be a datetime, got {value!r}")
-        #: The DAG's time zone: start_date's (naive: UTC); cron is evaluated in it.
-        self.timezone = dag_timezone(start_date)
-        self.start_date = None if start_date is None else to_aware(start_date, self.timezone)
-        self.end_date = None if end_date is None else to_aware(end_date, self.timezone)
+        settings = authoring()
+        #: The DAG's time zone: start_date's; naive dates are in the default_timezone setting's
+        #: (UTC unless set). Cron is evaluated in it.
+        self.timezone = dag_timezone(start_date, settings.default_timezone)
+        naive_tz = settings.default_timezone
+        self.start_date = None if start_date is None else to_aware(start_date, naive_tz)
+        self.end_date = None if end_date is None else to_aware(end_date, naive_tz)
         try:
-            self.timetable: Timetable = make_timetable(schedule, self.timezone)
+            self.timetable: Timetable = make_timetable(
+                schedule, self.timezone, cron_data_intervals=settings.create_cron_data_intervals
+            )
         except ScheduleError as exc:
             raise ScheduleError(f"DAG {dag_id}: schedule: {exc}") from None
         if self.timetable.periodic and self.start_date is None:
             raise ValueError(f"DAG {dag_id}: schedule {schedule!r} needs a start_date")
         self.schedule = schedule
-        self.catchup = bool(catchup)
+        # (A continuous DAG's next run is always the one after the last: nothing to catch up.)
+        continuous = isinstance(self.timetable, ContinuousTimetable)
+        self.catchup = bool(catchup) and not continuous
+        limit = self.timetable.active_runs_limit
+        if limit is not None and max_active_runs not in (None, limit):
+            raise ValueError(
+                f"DAG {dag_id}: schedule {self.timetable.summary} runs at most {limit} run(s) "
+                f"at once; max_active_runs={max_active_runs!r} cannot be used with it"
+            )
+        if max_active_runs is None:
+            max_active_runs = limit if limit is not None else DEFAULT_MAX_ACTIVE_RUNS
         if (
             not isinstance(max_active_runs, int)
             or isinstance(max_active_runs, bool)
@@ -162,6 +194,12 @@ class DAG:
             template_searchpath = [template_searchpath]
         #: Folders searched for template files after the DAG file's own folder.
         self.template_searchpath: list[str] = [os.fspath(p) for p in template_searchpath or ()]
+        self.user_defined_macros: dict[str, Any] = dict(user_defined_macros or {})
+        self.user_defined_filters: dict[str, Callable[..., Any]] = dict(user_defined_filters or {})
+        self.render_template_as_native_obj = bool(render_template_as_native_obj)
+        #: The Jinja ``Undefined`` class (None: strict, an undefined name is an error).
+        self.template_undefined = template_undefined
+        self.jinja_environment_kwargs: dict[str, Any] = dict(jinja_environment_kwargs or {})
         self.tasks: dict[str, BaseOperator] = {}
         self._tokens: list[Token[DagLike | None]] = []
         caller = sys._getframe(1).f_globals

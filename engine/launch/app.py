@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -16,6 +16,7 @@ import anyio
 
 from engine.config import Settings
 from engine.dags.dagbag import DagBag, add_to_sys_path
+from engine.dags.timetables.custom import allow_custom_timetables
 from engine.runtime import logs
 from engine.runtime.health import Check, HealthServer, WithHealth, database_check
 from engine.runtime.metrics import Metrics
@@ -34,6 +35,7 @@ from engine.security.keys import child_key_env
 from engine.store import Store, database_url, open_store
 from engine.triggerer import Triggerer
 from engine.usercode.logsink import LogLimits
+from engine.usercode.variables import bind_store
 from engine.worker.worker import Worker
 from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, connection_defaults
 
@@ -108,6 +110,8 @@ def make_triggerer(store: Store, settings: Settings, metrics: Metrics | None = N
 
 
 def make_scheduler(store: Store, settings: Settings, metrics: Metrics | None = None) -> Scheduler:
+    # A custom timetable's class is imported by path under the trigger classpaths' rule.
+    allow_custom_timetables(trigger_allow_list(settings))
     return Scheduler(
         store,
         (
@@ -124,10 +128,15 @@ def make_scheduler(store: Store, settings: Settings, metrics: Metrics | None = N
     )
 
 
-def engine_connections(store: Store) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def engine_connections(store: Store) -> Iterator[None]:
     """The connections an engine on ``store`` provides to the tasks and triggers it runs
-    within the block: ``deferral`` is its own database."""
-    return connection_defaults({DEFAULT_DEFERRAL_CONN_ID: store.url})
+    within the block: ``deferral`` is its own database, and the connections and Variables
+    stored in it (``deferral connections add``, ``deferral variables set``) are read through
+    ``store`` (after the environment's ``DEFERRAL_CONN_*`` / ``DEFERRAL_VAR_*``). Entered on
+    the running event loop."""
+    with connection_defaults({DEFAULT_DEFERRAL_CONN_ID: store.url}), bind_store(store):
+        yield
 
 
 class _Probed(Component, Protocol):

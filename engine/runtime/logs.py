@@ -142,7 +142,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     Library loggers (:data:`LIBRARY_LOGGERS`) show WARNING and above, or INFO and above when
     ``level`` is DEBUG."""
     # (While an engine process stores per-trigger and per-try logs, sys.stderr is a proxy
-    # (engine/usercode/logsink.py): the process's own log goes to the stream behind it.)
+    # (engine/usercode/capture.py): the process's own log goes to the stream behind it.)
     handler = logging.StreamHandler(getattr(sys.stderr, "_deferral_real", sys.stderr))
     handler.addFilter(_ContextFilter())
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())

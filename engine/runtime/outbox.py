@@ -28,8 +28,10 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
+
+import anyio
 
 from engine.runtime.crashpoints import crash_point
 from engine.runtime.retry import REFUSED_DATA_ERRORS, Backoff, with_db_retry
@@ -101,6 +103,8 @@ class Outbox(Generic[T, K, V]):
         self._flushed = Wakeup()
         #: Items in the write in flight (0: none).
         self.in_flight = 0
+        #: Held by the caller of :meth:`flush` writing (made on first use, on the loop).
+        self._flushing: anyio.Lock | None = None
 
     def __len__(self) -> int:
         """Items queued, not counting the write in flight."""
@@ -109,6 +113,11 @@ class Outbox(Generic[T, K, V]):
     def put(self, item: T) -> None:
         """Queue an item (on the loop); the writer picks it up at once or after its write."""
         self._queue.append(item)
+        self._wake.set()
+
+    def put_all(self, items: Iterable[T]) -> None:
+        """Queue items, in order (on the loop)."""
+        self._queue.extend(items)
         self._wake.set()
 
     def clear(self) -> None:
@@ -130,32 +139,51 @@ class Outbox(Generic[T, K, V]):
         while True:
             await self._wake.wait(None)
             while self._queue:
-                batch = self._take()
-                self.in_flight = len(batch)
                 try:
-                    if self._crash_before is not None:
-                        crash_point(self._crash_before)
-                    started = time.perf_counter()
-                    results = await self.write_batch(batch)
-                    if self._observe is not None:
-                        self._observe(len(batch), time.perf_counter() - started)
-                except _Unwritten as stuck:  # some written alone before the error
-                    self._queue[:0] = stuck.rest
-                    self.in_flight = 0
-                    self._on_written(batch[: len(batch) - len(stuck.rest)], stuck.results)
-                    await backoff.wait(self.what, stuck.error)
+                    await self._write_next()
+                except Exception as exc:  # not transient, not about one item's data: the
+                    await backoff.wait(self.what, exc)  # batch is queued again; pause, retry
                     continue
-                except Exception as exc:  # not transient, not about one item's data: keep
-                    self._queue[:0] = batch  # the batch, pause, and try it again
-                    await backoff.wait(self.what, exc)
-                    continue
-                finally:
-                    self.in_flight = 0
-                if self._crash_after is not None:
-                    crash_point(self._crash_after)
                 backoff.reset()
-                self._on_written(batch, results)
             self._flushed.set()
+
+    async def flush(self) -> None:
+        """Write everything queued, batch after batch, in the calling task: for an owner that
+        decides itself when to write, instead of running the writer (:meth:`run`). Raises what
+        the writer would pause on (the unwritten items stay queued, first). One caller writes
+        at a time; the others wait for it, then write what is left."""
+        if self._flushing is None:
+            self._flushing = anyio.Lock()
+        async with self._flushing:
+            while self._queue:
+                await self._write_next()
+
+    async def _write_next(self) -> None:
+        """Write the next batch and tell ``on_written``. Raises what is neither transient nor
+        about one item's data; the items not written then (and on cancellation: all of the
+        batch, whether or not its write went through) go back to the head of the queue."""
+        batch = self._take()
+        self.in_flight = len(batch)
+        try:
+            if self._crash_before is not None:
+                crash_point(self._crash_before)
+            started = time.perf_counter()
+            results = await self.write_batch(batch)
+            if self._observe is not None:
+                self._observe(len(batch), time.perf_counter() - started)
+        except _Unwritten as stuck:  # some written alone before the error
+            self._queue[:0] = stuck.rest
+            self.in_flight = 0
+            self._on_written(batch[: len(batch) - len(stuck.rest)], stuck.results)
+            raise stuck.error from None
+        except BaseException:
+            self._queue[:0] = batch
+            raise
+        finally:
+            self.in_flight = 0
+        if self._crash_after is not None:
+            crash_point(self._crash_after)
+        self._on_written(batch, results)
 
     def _take(self) -> list[T]:
         count, size = 0, 0

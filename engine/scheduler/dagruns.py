@@ -99,7 +99,13 @@ def _runs_due(due: DueDag, timetable: Timetable) -> tuple[list[DagRunInfo], Next
         # Only the latest complete interval, however long the DAG was paused or the
         # schedulers were down.
         latest = timetable.next_dagrun_info(last=None, **kwargs)
-        if latest is not None and latest.logical_date > stored.logical_date:
+        # (Only a run due by now replaces the stored one: a timetable of the user's own that
+        # proposes a later, unended interval must not cost the stored run.)
+        if (
+            latest is not None
+            and latest.logical_date > stored.logical_date
+            and latest.run_after <= now
+        ):
             stored = latest
     infos: list[DagRunInfo] = []
     info: DagRunInfo | None = stored

@@ -124,23 +124,30 @@ WHERE d.dag_id = u.dag_id;
 -- name: due_dags
 -- Lock up to $1 unpaused DAGs whose next scheduled run may be created now (by the partial
 -- index deferral_dags_due: the DAGs not due are not read). SKIP LOCKED: another scheduler
--- creating runs of a DAG is not waited for; it does that DAG.
+-- creating runs of a DAG is not waited for; it does that DAG. A @continuous DAG is due only
+-- once none of its runs is queued or running (its next run starts when the last ended).
 SELECT dag_id, timetable, start_date, end_date, catchup,
        next_dagrun_data_interval_start, next_dagrun_data_interval_end, next_dagrun_create_after,
        now() AS db_now
-FROM deferral_dags
+FROM deferral_dags d
 WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL
   AND next_dagrun_create_after <= now()
+  AND NOT (d.timetable->>'kind' = 'continuous' AND EXISTS (
+      SELECT 1 FROM deferral_dag_runs r
+      WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')))
 ORDER BY next_dagrun_create_after
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
 -- name: next_due
 -- Seconds until the earliest unpaused DAG's next scheduled run may be created (database
--- clock; null: none).
+-- clock; null: none). A @continuous DAG with a run not ended counts only once it ended.
 SELECT EXTRACT(EPOCH FROM min(next_dagrun_create_after) - now())::double precision AS next_in
-FROM deferral_dags
-WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL;
+FROM deferral_dags d
+WHERE NOT is_paused AND next_dagrun_create_after IS NOT NULL
+  AND NOT (d.timetable->>'kind' = 'continuous' AND EXISTS (
+      SELECT 1 FROM deferral_dag_runs r
+      WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')));
 
 -- name: insert_runs
 -- Create runs as 'queued' (no task instances yet: start_queued_runs creates them), at most one
@@ -244,6 +251,17 @@ WITH reset AS (
             '{}'::jsonb)
     WHERE r.id = ANY ($1::bigint[]) AND r.state IN ('success', 'failed')
     RETURNING r.id
+), archived AS (
+    -- the tries the task instances reached, kept for the tries' pages
+    INSERT INTO deferral_task_tries (dag_id, run_id, task_id, try_number, state, queued_at,
+                                     started_at, resumed_at, deferred_at, fired_at, ended_at,
+                                     error, rendered_fields)
+    SELECT ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.state, ti.try_queued_at,
+           ti.try_started_at, ti.started_at, ti.deferred_at, ti.fired_at, ti.ended_at,
+           ti.error, ti.rendered_fields
+    FROM deferral_task_instances ti JOIN reset ON ti.dag_run_id = reset.id
+    WHERE ti.try_number > 0 AND ti.first_try_at IS NOT NULL  -- (see clear_tasks)
+    ON CONFLICT DO NOTHING
 ), cleared AS (
     DELETE FROM deferral_task_instances ti USING reset WHERE ti.dag_run_id = reset.id
 )
@@ -421,6 +439,14 @@ WITH admitted AS MATERIALIZED (
                               THEN ti.error ELSE ti.previous_error END,
         error = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
                      THEN NULL ELSE ti.error END,
+        -- the try's spans (the Gantt view): a new try was due since its run_after; a resume's
+        -- run_after is when its trigger fired
+        try_queued_at = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                             THEN ti.run_after ELSE ti.try_queued_at END,
+        deferred_at = CASE WHEN ti.next_method IS NULL AND ti.state <> 'up_for_reschedule'
+                           THEN NULL ELSE ti.deferred_at END,
+        fired_at = CASE WHEN ti.next_method IS NOT NULL THEN ti.run_after
+                        WHEN ti.state <> 'up_for_reschedule' THEN NULL ELSE ti.fired_at END,
         ended_at = NULL
     FROM deferral_dag_runs r
     -- (By an array of ids, as claim_triggers: a join with the function's rows was planned as
@@ -551,7 +577,7 @@ WITH held AS (
     UPDATE deferral_task_instances ti
     SET state = 'deferred', trigger_id = trig.id, trigger_timeout_at = deadline.at,
         deadline_kind = deadline.kind, next_method = $7, next_kwargs = $8, next_event = NULL,
-        worker_id = NULL
+        worker_id = NULL, deferred_at = now()
     FROM trig, deadline
     WHERE ti.id = $1
     RETURNING ti.id
@@ -1252,27 +1278,25 @@ SELECT (SELECT count(*) FROM deferral_task_instances
 
 -- name: dags_overview
 -- Every known DAG with its task count, schedule, paused flag, next scheduled run, and its latest
--- runs (newest first, up to $1 of them: run id and state).
+-- runs (newest first, by logical date as the grid shows them, up to $1 of them: run id and
+-- state); those whose id holds $2 or with a tag $2 (any case; null: all), whose latest run is
+-- in state $3 (null: any) and paused or not as $4 says (null: either).
 SELECT d.dag_id, d.fileloc, jsonb_array_length(d.tasks) AS tasks, d.description, d.updated_at,
        d.schedule, d.is_paused, d.next_dagrun, d.next_dagrun_create_after, d.is_active,
        COALESCE((SELECT jsonb_agg(jsonb_build_object('run_id', r.run_id, 'state', r.state)
-                                  ORDER BY r.id DESC)
-                 FROM (SELECT id, run_id, state FROM deferral_dag_runs
-                       WHERE dag_id = d.dag_id ORDER BY id DESC LIMIT $1) r),
+                                  ORDER BY r.logical_date DESC, r.id DESC)
+                 FROM (SELECT id, run_id, state, logical_date FROM deferral_dag_runs
+                       WHERE dag_id = d.dag_id ORDER BY logical_date DESC, id DESC
+                       LIMIT $1) r),
                 '[]'::jsonb) AS last_runs
 FROM deferral_dags d
+WHERE ($2::text IS NULL OR strpos(lower(d.dag_id), lower($2)) > 0
+       OR lower($2) = ANY (SELECT lower(tag) FROM unnest(d.tags) tag))
+  AND ($3::text IS NULL
+       OR $3 = (SELECT state FROM deferral_dag_runs
+                WHERE dag_id = d.dag_id ORDER BY logical_date DESC, id DESC LIMIT 1))
+  AND ($4::boolean IS NULL OR d.is_paused = $4)
 ORDER BY d.dag_id;
-
--- name: dag_runs
--- The latest $2 runs of DAG $1, newest first, with how many of their tasks are in each state.
-SELECT r.id, r.dag_id, r.run_id, r.logical_date, r.conf, r.state, r.created_at, r.ended_at,
-       (SELECT COALESCE(jsonb_object_agg(s.state, s.n), '{}'::jsonb)
-        FROM (SELECT ti.state, count(*) AS n FROM deferral_task_instances ti
-              WHERE ti.dag_run_id = r.id GROUP BY ti.state) s) AS task_counts
-FROM deferral_dag_runs r
-WHERE r.dag_id = $1
-ORDER BY r.id DESC
-LIMIT $2;
 
 -- name: run_task_grid
 -- The task instances of one run, for the run's grid: state, try, times and duration; those in
@@ -1326,19 +1350,6 @@ WHERE ($1::text IS NULL OR strpos(t.classpath, $1) > 0)
 ORDER BY t.created_at, t.id
 LIMIT $4;
 
--- name: trigger_class_counts
--- How many triggers of each class exist, how many are held, and how many tasks wait on them.
-SELECT t.classpath, count(*)::int AS triggers,
-       count(t.triggerer_id)::int AS held,
-       COALESCE(sum(w.n), 0)::int AS waiting
-FROM deferral_triggers t
-LEFT JOIN LATERAL (
-    SELECT count(*) AS n FROM deferral_task_instances ti
-    WHERE ti.trigger_id = t.id AND ti.state = 'deferred'
-) w ON true
-GROUP BY t.classpath
-ORDER BY count(*) DESC, t.classpath;
-
 -- name: oldest_waits
 -- The $1 deferred task instances that have waited longest (on their trigger's age), with the
 -- trigger's class and owner.
@@ -1351,6 +1362,144 @@ WHERE ti.state = 'deferred'
 ORDER BY t.created_at, ti.id
 LIMIT $1;
 
+-- name: dag_runs_page
+-- A page of DAG $1's runs for its grid, newest first (logical date, then id), filtered by
+-- state ($2, null: any), run type ($3) and logical date in [$4, $5) (null: unbounded); $6 rows
+-- after skipping $7. (The bounds as COALESCEs, not "IS NULL OR": every plan reads the range
+-- from deferral_dag_runs_dag_date, also a generic one.)
+SELECT r.id, r.dag_id, r.run_id, r.run_type, r.state, r.logical_date, r.data_interval_start,
+       r.data_interval_end, r.created_at, r.started_at, r.ended_at
+FROM deferral_dag_runs r
+WHERE r.dag_id = $1 AND ($2::text IS NULL OR r.state = $2)
+  AND ($3::text IS NULL OR r.run_type = $3)
+  AND r.logical_date >= COALESCE($4::timestamptz, '-infinity')
+  AND r.logical_date < COALESCE($5::timestamptz, 'infinity')
+ORDER BY r.logical_date DESC, r.id DESC
+LIMIT $6 OFFSET $7;
+
+-- name: count_dag_runs
+-- How many runs dag_runs_page can page through (the same filters).
+SELECT count(*)::int AS n
+FROM deferral_dag_runs r
+WHERE r.dag_id = $1 AND ($2::text IS NULL OR r.state = $2)
+  AND ($3::text IS NULL OR r.run_type = $3)
+  AND r.logical_date >= COALESCE($4::timestamptz, '-infinity')
+  AND r.logical_date < COALESCE($5::timestamptz, 'infinity');
+
+-- name: runs_page
+-- A page of every DAG's runs, newest first, filtered by state ($1), run type ($2) and logical
+-- date in [$3, $4) as dag_runs_page; $5 rows after skipping $6.
+SELECT r.id, r.dag_id, r.run_id, r.run_type, r.state, r.logical_date, r.data_interval_start,
+       r.data_interval_end, r.created_at, r.started_at, r.ended_at
+FROM deferral_dag_runs r
+WHERE ($1::text IS NULL OR r.state = $1) AND ($2::text IS NULL OR r.run_type = $2)
+  AND r.logical_date >= COALESCE($3::timestamptz, '-infinity')
+  AND r.logical_date < COALESCE($4::timestamptz, 'infinity')
+ORDER BY r.logical_date DESC, r.id DESC
+LIMIT $5 OFFSET $6;
+
+-- name: count_runs
+-- How many runs runs_page can page through.
+SELECT count(*)::int AS n
+FROM deferral_dag_runs r
+WHERE ($1::text IS NULL OR r.state = $1) AND ($2::text IS NULL OR r.run_type = $2)
+  AND r.logical_date >= COALESCE($3::timestamptz, '-infinity')
+  AND r.logical_date < COALESCE($4::timestamptz, 'infinity');
+
+-- name: grid_cells
+-- The grid's cells: for runs $1, the task instances of each task (of tasks $2 only; null:
+-- all), one row per run and task with how many are in each state and the latest try. Grouped
+-- by run and task, not one row per task instance: the instances of a mapped task (a map index
+-- beside the task id) are one cell with their counts.
+SELECT c.dag_run_id, c.task_id, sum(c.n)::int AS instances,
+       jsonb_object_agg(c.state, c.n) AS states, max(c.try_number) AS try_number
+FROM (
+    SELECT ti.dag_run_id, ti.task_id, ti.state, count(*)::int AS n,
+           max(ti.try_number) AS try_number
+    FROM deferral_task_instances ti
+    WHERE ti.dag_run_id = ANY ($1::bigint[])
+      AND ($2::text[] IS NULL OR ti.task_id = ANY ($2::text[]))
+    GROUP BY ti.dag_run_id, ti.task_id, ti.state
+) c
+GROUP BY c.dag_run_id, c.task_id;
+
+-- name: task_tries
+-- Every recorded try of one task instance ($1 DAG, $2 run, $3 task), oldest first: those kept
+-- in deferral_task_tries and its current one (current: true; started: false when it was
+-- cleared and not claimed since, and holds nothing of a try), with the database's now.
+SELECT k.try_number, k.state, k.queued_at, k.started_at, k.resumed_at, k.deferred_at,
+       k.fired_at, k.ended_at, k.error, k.rendered_fields, false AS current, true AS started,
+       NULL::timestamptz AS run_after, now() AS db_now
+FROM deferral_task_tries k
+WHERE k.dag_id = $1 AND k.run_id = $2 AND k.task_id = $3
+UNION ALL
+SELECT ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at, ti.started_at,
+       ti.deferred_at, ti.fired_at, ti.ended_at, ti.error, ti.rendered_fields, true,
+       ti.first_try_at IS NOT NULL, ti.run_after, now()
+FROM deferral_task_instances ti
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+ORDER BY 1, 11;
+
+-- name: run_tries
+-- The tries of a page of one run's task instances (run $1: DAG $2, run id $3; $4 task
+-- instances in the DAG's order after skipping $5) for its Gantt view, as task_tries: the
+-- kept ones and the current one of each.
+WITH page AS (
+    SELECT ti.id, ti.task_id, ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at,
+           ti.started_at, ti.deferred_at, ti.fired_at, ti.ended_at, ti.first_try_at,
+           ti.run_after
+    FROM deferral_task_instances ti
+    WHERE ti.dag_run_id = $1
+    ORDER BY ti.id
+    LIMIT $4 OFFSET $5
+)
+SELECT p.id AS ti_id, p.task_id, k.try_number, k.state, k.queued_at, k.started_at,
+       k.resumed_at, k.deferred_at, k.fired_at, k.ended_at, false AS current, true AS started,
+       NULL::timestamptz AS run_after, now() AS db_now
+FROM page p
+JOIN deferral_task_tries k ON k.dag_id = $2 AND k.run_id = $3 AND k.task_id = p.task_id
+UNION ALL
+SELECT p.id, p.task_id, p.try_number, p.state, p.try_queued_at, p.try_started_at,
+       p.started_at, p.deferred_at, p.fired_at, p.ended_at, true, p.first_try_at IS NOT NULL,
+       p.run_after, now()
+FROM page p
+ORDER BY 1, 3, 11;
+
+-- name: trigger_groups
+-- The triggers by class and owner (null: unowned): how many, how many tasks wait on them, and
+-- since when the oldest waits (its trigger's creation). The page sums them by class and by
+-- triggerer. (The waiting tasks counted in one read of the deferred ones, not a look-up per
+-- trigger.)
+WITH waits AS (
+    SELECT ti.trigger_id, count(*) AS n FROM deferral_task_instances ti
+    WHERE ti.state = 'deferred'
+    GROUP BY ti.trigger_id
+)
+SELECT t.classpath, t.triggerer_id, count(*)::int AS triggers,
+       COALESCE(sum(w.n), 0)::int AS waiting, min(t.created_at) AS oldest_since,
+       extract(epoch FROM now() - min(t.created_at))::float8 AS oldest_age_s
+FROM deferral_triggers t
+LEFT JOIN waits w ON w.trigger_id = t.id
+GROUP BY t.classpath, t.triggerer_id
+ORDER BY t.classpath, t.triggerer_id NULLS FIRST;
+
+-- name: pool_tasks
+-- A page of the task instances pool $1 holds or will admit, in states $2 (due ones only when
+-- $3: runnable tasks waiting for admission), highest priority first as admission reads them;
+-- $4 rows after skipping $5.
+SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.pool_slots,
+       ti.priority, ti.run_after, ti.started_at, ti.worker_id, ti.trigger_id
+FROM deferral_task_instances ti
+WHERE ti.pool = $1 AND ti.state = ANY ($2::text[]) AND (NOT $3 OR ti.run_after <= now())
+ORDER BY ti.priority DESC, ti.run_after, ti.id
+LIMIT $4 OFFSET $5;
+
+-- name: count_pool_tasks
+-- How many task instances pool_tasks can page through.
+SELECT count(*)::int AS n
+FROM deferral_task_instances ti
+WHERE ti.pool = $1 AND ti.state = ANY ($2::text[]) AND (NOT $3 OR ti.run_after <= now());
+
 -- name: clear_tasks
 -- Clear task instances $1 ($2 who did it, $3 how), as Airflow's clear: each runs again. The
 -- try number is kept (the next claim counts it up) and the retries start again (retries become
@@ -1362,11 +1511,26 @@ LIMIT $1;
 -- latest try; its run runs again if it had ended. Returns one row per task instance cleared.
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
-           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag
+           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag,
+           ti.try_queued_at, ti.try_started_at, ti.started_at, ti.deferred_at, ti.fired_at,
+           ti.ended_at, ti.error, ti.rendered_fields, ti.first_try_at
     FROM deferral_task_instances ti
     WHERE ti.id = ANY ($1::bigint[])
     ORDER BY ti.id
     FOR UPDATE
+), archived AS (
+    -- the cleared try as it stood, for its page (the next claim starts a new try). Not a try
+    -- cleared before and not claimed since (first_try_at goes with a clear and comes back
+    -- with a claim): that one was kept by the first clear, and holds nothing of its own now.
+    INSERT INTO deferral_task_tries (dag_id, run_id, task_id, try_number, state, queued_at,
+                                     started_at, resumed_at, deferred_at, fired_at, ended_at,
+                                     error, rendered_fields)
+    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, o.state, o.try_queued_at,
+           o.try_started_at, o.started_at, o.deferred_at, o.fired_at,
+           COALESCE(o.ended_at, now()), o.error, o.rendered_fields
+    FROM old o
+    WHERE o.try_number > 0 AND o.first_try_at IS NOT NULL
+    ON CONFLICT DO NOTHING
 ), cleared AS (
     UPDATE deferral_task_instances ti
     SET state = CASE WHEN cardinality(ti.upstream) = 0 OR ti.trigger_rule = 'always'
@@ -1918,6 +2082,116 @@ SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active
 FROM deferral_dag_runs r
 LEFT JOIN deferral_dags d ON d.dag_id = r.dag_id
 WHERE r.dag_id = $1 AND r.run_id = $2;
+
+-- ---------------------------------------------------------------------------------------------
+-- Variables, Connections and the previous successful run: what task code and templates read
+-- at run time (engine/store/variables.py). A Variable's value and a Connection's secrets are
+-- stored encrypted by the caller (the store's keyring); these statements never see plaintext.
+
+-- name: set_variable
+-- Create or replace Variable $1 with the sealed value $2; description $3 and is_secret $4
+-- stay as they were when null. Returns whether it was created.
+INSERT INTO deferral_variables (key, value, description, is_secret)
+VALUES ($1, $2, $3, COALESCE($4::boolean, false))
+ON CONFLICT (key) DO UPDATE
+SET value = EXCLUDED.value,
+    description = COALESCE($3, deferral_variables.description),
+    is_secret = COALESCE($4::boolean, deferral_variables.is_secret),
+    updated_at = now()
+RETURNING (xmax = 0) AS created;
+
+-- name: get_variable
+-- Variable $1 (its value sealed).
+SELECT key, value, description, is_secret, updated_at FROM deferral_variables WHERE key = $1;
+
+-- name: list_variables
+-- Every Variable, by key.
+SELECT key, value, description, is_secret, updated_at FROM deferral_variables ORDER BY key;
+
+-- name: delete_variable
+-- Delete Variable $1; whether it existed.
+WITH gone AS (DELETE FROM deferral_variables WHERE key = $1 RETURNING 1)
+SELECT count(*) > 0 FROM gone;
+
+-- name: add_connection
+-- Store connection $1 unless one of that id exists; whether it was stored.
+WITH added AS (
+    INSERT INTO deferral_connections
+        (conn_id, conn_type, host, schema, login, port, secrets, description)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (conn_id) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) > 0 FROM added;
+
+-- name: replace_connection
+-- Store connection $1, replacing one of that id; whether it was created.
+INSERT INTO deferral_connections
+    (conn_id, conn_type, host, schema, login, port, secrets, description)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (conn_id) DO UPDATE
+SET conn_type = EXCLUDED.conn_type, host = EXCLUDED.host, schema = EXCLUDED.schema,
+    login = EXCLUDED.login, port = EXCLUDED.port, secrets = EXCLUDED.secrets,
+    description = EXCLUDED.description, updated_at = now()
+RETURNING (xmax = 0) AS created;
+
+-- name: get_connection
+-- Connection $1 (its secrets sealed).
+SELECT conn_id, conn_type, host, schema, login, port, secrets, description, updated_at
+FROM deferral_connections WHERE conn_id = $1;
+
+-- name: list_connections
+-- Every stored connection, by id.
+SELECT conn_id, conn_type, host, schema, login, port, secrets, description, updated_at
+FROM deferral_connections ORDER BY conn_id;
+
+-- name: delete_connection
+-- Delete connection $1; whether it existed.
+WITH gone AS (DELETE FROM deferral_connections WHERE conn_id = $1 RETURNING 1)
+SELECT count(*) > 0 FROM gone;
+
+-- name: rotation_variables
+-- Key rotation: the next $2 Variables after key $1, with their sealed values.
+SELECT key AS id, value FROM deferral_variables WHERE key > $1 ORDER BY key LIMIT $2;
+
+-- name: rotate_variable_values
+-- Key rotation: set each Variable $1[i] to $3[i] if its value is still $2[i] (unchanged since
+-- it was read); how many were rewritten.
+WITH done AS (
+    UPDATE deferral_variables v SET value = u.new
+    FROM unnest($1::text[], $2::bytea[], $3::bytea[]) AS u(key, old, new)
+    WHERE v.key = u.key AND v.value = u.old
+    RETURNING 1
+)
+SELECT count(*)::integer FROM done;
+
+-- name: rotation_connections
+-- Key rotation: the next $2 connections with secrets after id $1.
+SELECT conn_id AS id, secrets AS value FROM deferral_connections
+WHERE conn_id > $1 AND secrets IS NOT NULL ORDER BY conn_id LIMIT $2;
+
+-- name: rotate_connection_secrets
+-- Key rotation: set each connection $1[i]'s secrets to $3[i] if they are still $2[i].
+WITH done AS (
+    UPDATE deferral_connections c SET secrets = u.new
+    FROM unnest($1::text[], $2::bytea[], $3::bytea[]) AS u(conn_id, old, new)
+    WHERE c.conn_id = u.conn_id AND c.secrets = u.old
+    RETURNING 1
+)
+SELECT count(*)::integer FROM done;
+
+-- name: prev_success_run
+-- The latest successful run of DAG $1 before logical date $2: its data interval (a run made
+-- before runs had data intervals, migration 0009, spans its logical date) and when it started
+-- and ended (the template variables prev_*_success). Runs only when a template or a callable
+-- asks for one of them.
+SELECT COALESCE(data_interval_start, logical_date) AS data_interval_start,
+       COALESCE(data_interval_end, logical_date) AS data_interval_end,
+       COALESCE(started_at, created_at) AS start_date, ended_at AS end_date
+FROM deferral_dag_runs
+WHERE dag_id = $1 AND state = 'success' AND logical_date < $2
+ORDER BY logical_date DESC
+LIMIT 1;
 
 -- XComs (engine/store/xcom.py). A task's return value is its result column; the values it
 -- pushed under other keys are rows of deferral_xcom, each of the try that pushed it: a row of

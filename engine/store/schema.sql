@@ -76,6 +76,10 @@ CREATE UNIQUE INDEX deferral_dag_runs_interval ON deferral_dag_runs (dag_id, log
 -- Runs not ended yet, per DAG, oldest first (admission behind max_active_runs).
 CREATE INDEX deferral_dag_runs_active ON deferral_dag_runs (dag_id, logical_date)
     WHERE state IN ('queued', 'running');
+-- The runs newest first (logical date, then id): a DAG's for its grid, and all of them (the
+-- status page; added by 0016).
+CREATE INDEX deferral_dag_runs_dag_date ON deferral_dag_runs (dag_id, logical_date, id);
+CREATE INDEX deferral_dag_runs_date ON deferral_dag_runs (logical_date, id);
 
 CREATE TABLE deferral_workers (
     id           bigserial PRIMARY KEY,
@@ -203,6 +207,12 @@ CREATE TABLE deferral_task_instances (
     queue                     text NOT NULL DEFAULT 'default',
     max_active_tis_per_dag    integer CHECK (max_active_tis_per_dag >= 1),
     trigger_queue             text NOT NULL DEFAULT 'default',
+    -- the spans of the current try (added by 0016, for the status page's Gantt view): when it
+    -- became due (its run_after when claimed), when it last deferred, when its trigger last
+    -- fired (the resume's run_after, copied by the claim that resumes it)
+    try_queued_at             timestamptz,
+    deferred_at               timestamptz,
+    fired_at                  timestamptz,
     UNIQUE (dag_run_id, task_id)
 );
 CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)
@@ -214,6 +224,56 @@ CREATE INDEX deferral_ti_running ON deferral_task_instances (worker_id) WHERE st
 CREATE INDEX deferral_ti_pending ON deferral_task_instances (dag_run_id) WHERE state = 'pending';
 CREATE INDEX deferral_ti_run_state ON deferral_task_instances (dag_run_id, state);
 CREATE INDEX deferral_ti_names ON deferral_task_instances (dag_id, run_id, task_id);
+
+-- Added by 0016.
+-- The tries of task instances that were followed by another try (a retry, a clear) or whose
+-- task instance went (a backfill reprocessed its run): the try as it stood then, its state
+-- the one it ended in (up_for_retry for a failed try that was retried). The current try of
+-- a task instance is its row in deferral_task_instances. Keyed by names, as the logs are:
+-- a reprocessed run's new task instances number their tries on from the old ones.
+CREATE TABLE deferral_task_tries (
+    dag_id          text NOT NULL,
+    run_id          text NOT NULL,
+    task_id         text NOT NULL,
+    try_number      integer NOT NULL,
+    state           text NOT NULL,
+    queued_at       timestamptz,
+    started_at      timestamptz,
+    -- its latest claim (a resume or a reschedule continues a try), its latest deferral and
+    -- when that deferral's trigger fired
+    resumed_at      timestamptz,
+    deferred_at     timestamptz,
+    fired_at        timestamptz,
+    ended_at        timestamptz,
+    error           text,
+    rendered_fields jsonb,
+    recorded_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (dag_id, run_id, task_id, try_number)
+);
+
+-- A try is archived when the next one starts: the claim that counts try_number up. By a
+-- trigger, not in claim_tasks: that statement's snapshot predates the admission's lock, so the
+-- row it would read may be older than the try being ended (a try that failed and was retried
+-- while the claim waited), where a trigger sees the row as it was updated. Only a claim sets
+-- try_number, and only a new try raises it: the trigger fires for nothing else. A cleared try
+-- was archived by clear_tasks before it was reset (a clear empties first_try_at, which a
+-- claim sets again): the cleared row holds nothing of that try any more, and is not kept.
+CREATE FUNCTION deferral_archive_try() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO deferral_task_tries (dag_id, run_id, task_id, try_number, state, queued_at,
+                                     started_at, resumed_at, deferred_at, fired_at, ended_at,
+                                     error, rendered_fields)
+    VALUES (OLD.dag_id, OLD.run_id, OLD.task_id, OLD.try_number, OLD.state, OLD.try_queued_at,
+            OLD.try_started_at, OLD.started_at, OLD.deferred_at, OLD.fired_at, OLD.ended_at,
+            OLD.error, OLD.rendered_fields)
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER deferral_ti_new_try AFTER UPDATE OF try_number ON deferral_task_instances
+    FOR EACH ROW WHEN (NEW.try_number > OLD.try_number AND OLD.try_number > 0
+                   AND OLD.first_try_at IS NOT NULL)
+    EXECUTE FUNCTION deferral_archive_try();
 
 -- When a failed try may run again, and when: the retry policy lives here, in one place, because
 -- workers, triggerers (trigger errors, deferral timeouts) and the scheduler (zombies) all fail tasks.
@@ -305,6 +365,29 @@ CREATE TABLE deferral_pools (
 INSERT INTO deferral_pools (name, slots, description)
 VALUES ('default_pool', 128, 'the pool of every task that names none');
 
+-- Variables and Connections (added by 0017): values a task reads at run time. A Variable's
+-- value and a Connection's password and extra are encrypted with the store's keys.
+CREATE TABLE deferral_variables (
+    key         text PRIMARY KEY CHECK (key <> '' AND length(key) <= 250),
+    value       bytea NOT NULL,
+    description text,
+    -- masked wherever the engine shows it, whatever its key is called
+    is_secret   boolean NOT NULL DEFAULT false,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE deferral_connections (
+    conn_id     text PRIMARY KEY CHECK (conn_id <> '' AND length(conn_id) <= 250),
+    conn_type   text,
+    host        text,
+    schema      text,
+    login       text,
+    port        integer CHECK (port BETWEEN 0 AND 65535),
+    -- {"password": ..., "extra": {...}} as JSON, encrypted (null: neither)
+    secrets     bytea,
+    description text,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
 -- the deferred tasks of a pool, and those whose trigger fired until a worker claims them:
 -- counted when the pool includes deferred tasks
 CREATE INDEX deferral_ti_deferred_pool ON deferral_task_instances (pool)
@@ -351,7 +434,7 @@ CREATE TABLE deferral_stopping_tries (
 );
 CREATE INDEX deferral_stopping_tries_worker ON deferral_stopping_tries (worker_id);
 
--- XComs pushed under keys of their own (context["ti"].xcom_push; added by 0016); a task's
+-- XComs pushed under keys of their own (context["ti"].xcom_push; added by 0018); a task's
 -- return value (key 'return_value') is its result column. A row belongs to the try that
 -- pushed it: readers compare try_number with the task instance's. value is encrypted at rest.
 CREATE TABLE deferral_xcom (

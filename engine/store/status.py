@@ -1,7 +1,8 @@
 """The store's part for the status page (engine/web/) and the schedulers' registry: reads of
 the fleet, DAGs, runs, task tries and triggers, and the page's trigger cancel, written to the
 audit table (marks and clears: engine/store/overrides.py). Mixed into
-:class:`engine.store.store.Store`; none of it is on a hot path."""
+:class:`engine.store.store.Store`; none of it is on a hot path. The reads of the page's views
+(grid, Gantt, tries, searches): engine/store/browse.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import asyncpg
 import msgspec
 
 from engine.security.keys import Keyring, UnreadableValue
+from engine.store.browse import BrowseReads
 from engine.store.models import (
     AuditRow,
     Backlog,
@@ -23,10 +25,8 @@ from engine.store.models import (
     GridCell,
     MovedTask,
     OldestWait,
-    RunSummary,
     SchedulerRow,
     TaskTry,
-    TriggerClassCount,
     TriggerListing,
     WorkerRow,
 )
@@ -44,7 +44,7 @@ def _rows(records: Sequence[asyncpg.Record], type_: type[Any]) -> list[Any]:
     return msgspec.convert([dict(r) for r in records], list[type_])  # type: ignore[valid-type]
 
 
-class StatusReads:
+class StatusReads(BrowseReads):
     """Store methods for the status page. Expects the Store's pool, queries and keyring."""
 
     _pool: asyncpg.Pool
@@ -89,11 +89,18 @@ class StatusReads:
             backlog=msgspec.convert(dict(backlog), Backlog),
         )
 
-    async def dags_overview(self, runs: int = 10) -> list[DagOverview]:
-        return _rows(await self._pool.fetch(self._q["dags_overview"], runs), DagOverview)
-
-    async def dag_runs(self, dag_id: str, limit: int = 25) -> list[RunSummary]:
-        return _rows(await self._pool.fetch(self._q["dag_runs"], dag_id, limit), RunSummary)
+    async def dags_overview(
+        self,
+        runs: int = 10,
+        *,
+        name: str | None = None,
+        state: str | None = None,
+        paused: bool | None = None,
+    ) -> list[DagOverview]:
+        """Every DAG with its ``runs`` latest runs; those whose id holds ``name`` or with a tag
+        ``name`` (any case), whose latest run is in ``state``, paused or not (None: all)."""
+        rows = await self._pool.fetch(self._q["dags_overview"], runs, name, state, paused)
+        return _rows(rows, DagOverview)
 
     async def run_task_grid(
         self,
@@ -142,8 +149,9 @@ class StatusReads:
         )
         return _rows(rows, TriggerListing)
 
-    async def trigger_class_counts(self) -> list[TriggerClassCount]:
-        return _rows(await self._pool.fetch(self._q["trigger_class_counts"]), TriggerClassCount)
+    async def triggerer_health(self) -> list[FleetTriggerer]:
+        """Every registered triggerer with the triggers it holds and its loop's health."""
+        return _rows(await self._pool.fetch(self._q["fleet_triggerers"]), FleetTriggerer)
 
     async def oldest_waits(self, limit: int = 20) -> list[OldestWait]:
         return _rows(await self._pool.fetch(self._q["oldest_waits"], limit), OldestWait)

@@ -47,6 +47,7 @@ from engine.store.overrides import TaskOverrides
 from engine.store.queries import load_queries, migrations
 from engine.store.schedules import DuplicateRun, ScheduleStore
 from engine.store.status import StatusReads
+from engine.store.variables import VariableStore
 from engine.store.why import WhyReads
 from engine.store.xcom import XComStore
 from engine.version import __version__
@@ -170,7 +171,9 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     reset round trip asyncpg makes on every release is skipped."""
 
 
-class Store(ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads, XComStore):
+class Store(
+    ScheduleStore, StatusReads, TaskOverrides, LogStore, WhyReads, VariableStore, XComStore
+):
     """A pool of connections and one method per named query (or per transaction of them).
     The statements of schedules and run admission are in :mod:`engine.store.schedules`; the
     status page's reads and actions in engine/store/status.py; marks and clears in

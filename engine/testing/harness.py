@@ -40,6 +40,7 @@ from engine.store import (
     Store,
 )
 from engine.triggerer import Triggerer
+from engine.usercode.variables import bind_store
 from engine.worker.worker import Worker
 from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, connection_defaults
 
@@ -290,7 +291,7 @@ async def run_engine(
     engine = LocalEngine(store, bag, w, t, s, running=[name for name, _ in chosen])
     for dag in dags:
         await engine.add_dag(dag)
-    with connection_defaults({DEFAULT_DEFERRAL_CONN_ID: store.url}):
+    with connection_defaults({DEFAULT_DEFERRAL_CONN_ID: store.url}), bind_store(store):
         async with anyio.create_task_group() as tg:
             for _, component in chosen:
                 await tg.start(component.run)

@@ -23,8 +23,9 @@ from engine.store import TriggerOutcome
 from engine.store.models import TriggererHealth
 from engine.triggerer.held import Held
 from engine.triggerer.lease import LeaseKeeper
+from engine.triggerer.outcomes import TriggerOutbox
 from engine.triggerer.running import trigger_of
-from engine.triggerer.shared import Shared
+from engine.triggerer.state import LoopState
 from engine.triggerer.watchdog import BlockReport
 
 __all__ = ["BlockPolicy"]
@@ -40,8 +41,16 @@ def _culprit(task_name: str | None) -> str:
 
 
 class BlockPolicy:
-    def __init__(self, shared: Shared, *, cancel_blocking_after: int, max_block_s: float) -> None:
-        self._shared = shared
+    def __init__(
+        self,
+        state: LoopState,
+        outcomes: TriggerOutbox,
+        *,
+        cancel_blocking_after: int,
+        max_block_s: float,
+    ) -> None:
+        self._state = state
+        self._outcomes = outcomes
         self.cancel_blocking_after = cancel_blocking_after
         self.max_block_s = max_block_s
         #: Set by ``attach`` before the watchdog starts, never changed while it runs: safe to
@@ -107,7 +116,7 @@ class BlockPolicy:
 
     def _blocker_failed(self, trigger_id: int, fence: int) -> None:
         """Stop the trigger whose failure was written (if still the same run)."""
-        held = self._shared.held.get(trigger_id)
+        held = self._state.held.get(trigger_id)
         if held is not None and held.fence == fence:
             log.error(
                 "stopped trigger %s (%s): it blocked the event loop past the limit of %gs",
@@ -115,8 +124,8 @@ class BlockPolicy:
                 held.classpath,
                 self.max_block_s,
             )
-            self._shared.held.drop(trigger_id)
-            metrics = self._shared.metrics
+            self._state.held.drop(trigger_id)
+            metrics = self._state.metrics
             metrics.inc_by_class(metrics.trigger_failures, held.classpath)
 
     def _block_seen(self, report: BlockReport) -> None:
@@ -125,7 +134,7 @@ class BlockPolicy:
             self.blocks.append(report)
             return
         of = trigger_of(report.task_name)
-        held = self._shared.held.get(of[0]) if of is not None else None
+        held = self._state.held.get(of[0]) if of is not None else None
         if of is None or held is None or held.fence != of[1]:
             held = None
         culprit = (
@@ -136,7 +145,7 @@ class BlockPolicy:
         self._count_block(
             report, held.classpath if held is not None else _culprit(report.task_name)
         )
-        metrics = self._shared.metrics
+        metrics = self._state.metrics
         metrics.inc_by_class(
             metrics.loop_blocked,
             held.classpath if held is not None and report.stable else "unknown",
@@ -190,11 +199,11 @@ class BlockPolicy:
 
     def _cancel_blocker(self, trigger_id: int, held: Held, reason: str) -> None:
         """End a repeat offender; its tasks fail with the reason."""
-        if self._shared.held.get(trigger_id) is not held or held.task is None or held.task.done():
+        if self._state.held.get(trigger_id) is not held or held.task is None or held.task.done():
             return
         log.error("%s", reason)
         self._counts.pop(trigger_id, None)
-        self._shared.emit(
+        self._outcomes.emit(
             TriggerOutcome(trigger_id=trigger_id, fence=held.fence, kind="failed", error=reason)
         )
         held.task.cancel()

@@ -21,8 +21,9 @@ from engine.security.allow import check_classpath, check_import_paths
 from engine.store import ClaimedTrigger, TriggerOutcome
 from engine.triggerer.classes import TriggerClasses
 from engine.triggerer.deadlines import Deadlines
+from engine.triggerer.outcomes import TriggerOutbox
 from engine.triggerer.running import TriggerRunner
-from engine.triggerer.shared import Shared
+from engine.triggerer.state import LoopState
 from triggers.base import (
     BaseTrigger,
     TriggerSerializationError,
@@ -44,7 +45,8 @@ class Claimer:
 
     def __init__(
         self,
-        shared: Shared,
+        state: LoopState,
+        outcomes: TriggerOutbox,
         runner: TriggerRunner,
         deadlines: Deadlines,
         *,
@@ -54,7 +56,8 @@ class Claimer:
         allow: Callable[[str], bool] | None,
         classes: TriggerClasses | None = None,
     ) -> None:
-        self._shared = shared
+        self._state = state
+        self._outcomes = outcomes
         self._runner = runner
         self._deadlines = deadlines
         self.capacity = capacity
@@ -68,9 +71,9 @@ class Claimer:
 
     async def run(self) -> None:
         """Claim until the triggerer stops."""
-        shared = self._shared
+        state = self._state
         backoff = Backoff()
-        while not shared.stopping:
+        while not state.stopping:
             self.claiming = True
             try:
                 await self._claim_available()
@@ -81,19 +84,19 @@ class Claimer:
             finally:
                 self.claiming = False
             backoff.reset()
-            await shared.claim_wake.wait(self.poll_interval_s)
+            await state.claim_wake.wait(self.poll_interval_s)
 
     async def _claim_available(self) -> None:
         # (The lease thread reaps gone triggerers several times a second and wakes this
         # loop when that freed triggers.)
-        shared, held = self._shared, self._shared.held
-        loop = shared.loop
+        state, held = self._state, self._state.held
+        loop = state.loop
         assert loop is not None
-        triggerer_id = shared.id
+        triggerer_id = state.id
         if triggerer_id is None:
             return
         asked = min(self.capacity - len(held), self.claim_batch)
-        if asked <= 0 or shared.stopping:
+        if asked <= 0 or state.stopping:
             held.full = asked <= 0
             return
         batch = await self._claim(triggerer_id, asked)
@@ -106,7 +109,7 @@ class Claimer:
             held.full = more and room <= 0
             next_asked = min(room, self.claim_batch) if more else 0
             pending = None
-            if next_asked > 0 and not shared.stopping:
+            if next_asked > 0 and not state.stopping:
                 pending = loop.create_task(self._claim(triggerer_id, next_asked))
             await self._start_batch(batch)
             log.info("claimed %d trigger(s); holding %d", len(batch), len(held))
@@ -118,8 +121,8 @@ class Claimer:
 
     async def _claim(self, triggerer_id: int, limit: int) -> list[ClaimedTrigger]:
         started = time.perf_counter()
-        rows = await self._shared.store.claim_triggers(triggerer_id, limit)
-        metrics = self._shared.metrics
+        rows = await self._state.store.claim_triggers(triggerer_id, limit)
+        metrics = self._state.metrics
         metrics.claim_duration.labels("triggers").observe(time.perf_counter() - started)
         if rows:
             metrics.claim_batch.labels("triggers").observe(len(rows))
@@ -135,7 +138,7 @@ class Claimer:
             for row in rows[first : first + START_SLICE]:
                 self._start(row)
             await asyncio.sleep(0)  # the new tasks take their first step, up to their wait
-            self._shared.freeze()
+            self._state.freeze()
 
     async def _import_new_classes(self, rows: list[ClaimedTrigger]) -> None:
         """Import the trigger classes not seen yet (or whose file in the DAGs folder changed) in
@@ -166,11 +169,11 @@ class Claimer:
 
     def _start(self, row: ClaimedTrigger) -> None:
         classpath = self._classpaths.setdefault(row.classpath, row.classpath)
-        held = self._shared.held.take(row.id, row.fence, classpath)
+        held = self._state.held.take(row.id, row.fence, classpath)
         try:
             trigger = self._rebuild(classpath, decode_value(row.kwargs))
         except Exception as exc:
-            self._shared.emit(
+            self._outcomes.emit(
                 TriggerOutcome(
                     trigger_id=row.id,
                     fence=row.fence,

@@ -18,7 +18,7 @@ from engine.store import TriggerWaiters
 from engine.store.downstream import settle
 from engine.store.models import TimedOutTask
 from engine.triggerer.held import Held, HeldSet
-from engine.triggerer.shared import Shared
+from engine.triggerer.state import LoopState
 
 __all__ = ["Deadlines"]
 
@@ -26,13 +26,13 @@ log = logging.getLogger("engine.triggerer")
 
 
 class Deadlines:
-    def __init__(self, shared: Shared) -> None:
-        self._shared = shared
+    def __init__(self, state: LoopState) -> None:
+        self._state = state
         self._due: set[int] = set()
         self._wake = Wakeup()
 
     def arm(self, trigger_id: int, held: Held, deadline: dt.datetime, db_now: dt.datetime) -> None:
-        loop = self._shared.loop
+        loop = self._state.loop
         assert loop is not None
         if held.timer is not None:
             held.timer.cancel()
@@ -45,7 +45,7 @@ class Deadlines:
         self._wake.set()
 
     def notified(self, payload: str) -> None:
-        if payload.isdigit() and int(payload) in self._shared.held:
+        if payload.isdigit() and int(payload) in self._state.held:
             # A task joined a trigger held here with an earlier deadline than its timer's: a
             # deadline pass re-reads the trigger's earliest deadline and re-arms the timer.
             self.due(int(payload))
@@ -54,7 +54,7 @@ class Deadlines:
         backoff = Backoff()
         while True:
             await self._wake.wait(None)
-            due = [tid for tid in self._due if tid in self._shared.held]
+            due = [tid for tid in self._due if tid in self._state.held]
             self._due.clear()
             if not due:
                 continue
@@ -70,13 +70,13 @@ class Deadlines:
     async def _pass(self, due: list[int]) -> None:
         """End the deferrals of ``due`` past their deadline, re-arm the others' timers, and
         drop the triggers nobody waits on any more."""
-        store, held_set = self._shared.store, self._shared.held
+        store, held_set = self._state.store, self._state.held
         rows = await with_db_retry(
             "time out deferrals", functools.partial(store.timeout_deferrals, due)
         )
         await settle(store, rows)
         if rows:
-            metrics = self._shared.metrics
+            metrics = self._state.metrics
             metrics.count_by_class(
                 metrics.trigger_timeouts, (_classpath_of(row, held_set) for row in rows)
             )
@@ -96,11 +96,11 @@ class Deadlines:
                 "read trigger waiters", functools.partial(store.trigger_waiters, due)
             )
         )
-        triggerer_id = self._shared.id
+        triggerer_id = self._state.id
         if not unused or triggerer_id is None:
             return
         # Their lines first: a reader that sees a trigger gone has all it logged.
-        await self._shared.logs.flush_keys(unused)
+        await self._state.logs.flush_keys(unused)
         dropped = await with_db_retry(
             "drop unused triggers",
             functools.partial(store.delete_owned_triggers, triggerer_id, unused),
@@ -123,7 +123,7 @@ class Deadlines:
         """Re-arm the timers of triggers still waited on; returns the ids nobody waits on."""
         unused = []
         for w in waiters:
-            held = self._shared.held.get(w.id)
+            held = self._state.held.get(w.id)
             if held is None:
                 continue
             if w.waiting == 0:

@@ -23,7 +23,8 @@ from engine.store import Listener
 from engine.store.models import TriggererHealth
 from engine.triggerer.held import Verdict
 from engine.triggerer.lease import LeaseKeeper
-from engine.triggerer.shared import Shared
+from engine.triggerer.outcomes import TriggerOutbox
+from engine.triggerer.state import LoopState
 from operators.base import DEFAULT_QUEUE
 
 __all__ = ["Ownership", "ensure_listening"]
@@ -41,7 +42,8 @@ async def ensure_listening(listener: Listener) -> None:
 class Ownership:
     def __init__(
         self,
-        shared: Shared,
+        state: LoopState,
+        outcomes: TriggerOutbox,
         *,
         capacity: int,
         lease_s: float,
@@ -49,7 +51,8 @@ class Ownership:
         claiming: Callable[[], bool],
         queues: Sequence[str] = (DEFAULT_QUEUE,),
     ) -> None:
-        self._shared = shared
+        self._state = state
+        self._outcomes = outcomes
         self.queues = tuple(queues)
         self.capacity = capacity
         self.lease_s = lease_s
@@ -62,10 +65,10 @@ class Ownership:
         health: Callable[[], TriggererHealth] | None = None,
     ) -> LeaseKeeper:
         """The lease thread for this triggerer (not started)."""
-        loop = self._shared.loop
+        loop = self._state.loop
         assert loop is not None
         return LeaseKeeper(
-            self._shared.store.url,
+            self._state.store.url,
             hostname=socket.gethostname(),
             pid=os.getpid(),
             capacity=self.capacity,
@@ -73,7 +76,7 @@ class Ownership:
             queues=self.queues,
             loop=loop,
             on_registered=self.registered,
-            on_reaped=self._shared.claim_wake.set,
+            on_reaped=self._state.claim_wake.set,
             loop_lag_s=loop_lag_s,
             # The blocker is failed at max_block_s; the lease is renewed for two leases
             # more, then lapses, letting the triggers go to others if the loop is blocked
@@ -84,8 +87,8 @@ class Ownership:
 
     def registered(self, triggerer_id: int) -> None:
         """On the loop: the lease thread registered this triggerer (again)."""
-        shared = self._shared
-        previous, shared.id = shared.id, triggerer_id
+        state = self._state
+        previous, state.id = state.id, triggerer_id
         if previous is not None and previous != triggerer_id:
             log.error(
                 "triggerer %s lost its registration (its lease connection dropped, or the "
@@ -93,14 +96,14 @@ class Ownership:
                 "dropping the %d it ran and going on as triggerer %s",
                 previous,
                 self.max_block_s + 2 * self.lease_s,
-                len(shared.held),
+                len(state.held),
                 triggerer_id,
             )
-            shared.held.drop_all()
-            shared.outbox.clear()
+            state.held.drop_all()
+            self._outcomes.clear()
         else:
             log.info("triggerer %s started with capacity %d", triggerer_id, self.capacity)
-        shared.claim_wake.set()
+        state.claim_wake.set()
 
     async def run(self, listener: Listener) -> None:
         backoff = Backoff()
@@ -116,16 +119,16 @@ class Ownership:
 
     async def check(self) -> None:
         """Compare what the database says this triggerer owns with what runs here."""
-        shared = self._shared
-        triggerer_id = shared.id
+        state = self._state
+        triggerer_id = state.id
         if triggerer_id is None:
             return
-        mark = shared.held.mark()
-        owned = await shared.store.count_owned_triggers(triggerer_id)
-        if shared.id != triggerer_id:
+        mark = state.held.mark()
+        owned = await state.store.count_owned_triggers(triggerer_id)
+        if state.id != triggerer_id:
             return  # registered again meanwhile: everything held was dropped
-        verdict = shared.held.verdict(
-            owned, mark, in_flight=shared.outbox.in_flight, claiming=self._claiming()
+        verdict = state.held.verdict(
+            owned, mark, in_flight=self._outcomes.in_flight, claiming=self._claiming()
         )
         if verdict is Verdict.UNHELD:
             await self._release_unheld(triggerer_id)
@@ -133,11 +136,11 @@ class Ownership:
             await self._drop_lost(triggerer_id)
 
     async def _drop_lost(self, triggerer_id: int) -> None:
-        shared = self._shared
-        still = await shared.store.owned_triggers(triggerer_id)
-        if shared.id != triggerer_id:
+        state = self._state
+        still = await state.store.owned_triggers(triggerer_id)
+        if state.id != triggerer_id:
             return
-        for trigger_id, held in list(shared.held.triggers.items()):
+        for trigger_id, held in list(state.held.triggers.items()):
             if still.get(trigger_id) != held.fence:
                 if held.task is not None and not held.task.done():
                     # (A finished trigger here is one whose event was just written.)
@@ -146,19 +149,19 @@ class Ownership:
                         "(removed or taken over); stopping it without writing an event",
                         trigger_id,
                     )
-                shared.held.drop(trigger_id)
+                state.held.drop(trigger_id)
 
     async def _release_unheld(self, triggerer_id: int) -> None:
         """Give back triggers the database says are ours but that run nowhere here.
 
         No path is meant to leave such triggers; if one does, they would wait unseen for as
         long as this triggerer lives. Releasing them lets any triggerer claim them again."""
-        shared = self._shared
-        still = await shared.store.owned_triggers(triggerer_id)
-        if self._claiming() or shared.id != triggerer_id:
+        state = self._state
+        still = await state.store.owned_triggers(triggerer_id)
+        if self._claiming() or state.id != triggerer_id:
             return  # a claim started meanwhile: its rows may not be held yet
-        unheld = [trigger_id for trigger_id in still if trigger_id not in shared.held]
-        released = await shared.store.release_triggers(triggerer_id, unheld) if unheld else set()
+        unheld = [trigger_id for trigger_id in still if trigger_id not in state.held]
+        released = await state.store.release_triggers(triggerer_id, unheld) if unheld else set()
         # (An event written meanwhile deletes its trigger: such ids are not released.)
         if released:
             log.warning(

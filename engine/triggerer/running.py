@@ -14,7 +14,8 @@ import logging
 from engine.runtime import logs
 from engine.store import TriggerOutcome
 from engine.triggerer.held import Held
-from engine.triggerer.shared import Shared
+from engine.triggerer.outcomes import TriggerOutbox
+from engine.triggerer.state import LoopState
 from engine.usercode import guard as usercode
 from engine.usercode.tracebacks import format_user_exception
 from triggers.base import (
@@ -54,14 +55,17 @@ def _cancelled_by_us() -> bool:
 
 
 class TriggerRunner:
-    """Starts and watches trigger tasks; their outcomes go to the shared outbox."""
+    """Starts and watches trigger tasks; their outcomes go to the triggerer's outbox."""
 
-    def __init__(self, shared: Shared, *, cleanup_timeout_s: float) -> None:
-        self._shared = shared
+    def __init__(
+        self, state: LoopState, outcomes: TriggerOutbox, *, cleanup_timeout_s: float
+    ) -> None:
+        self._state = state
+        self._outcomes = outcomes
         self.cleanup_timeout_s = cleanup_timeout_s
 
     def start(self, trigger_id: int, held: Held, trigger: BaseTrigger) -> None:
-        loop = self._shared.loop
+        loop = self._state.loop
         assert loop is not None
         held.task = loop.create_task(
             self._watch(trigger_id, held, trigger), name=task_name(trigger_id, held.fence)
@@ -104,9 +108,9 @@ class TriggerRunner:
             )
         finally:
             if outcome is not None:
-                self._shared.emit(outcome)
+                self._outcomes.emit(outcome)
             await self._close(trigger, agen, held)
-            self._shared.logs.end(trigger_id)
+            self._state.logs.end(trigger_id)
 
     async def _close(self, trigger: BaseTrigger, agen: object, held: Held) -> None:
         try:

@@ -1,4 +1,5 @@
-"""Routing what a trigger or a task logs and prints to its log sink (engine/usercode/logsink.py).
+"""Routing what a trigger or a task logs and prints to its log sink (engine/usercode/logsink.py,
+which holds the lines in its buffers, engine/usercode/logbuffer.py).
 
 A sink binds a context (a trigger's asyncio task, one execution of a try) to a
 :class:`Target` held in a context variable, so it follows the code into the tasks it starts
@@ -49,7 +50,8 @@ NOT_STORED = "deferral_not_stored"
 
 
 class Sink(Protocol):
-    """What the routing hands lines to (:class:`engine.usercode.logsink.LogSink`)."""
+    """What the routing hands lines to (:class:`engine.usercode.logbuffer.LogBuffer`, the base
+    of :class:`engine.usercode.logsink.LogSink`)."""
 
     def append(
         self,

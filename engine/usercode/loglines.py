@@ -3,7 +3,7 @@ logged or printed is turned into the message kept in the database.
 
 Every line goes through :func:`stored_text` once, whatever it came from (a record of any
 logger, a print, a line of an isolated task's child process, the engine's own line about a
-failed try), before it is buffered (engine/usercode/logsink.py). Whatever must change in what is
+failed try), before it is buffered (engine/usercode/logbuffer.py). Whatever must change in what is
 stored is done here: the cut of a line over the length limit, the escapes PostgreSQL text needs
 (and, when they come, the masks of secrets: before the cut, so that a secret is never half kept).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from engine.store.logstore import storable
 
-__all__ = ["cut_mark", "stored_text", "utf8_len"]
+__all__ = ["NO_LINE", "cut_mark", "extend_line", "size_text", "stored_text", "utf8_len"]
 
 #: Characters encoded at a time when a long text is measured (never the whole text at once).
 _CHUNK = 1 << 20
@@ -66,3 +66,31 @@ def stored_text(text: str, *, max_bytes: int, cut: int = 0) -> tuple[str, int]:
         text += mark
         size += len(mark)
     return text, size
+
+
+#: No printed line waiting: its text and the bytes cut of it.
+NO_LINE = ("", 0)
+
+
+def extend_line(
+    head: str, cut: int, text: str, start: int, stop: int, limit: int
+) -> tuple[str, int]:
+    """A printed line ``head`` (``cut`` bytes cut of it) continued by ``text[start:stop]``:
+    kept up to ``limit`` characters (at least as many bytes), the rest counted as cut (a
+    line printed in many pieces is never held longer than it can be stored)."""
+    room = limit - len(head)
+    n = stop - start
+    if n <= room:
+        if not head and start == 0 and stop == len(text):
+            return text, cut  # (the whole text: no copy)
+        return head + text[start:stop], cut
+    kept = max(room, 0)
+    return head + text[start : start + kept], cut + utf8_len(text, start + kept, stop)
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes as a reader would say it: ``10 MiB``, ``256 KiB``, ``1000 bytes``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"

@@ -4,7 +4,6 @@ token, the actions (POST)."""
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -14,10 +13,10 @@ import jinja2
 from aiohttp import web
 
 from engine.runtime.retry import TRANSIENT_ERRORS
-from engine.states import STATES
+from engine.states import RUN_STATES, STATES
 from engine.store import Store
 from engine.version import __version__
-from engine.web import hooks, views
+from engine.web import hooks, params, views
 from engine.web.actions import ACTION_ROUTES, Action, authorized, who
 from engine.web.guard import add_security_headers
 from engine.web.render import environment
@@ -28,10 +27,6 @@ log = logging.getLogger(__name__)
 
 #: How long a page or an action may wait on the database before it answers 503.
 DB_WAIT_S = 15.0
-#: The largest id a query parameter may name (PostgreSQL's bigint).
-MAX_ID = 2**63 - 1
-#: The largest age filter (a century): beyond it the database's timestamps overflow.
-MAX_AGE_S = 100 * 365.25 * 86400
 
 STORE: web.AppKey[Store] = web.AppKey("store", Store)
 ENV: web.AppKey[jinja2.Environment] = web.AppKey("env", jinja2.Environment)
@@ -94,84 +89,97 @@ def _page(fn: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     return handler
 
 
-def _text(request: web.Request, name: str) -> str | None:
-    """A query parameter's text (None when absent or blank); a NUL, which no database text
-    can hold, is a bad request."""
-    value = request.query.get(name, "").strip()
-    if "\x00" in value:
-        raise web.HTTPBadRequest(text=f"query parameter {name!r} holds a NUL character")
-    return value or None
-
-
-def _param(request: web.Request, name: str) -> str:
-    value = _text(request, name)
-    if value is None:
-        raise web.HTTPBadRequest(text=f"missing query parameter {name!r}")
-    return request.query[name]
-
-
 async def _fleet(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
     return "fleet.html", await views.fleet_page(store)
 
 
 async def _dags(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
-    return "dags.html", await views.dags_page(store)
+    query = views.DagQuery(
+        name=params.text(request, "name"),
+        state=params.choice(request, "state", RUN_STATES),
+        paused=params.choice(request, "paused", ("yes", "no")),
+    )
+    return "dags.html", await views.dags_page(store, query)
+
+
+def _run_query(request: web.Request) -> views.RunQuery:
+    """The runs a page asks for (``state``, ``run_type``, ``since`` and ``until``)."""
+    return views.RunQuery(
+        state=params.choice(request, "state", RUN_STATES),
+        run_type=params.choice(request, "run_type", views.RUN_TYPES),
+        since=params.text(request, "since"),
+        until=params.text(request, "until"),
+        since_at=params.when(request, "since"),
+        until_at=params.when(request, "until", end_of_day=True),
+    )
 
 
 async def _dag(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
-    page = _number(request, "page", int)
-    return "dag.html", await views.dag_page(store, _param(request, "dag_id"), page)
+    return "dag.html", await views.dag_page(
+        store,
+        params.required(request, "dag_id"),
+        params.number(request, "page", int),
+        query=_run_query(request),
+        run_page=params.number(request, "run_page", int),
+    )
+
+
+async def _runs(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
+    query = _run_query(request)
+    return "runs.html", await views.runs_page(store, query, params.number(request, "page", int))
 
 
 async def _run(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
-    state = _text(request, "state")
-    if state is not None and state not in STATES:
-        raise web.HTTPBadRequest(text=f"state must be one of {', '.join(sorted(STATES))}")
     return "run.html", await views.run_page(
         store,
-        _param(request, "dag_id"),
-        _param(request, "run_id"),
-        state=state,
-        page=_number(request, "page", int),
+        params.required(request, "dag_id"),
+        params.required(request, "run_id"),
+        state=params.choice(request, "state", STATES),
+        page=params.number(request, "page", int),
+    )
+
+
+async def _gantt(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
+    return "gantt.html", await views.gantt_page(
+        store,
+        params.required(request, "dag_id"),
+        params.required(request, "run_id"),
+        page=params.number(request, "page", int),
     )
 
 
 async def _task(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
     return "task.html", await views.task_page(
-        store, _param(request, "dag_id"), _param(request, "run_id"), _param(request, "task_id")
+        store,
+        params.required(request, "dag_id"),
+        params.required(request, "run_id"),
+        params.required(request, "task_id"),
+        params.number(request, "try", int),
     )
-
-
-def _number(request: web.Request, name: str, kind: type[int] | type[float]) -> Any:
-    """A numeric query parameter (None when absent): a non-negative number the database can
-    hold, or a bad request naming it."""
-    raw = _text(request, name)
-    if raw is None:
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise web.HTTPBadRequest(text=f"{name} must be a number") from None
-    top = MAX_ID if kind is int else MAX_AGE_S
-    if not (math.isfinite(value) and 0 <= value <= top):
-        raise web.HTTPBadRequest(text=f"{name} must be a number from 0 to {top:g}")
-    return value
 
 
 async def _triggers(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
     flt = views.TriggerFilter(
-        classpath=_text(request, "classpath"),
-        triggerer=_number(request, "triggerer", int),
-        min_age_s=_number(request, "min_age_s", float),
+        classpath=params.text(request, "classpath"),
+        triggerer=params.number(request, "triggerer", int),
+        min_age_s=params.number(request, "min_age_s", float),
     )
     return "triggers.html", await views.triggers_page(store, flt)
 
 
 async def _pools(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
-    rows = await hooks.pools(store)
-    if rows is None:
+    return "pools.html", await views.pools_page(store)
+
+
+async def _pool(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
+    if not request.app.get(POOLS, False):
         raise views.NotFound("this build has no pools")
-    return "pools.html", {"title": "Pools", "pools": rows}
+    return "pool.html", await views.pool_page(
+        store,
+        params.required(request, "name"),
+        params.choice(request, "tasks", views.POOL_GROUPS) or "running",
+        params.number(request, "page", int),
+    )
 
 
 async def _audit(request: web.Request, store: Store) -> tuple[str, dict[str, Any]]:
@@ -218,10 +226,13 @@ def make_app(store: Store, *, token: str | None = None) -> web.Application:
         "/fleet": _fleet,
         "/dags": _dags,
         "/dag": _dag,
+        "/runs": _runs,
         "/run": _run,
+        "/gantt": _gantt,
         "/task": _task,
         "/triggers": _triggers,
         "/pools": _pools,
+        "/pool": _pool,
         "/audit": _audit,
     }.items():
         app.router.add_get(path, _page(page))

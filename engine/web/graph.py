@@ -1,6 +1,7 @@
-"""A DAG's graph for the status page: drawn (an SVG of boxes in columns by depth) up to
-:data:`MAX_DRAWN_TASKS` tasks, summarized above (counts, depth, width, roots and leaves): a
-drawing of thousands of boxes is megabytes no one can read.
+"""A DAG's graph for the status page: drawn (an SVG of boxes in columns by depth, an arrow
+from each task to each of its downstream tasks) up to :data:`MAX_DRAWN_TASKS` tasks,
+summarized above (counts, depth, width, roots and leaves): a drawing of thousands of boxes is
+megabytes no one can read.
 
 The depth of every task is found in one pass in topological order (Kahn's algorithm), without
 recursion: a chain of any length is fine.
@@ -16,12 +17,16 @@ from typing import Any
 __all__ = [
     "MAX_DRAWN_TASKS",
     "MAX_LISTED",
+    "NODE_H",
+    "NODE_W",
+    "Edge",
     "Graph",
     "GraphSummary",
     "Node",
     "depths",
     "draw",
     "graph",
+    "ordered",
 ]
 
 #: Above this many tasks the graph is summarized, not drawn.
@@ -29,7 +34,18 @@ MAX_DRAWN_TASKS = 200
 #: Roots and leaves a summary names (the others are counted).
 MAX_LISTED = 10
 
-_NODE_W, _NODE_H, _GAP_X, _GAP_Y = 160, 28, 40, 12
+#: A task's box, and the room between columns (where the arrows run) and between boxes.
+NODE_W, NODE_H = 160, 36
+_GAP_X, _GAP_Y = 48, 12
+
+#: What a box says under the task id, for the states that wait: on what.
+WAITING_ON = {
+    "deferred": "deferred: on a trigger",
+    "up_for_reschedule": "up_for_reschedule: a poke",
+    "up_for_retry": "up_for_retry: its delay",
+    "scheduled": "scheduled: a worker",
+    "queued": "queued: a worker",
+}
 
 
 @dataclass(frozen=True)
@@ -40,11 +56,26 @@ class Node:
     y: int
     href: str
 
+    @property
+    def label(self) -> str:
+        """The line under the task id: its state, and what it waits on if it waits."""
+        return "" if self.state == "none" else WAITING_ON.get(self.state, self.state)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An arrow from an upstream task to its downstream task: the SVG path of a curve from
+    the right side of one box to the left side of the other."""
+
+    upstream: str
+    downstream: str
+    path: str
+
 
 @dataclass(frozen=True)
 class Graph:
     nodes: list[Node]
-    edges: list[tuple[int, int, int, int]]
+    edges: list[Edge]
     width: int
     height: int
     kind: str = "drawn"
@@ -109,7 +140,7 @@ def draw(
     states: dict[str, str],
     href: Callable[[str], str] | None,
 ) -> Graph:
-    """The tasks as boxes in columns by depth, edges from each upstream box to its task."""
+    """The tasks as boxes in columns by depth, an arrow from each upstream box to its task."""
     columns: dict[int, list[str]] = {}
     for task_id in upstream:
         columns.setdefault(depth[task_id], []).append(task_id)
@@ -117,18 +148,21 @@ def draw(
     nodes = []
     for col, ids in sorted(columns.items()):
         for row, task_id in enumerate(ids):
-            x, y = col * (_NODE_W + _GAP_X) + 4, row * (_NODE_H + _GAP_Y) + 4
+            x, y = col * (NODE_W + _GAP_X) + 4, row * (NODE_H + _GAP_Y) + 4
             place[task_id] = (x, y)
             nodes.append(
                 Node(task_id, states.get(task_id, "none"), x, y, href(task_id) if href else "")
             )
-    edges = [
-        (place[u][0] + _NODE_W, place[u][1] + _NODE_H // 2, place[t][0], place[t][1] + _NODE_H // 2)
-        for t, ups in upstream.items()
-        for u in ups
-    ]
-    width = (max(columns, default=0) + 1) * (_NODE_W + _GAP_X) + 8
-    height = max((len(ids) for ids in columns.values()), default=1) * (_NODE_H + _GAP_Y) + 8
+    edges = []
+    for task_id, ups in upstream.items():
+        x2, y2 = place[task_id][0] - 2, place[task_id][1] + NODE_H // 2
+        for u in ups:
+            x1, y1 = place[u][0] + NODE_W, place[u][1] + NODE_H // 2
+            bend = max(12, (x2 - x1) // 2)
+            path = f"M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2},{y2}"
+            edges.append(Edge(u, task_id, path))
+    width = (max(columns, default=0) + 1) * (NODE_W + _GAP_X) + 8
+    height = max((len(ids) for ids in columns.values()), default=1) * (NODE_H + _GAP_Y) + 8
     return Graph(nodes, edges, width, height)
 
 
@@ -156,6 +190,13 @@ def _summary(
         leaf_count=len(leaves),
         states=sorted(states.items(), key=lambda kv: (-kv[1], kv[0])),
     )
+
+
+def ordered(tasks: Sequence[dict[str, Any]]) -> list[str]:
+    """The task ids by depth (roots first), in their given order within a depth: the order
+    of the grid's rows."""
+    depth = depths(_upstream(tasks))
+    return sorted(depth, key=depth.__getitem__)
 
 
 def graph(

@@ -1,7 +1,8 @@
 """What other parts of the engine fill in on the status page. Each hook returns None when this
 build has nothing to say; the page then leaves the field out (or says so).
 
-``why_not_running`` and ``pools`` are filled in by admission (pools, ``tasks why``).
+``why_not_running`` and ``pools`` are filled in by admission (pools, ``tasks why``);
+``try_xcoms`` reads the XComs a try pushed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ if TYPE_CHECKING:
     from engine.store import Store
     from engine.store.models import LogLine, TaskTry
 
-__all__ = ["pools", "set_dag_paused", "task_log_lines", "trigger_log_lines", "why_not_running"]
+__all__ = [
+    "pools",
+    "set_dag_paused",
+    "task_log_lines",
+    "trigger_log_lines",
+    "try_xcoms",
+    "why_not_running",
+]
 
 #: Lines of a task's or trigger's log shown on a page, from the first (the CLI shows them all).
 LOG_PAGE_LINES = 500
@@ -35,10 +43,35 @@ async def why_not_running(store: Store, ti: TaskTry) -> str | None:
     return (await waiting_reasons(store, [ti.id], settings)).get(ti.id)
 
 
-async def task_log_lines(store: Store, ti: TaskTry) -> list[str] | None:
-    """The log of the task's latest try, oldest line first (up to ``LOG_PAGE_LINES``)."""
-    logs = await store.task_logs(ti.dag_id, ti.run_id, ti.task_id, limit=LOG_PAGE_LINES)
+async def task_log_lines(
+    store: Store, ti: TaskTry, *, try_number: int | None = None
+) -> list[str] | None:
+    """The log of the task's try ``try_number`` (None: its latest), oldest line first (up to
+    ``LOG_PAGE_LINES``)."""
+    logs = await store.task_logs(ti.dag_id, ti.run_id, ti.task_id, try_number, limit=LOG_PAGE_LINES)
     return [_line(line) for line in logs.lines]
+
+
+async def try_xcoms(store: Store, ti: TaskTry, try_number: int) -> list[tuple[str, str]] | None:
+    """The XComs try ``try_number`` of the task pushed, (key, value shown as indented JSON,
+    secrets masked) each, by key; its return value is the result, shown as such. None for an
+    earlier try: a new try starts without the XComs of the one before, which are not kept (the
+    page leaves the section out)."""
+    from engine.client.xcoms import shown
+    from engine.security.keys import UnreadableValue
+    from engine.web.render import pretty
+
+    if try_number != ti.try_number:
+        return None
+    try:
+        found = await store.xcom_of_task(ti.dag_id, ti.run_id, ti.task_id)
+    except UnreadableValue as exc:
+        return [("(unreadable)", str(exc))]
+    return [
+        (key, pretty(shown(key, raw)))
+        for key, raw in sorted((found or {}).items())
+        if key != "return_value"
+    ]
 
 
 async def trigger_log_lines(store: Store, trigger_id: int) -> list[str] | None:

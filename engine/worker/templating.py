@@ -1,20 +1,32 @@
 """Templates: a task's ``template_fields`` rendered with Jinja2 on the worker, just before it runs.
 
-Every name of :data:`TEMPLATE_VARIABLES` is a template variable (``{{ ds }}``) and a key of the
-``context`` that ``execute`` receives. Rendering follows Airflow:
+The worker calls :func:`render_task` once per call of a task: it builds the context
+(engine/worker/context.py), compiles the operator's templated fields, looks up what they ask
+of the store, renders them onto the operator and returns the context and what the fields
+rendered to. Rendering follows Airflow:
 
 * each attribute named in the operator's ``template_fields`` is rendered: a ``str`` as a
-  template, the values of a ``list``, ``tuple``, ``set`` or ``dict`` one by one (nested too);
-  any other value is left as it is;
+  template, the values of a ``list``, ``tuple``, ``set`` or ``dict`` one by one (nested too),
+  an object with ``template_fields`` of its own field by field; any other value is left as it
+  is;
 * a string ending in one of the operator's ``template_ext`` (``.sh``, ``.sql``, ...) names a
   template file, looked up in the DAG's folder, then in the DAG's ``template_searchpath``;
-* undefined variables are errors (``StrictUndefined``), which fail the try like any other
-  error of the task (retries apply), with a message naming the task, the field and the name.
+* the environment is sandboxed (``{{ ds.__class__ }}`` is refused), has ``jinja2.ext.do``,
+  the filters ``ds``, ``ds_nodash``, ``ts``, ``ts_nodash``, ``ts_nodash_with_tz``, drops one
+  trailing newline of a rendered string (Jinja's default, as Airflow's), and takes the DAG's
+  ``user_defined_macros``, ``user_defined_filters``, ``render_template_as_native_obj``,
+  ``template_undefined`` and ``jinja_environment_kwargs``;
+* undefined variables are errors (``StrictUndefined``, unless the DAG says otherwise), which
+  fail the try like any other error of the task (retries apply), with a message naming the
+  task, the field and the name, and the closest names that exist;
+* what a template inserts is never rendered again: a value from a run's ``conf`` (or a
+  Variable) that holds ``{{ ... }}`` reaches the task as that text.
 
 The operators never import this module (they import contracts only): the worker calls
 :func:`render_task` with the operator, which only provides ``template_fields`` and
-``template_ext``. One Jinja environment serves each DAG folder and search path; compiled
-templates are kept, so a task's templates are compiled once per process, not once per try.
+``template_ext``. One Jinja environment (engine/worker/jinjaenv.py) serves each DAG folder
+and search path (each DAG with settings of its own has its own); compiled templates are
+kept, so a task's templates are compiled once per process, not once per try.
 """
 
 from __future__ import annotations
@@ -22,19 +34,37 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import inspect
-import os
-import threading
-import types
+import re
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import anyio
 import jinja2
 import jinja2.meta
-import msgspec
+import jinja2.nativetypes
+import jinja2.sandbox
+
+from engine.masking import redact
+from engine.runtime.retry import with_db_retry
+from engine.usercode.variables import bind_store_here
+from engine.worker.context import (
+    PREV_SUCCESS,
+    PREV_SUCCESS_KEYS,
+    TEMPLATE_VARIABLES,
+    DagRunInfo,
+    RunValues,
+    TaskInstanceInfo,
+    build_context,
+    child_context,
+    prev_success_values,
+    restore_context,
+    run_values,
+)
+from engine.worker.jinjaenv import CompiledTemplate, Env, TemplateRenderError, close_names, env_for
+from engine.worker.macros import MACROS, ds_add, ds_format
 
 if TYPE_CHECKING:
-    from engine.store import ClaimedTask
+    from engine.store import ClaimedTask, Store
     from operators.base import BaseOperator
 
 __all__ = [
@@ -43,6 +73,7 @@ __all__ = [
     "TEMPLATE_VARIABLES",
     "DagRunInfo",
     "Prepared",
+    "RenderedTask",
     "RunValues",
     "TaskInstanceInfo",
     "TemplateRenderError",
@@ -53,268 +84,73 @@ __all__ = [
     "jsonable",
     "prepare",
     "reads_files",
+    "render_task",
     "restore_context",
     "run_values",
     "wants",
 ]
 
-#: The variable that costs a store query: looked up only when a template or callable asks.
-PREV_SUCCESS = "prev_data_interval_start_success"
-
-#: Every template variable (and context key) the engine provides; docs/reference/templates.md
-#: describes each one (a test keeps the two equal).
-TEMPLATE_VARIABLES = (
-    "ds",
-    "ds_nodash",
-    "ts",
-    "ts_nodash",
-    "logical_date",
-    "data_interval_start",
-    "data_interval_end",
-    PREV_SUCCESS,
-    "run_id",
-    "run_type",
-    "dag_run",
-    "params",
-    "task",
-    "ti",
-    "macros",
-)
-
-#: The start of a template: a string holding none of these renders to itself (and is not
-#: compiled).
-_MARKERS = ("{{", "{%", "{#")
-#: Compiled string templates kept per environment; past this many, the cache starts over.
-_MAX_CACHED = 2048
+#: Template variables that read the store when a template uses them (rendered off the loop).
+_READS_STORE = frozenset({"var", "conn", "ti", "task_instance"})
 
 
-class TemplateRenderError(Exception):
-    """A templated field could not be rendered (undefined variable, syntax error, missing
-    template file): fails the try like any other error of the task."""
+class RenderedTask(NamedTuple):
+    """What :func:`render_task` gives the worker."""
+
+    #: The call's context (``execute(context)``), its templated fields rendered onto the
+    #: operator.
+    context: dict[str, Any]
+    #: What the templated fields rendered to, as JSON data with secrets masked (stored with
+    #: the try); None when no field held a template.
+    fields: dict[str, Any] | None
 
 
-# -- the values of a run ------------------------------------------------------------------
+async def render_task(
+    ti: ClaimedTask,
+    op: BaseOperator,
+    *,
+    store: Store,
+    default_deferrable: bool,
+    task_instance: Any = None,
+) -> RenderedTask:
+    """Build the context of one call of ``op`` (``ti``'s try) and render its templated fields
+    in place: the one entry point the worker calls, before ``execute`` and again before a
+    resumed method (from the same values).
 
-
-class RunValues(NamedTuple):
-    """What templates need of the run beyond its logical date."""
-
-    data_interval_start: dt.datetime
-    data_interval_end: dt.datetime
-    params: dict[str, Any]
-
-
-def run_values(ti: ClaimedTask, dag: Any) -> RunValues:
-    """The data interval and params of the run ``ti`` belongs to.
-
-    The interval is the run's (``claim_tasks`` returns it; a run without one, from before
-    schedules, falls back to ``[logical_date, logical_date]``); ``params`` are the DAG's
-    ``params``, overridden by the run's ``conf`` keys of the same name (Airflow's default)."""
-    logical_date = ti.logical_date
-    start = ti.data_interval_start or logical_date
-    end = ti.data_interval_end or logical_date
-    params = dict(getattr(dag, "params", None) or {})
-    conf = ti.conf or {}
-    for key in params.keys() & conf.keys():
-        params[key] = conf[key]
-    return RunValues(start, end, params)
-
-
-# -- the context ----------------------------------------------------------------------------
-
-
-class DagRunInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """``dag_run`` in templates and the context."""
-
-    dag_id: str
-    run_id: str
-    logical_date: dt.datetime
-    data_interval_start: dt.datetime
-    data_interval_end: dt.datetime
-    conf: dict[str, Any]
-    #: ``scheduled``, ``manual`` or ``backfill``.
-    run_type: str = "manual"
-
-
-class TaskInstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """``ti`` in templates and the context."""
-
-    id: int
-    dag_id: str
-    run_id: str
-    task_id: str
-    try_number: int
-
-
-def ds_add(ds: str, days: int) -> str:
-    """``ds`` (``YYYY-MM-DD``) plus ``days`` (negative: minus): ``ds_add('2026-01-31', 1)`` is
-    ``'2026-02-01'``."""
-    return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
-
-
-def ds_format(ds: str, input_format: str, output_format: str) -> str:
-    """``ds`` read with ``input_format`` and written with ``output_format`` (strftime codes):
-    ``ds_format('2026-01-31', '%Y-%m-%d', '%d/%m/%Y')`` is ``'31/01/2026'``."""
-    return dt.datetime.strptime(ds, input_format).strftime(output_format)
-
-
-#: ``macros`` in templates and the context.
-MACROS = types.SimpleNamespace(
-    ds_add=ds_add, ds_format=ds_format, datetime=dt.datetime, timedelta=dt.timedelta
-)
-
-
-def build_context(
-    ti: ClaimedTask, op: BaseOperator, dag: Any, *, default_deferrable: bool
-) -> dict[str, Any]:
-    """The context of one call of a task: the engine's own keys and every template variable
-    but :data:`PREV_SUCCESS`, which the caller adds when :func:`wants` says it is asked for."""
-    logical_date = ti.logical_date
-    utc = logical_date.astimezone(dt.UTC)
-    ds = utc.date().isoformat()  # (strftime costs several times as much, on every call)
-    ds_nodash = ds.replace("-", "")
-    values = run_values(ti, dag)
-    return {
-        "dag_id": ti.dag_id,
-        "run_id": ti.run_id,
-        "task_id": ti.task_id,
-        "try_number": ti.try_number,
-        "logical_date": logical_date,
-        "conf": ti.conf,
-        "ti_id": ti.id,
-        "first_try_at": ti.first_try_at,
-        "claimed_at": ti.db_now,
-        "default_deferrable": default_deferrable,
-        "ds": ds,
-        "ds_nodash": ds_nodash,
-        "ts": utc.isoformat(),
-        "ts_nodash": f"{ds_nodash}T{utc.hour:02d}{utc.minute:02d}{utc.second:02d}",
-        "data_interval_start": values.data_interval_start,
-        "data_interval_end": values.data_interval_end,
-        "run_type": ti.run_type,
-        "dag_run": DagRunInfo(
-            dag_id=ti.dag_id,
-            run_id=ti.run_id,
-            logical_date=logical_date,
-            data_interval_start=values.data_interval_start,
-            data_interval_end=values.data_interval_end,
-            conf=ti.conf,
-            run_type=ti.run_type,
-        ),
-        "params": values.params,
-        "task": op,
-        "ti": TaskInstanceInfo(
-            id=ti.id,
-            dag_id=ti.dag_id,
-            run_id=ti.run_id,
-            task_id=ti.task_id,
-            try_number=ti.try_number,
-        ),
-        "macros": MACROS,
-    }
-
-
-def child_context(context: Mapping[str, Any]) -> dict[str, Any]:
-    """The context as plain data, for a child process (isolation="process"): without the
-    operator and the macros, which the child puts back (:func:`restore_context`)."""
-    return {k: v for k, v in context.items() if k not in ("task", "macros")}
-
-
-def restore_context(plain: Mapping[str, Any], op: BaseOperator) -> dict[str, Any]:
-    """The context a child process gives its task, from :func:`child_context`'s data."""
-    context = dict(plain)
-    if isinstance(context.get("dag_run"), Mapping):
-        context["dag_run"] = msgspec.convert(context["dag_run"], DagRunInfo)
-    if isinstance(context.get("ti"), Mapping):
-        context["ti"] = msgspec.convert(context["ti"], TaskInstanceInfo)
-    context["task"] = op
-    context["macros"] = MACROS
-    return context
-
-
-# -- rendering --------------------------------------------------------------------------
-
-
-class _Env:
-    """One Jinja environment (a DAG folder and search path) and its compiled templates."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-        self.jinja = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(paths),
-            undefined=jinja2.StrictUndefined,
-            autoescape=False,
-            keep_trailing_newline=True,
-            cache_size=_MAX_CACHED,
+    Template files are read, and templates that read Variables or Connections (or call the
+    DAG's own macros) rendered, in a worker thread: off the event loop. Variables and stored
+    Connections are read through ``store`` for the rest of the call (task code too).
+    ``task_instance``: the ``ti`` (and ``task_instance``) of the context when given (the
+    worker's, with XCom: engine/worker/xcom.py); templates that read it are rendered in a
+    worker thread too (``ti.xcom_pull`` waits for the loop)."""
+    bind_store_here(store)
+    context = build_context(ti, op, op.dag, default_deferrable=default_deferrable)
+    if task_instance is not None:
+        context["ti"] = context["task_instance"] = task_instance
+    if reads_files(op):
+        prepared = await anyio.to_thread.run_sync(prepare, op)
+    else:
+        prepared = prepare(op)
+    if any(wants(op, prepared, key) for key in PREV_SUCCESS_KEYS):
+        row = await with_db_retry(
+            "look up the previous successful run",
+            lambda: store.prev_success_run(ti.dag_id, ti.logical_date),
         )
-        self._compiled: dict[str, _Template] = {}
-        self._files: dict[str, _Template] = {}
-        self._lock = threading.Lock()
-
-    def from_string(self, source: str) -> _Template:
-        found = self._compiled.get(source)
-        if found is None:
-            found = _compile(self.jinja, source, self.jinja.from_string)
-            with self._lock:
-                if len(self._compiled) >= _MAX_CACHED:
-                    self._compiled.clear()
-                self._compiled[source] = found
-        return found
-
-    def from_file(self, name: str) -> _Template:
-        """The template file ``name``: an absolute path, or relative to the DAG folder or a
-        search path entry (the first that has it)."""
-        if os.path.isabs(name):
-            try:
-                source = Path(name).read_text()
-            except OSError as exc:
-                raise jinja2.TemplateNotFound(name) from exc
-            return self.from_string(source)
-        found = self._files.get(name)
-        if found is None or not found.template.is_up_to_date:
-            template = self.jinja.get_template(name)  # (jinja keeps it while the file is)
-            source, _, _ = self.jinja.loader.get_source(self.jinja, name)  # type: ignore[union-attr]
-            found = _compile(self.jinja, source, lambda _s: template)
-            with self._lock:
-                self._files[name] = found
-        return found
+        context.update(prev_success_values(row))
+    if prepared.names & _READS_STORE or getattr(op.dag, "user_defined_macros", None):
+        rendered = await anyio.to_thread.run_sync(prepared.render, context)
+    else:
+        rendered = prepared.render(context)
+    return RenderedTask(context, None if rendered is None else redact(jsonable(rendered)))
 
 
-class _Template(NamedTuple):
-    template: jinja2.Template
-    #: The variables it reads (of the template itself; not of templates it includes).
-    names: frozenset[str]
-
-
-def _compile(
-    env: jinja2.Environment, source: str, make: Callable[[str], jinja2.Template]
-) -> _Template:
-    names = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
-    return _Template(make(source), names)
-
-
-_envs: dict[tuple[str, ...], _Env] = {}
-_envs_lock = threading.Lock()
-
-
-def _env_for(op: BaseOperator) -> _Env:
-    """The environment of the operator's DAG: its file's folder, then its search path."""
-    dag = getattr(op, "dag", None)
-    fileloc = getattr(dag, "fileloc", None) or ""
-    key = (fileloc, *(str(p) for p in getattr(dag, "template_searchpath", None) or ()))
-    env = _envs.get(key)
-    if env is None:
-        paths = [str(Path(fileloc).resolve().parent)] if fileloc else []
-        paths.extend(key[1:])
-        with _envs_lock:
-            env = _envs.setdefault(key, _Env(paths))
-    return env
+# -- compiling a task's fields -------------------------------------------------------------
 
 
 class _Field(NamedTuple):
     """A template inside a field's value, where it sits."""
 
-    template: _Template
+    template: CompiledTemplate
 
 
 class _Container(NamedTuple):
@@ -324,15 +160,29 @@ class _Container(NamedTuple):
     items: Any
 
 
+class _Nested(NamedTuple):
+    """An object with ``template_fields`` of its own, and its fields' compiled values."""
+
+    obj: Any
+    fields: dict[str, Any]
+
+
 class Prepared:
     """A task's templated fields, compiled: which variables they read, and how to render
     them onto the operator."""
 
-    __slots__ = ("_fields", "names", "op")
+    __slots__ = ("_env", "_fields", "names", "op")
 
-    def __init__(self, op: BaseOperator, fields: dict[str, Any], names: frozenset[str]) -> None:
+    def __init__(
+        self,
+        op: BaseOperator,
+        fields: dict[str, Any],
+        names: frozenset[str],
+        env: Env | None = None,
+    ) -> None:
         self.op = op
         self._fields = fields
+        self._env = env
         #: Every variable the templates read.
         self.names = names
 
@@ -346,23 +196,42 @@ class Prepared:
             if name in self._fields:
                 try:
                     value = _render(self._fields[name], context)
-                except jinja2.TemplateError as exc:
-                    raise _error(self.op, name, exc) from None
+                except (jinja2.TemplateError, TypeError, ValueError) as exc:
+                    raise _error(self.op, name, exc, context, self._env) from None
                 setattr(self.op, name, value)
             rendered[name] = getattr(self.op, name, None)
         return rendered
 
 
-def _error(op: BaseOperator, field: str, exc: Exception) -> TemplateRenderError:
+_UNDEFINED_NAME = re.compile(r"^'([^']+)' is undefined$")
+
+
+def _error(
+    op: BaseOperator,
+    field: str,
+    exc: Exception,
+    context: Mapping[str, Any] | None = None,
+    env: Env | None = None,
+) -> TemplateRenderError:
     dag = getattr(op, "dag", None)
     task = f"{dag.dag_id}.{op.task_id}" if dag is not None else op.task_id
     if isinstance(exc, jinja2.TemplateNotFound):
-        searched = ", ".join(_env_for(op).paths) or "(no DAG folder, no template_searchpath)"
+        searched = ", ".join(env_for(op).paths) or "(no DAG folder, no template_searchpath)"
         detail = f"template file {exc.name!r} not found in {searched}"
     elif isinstance(exc, jinja2.TemplateSyntaxError):
         detail = f"template syntax error: {exc.message} (line {exc.lineno})"
+    elif isinstance(exc, jinja2.exceptions.SecurityError):
+        detail = f"refused by the template sandbox: {exc}"
     else:
-        detail = str(exc)
+        detail = (
+            str(exc) if isinstance(exc, jinja2.TemplateError) else f"{type(exc).__name__}: {exc}"
+        )
+        found = _UNDEFINED_NAME.match(detail)
+        if found is not None and context is not None:
+            known = set(context)
+            if env is not None:
+                known |= set(env.jinja.globals)
+            detail += close_names(found.group(1), known)
     return TemplateRenderError(f"task {task}: template field {field!r}: {detail}")
 
 
@@ -375,54 +244,79 @@ def prepare(op: BaseOperator) -> Prepared:
     templated = [
         (name, value)
         for name in getattr(op, "template_fields", ())
-        if _holds_template(value := getattr(op, name, None), ext)
+        if _may_hold_template(value := getattr(op, name, None), ext)
     ]
     if not templated:  # the common case: no Jinja environment, nothing compiled
         return Prepared(op, fields, frozenset())
-    env = _env_for(op)
+    env = env_for(op)
     for name, value in templated:
         try:
-            compiled, found = _compile_value(env, value, ext)
+            compiled, found = _compile_value(env, value, ext, set())
         except jinja2.TemplateError as exc:
-            raise _error(op, name, exc) from None
-        if found:
+            raise _error(op, name, exc, None, env) from None
+        if found is not None:
             fields[name] = compiled
             names.update(found)
-    return Prepared(op, fields, frozenset(names))
+    return Prepared(op, fields, frozenset(names), env)
 
 
-def _compile_value(env: _Env, value: Any, ext: tuple[str, ...]) -> tuple[Any, set[str] | None]:
-    """``value`` with its templates compiled (as :class:`_Field`) and the names they read;
-    None instead of the names when it holds no template."""
+def _compile_value(
+    env: Env, value: Any, ext: tuple[str, ...], seen: set[int]
+) -> tuple[Any, set[str] | None]:
+    """``value`` with its templates compiled and the names they read; None instead of the
+    names when it holds no template (an empty set: templates that read no variable)."""
     if isinstance(value, str):
         if ext and value.endswith(ext):
             tpl = env.from_file(value)
-        elif any(m in value for m in _MARKERS):
+        elif env.is_template(value):
             tpl = env.from_string(value)
         else:
             return value, None
         return _Field(tpl), set(tpl.names)
     if isinstance(value, list | tuple | set | frozenset):
-        items, names = _compile_items(env, value, ext)
+        items, names = _compile_items(env, value, ext, seen)
         if names is None:
             return value, None
         return _Container(type(value), items), names
     if isinstance(value, dict):
         keys = list(value)
-        items, names = _compile_items(env, value.values(), ext)
+        items, names = _compile_items(env, value.values(), ext, seen)
         if names is None:
             return value, None
         return _Container(dict, dict(zip(keys, items, strict=True))), names
+    inner = _template_fields_of(value)
+    if inner and id(value) not in seen:
+        seen.add(id(value))
+        nested: dict[str, Any] = {}
+        found: set[str] | None = None
+        for attr in inner:
+            compiled, names_ = _compile_value(env, getattr(value, attr, None), ext, seen)
+            if names_ is not None:
+                nested[attr] = compiled
+                found = (found or set()) | names_
+        if found is not None:
+            return _Nested(value, nested), found
     return value, None
 
 
+def _template_fields_of(value: Any) -> tuple[str, ...]:
+    """The ``template_fields`` of an object that is not a plain value (a nested object of
+    the user's, as in Airflow)."""
+    if value is None or isinstance(value, int | float | bytes | dt.date | dt.time | type):
+        return ()
+    fields = getattr(value, "template_fields", None)
+    if isinstance(fields, str) or not isinstance(fields, list | tuple):
+        return ()
+    return tuple(f for f in fields if isinstance(f, str))
+
+
 def _compile_items(
-    env: _Env, values: Iterable[Any], ext: tuple[str, ...]
+    env: Env, values: Iterable[Any], ext: tuple[str, ...], seen: set[int]
 ) -> tuple[list[Any], set[str] | None]:
     items: list[Any] = []
     names: set[str] | None = None
     for item in values:
-        compiled, found = _compile_value(env, item, ext)
+        compiled, found = _compile_value(env, item, ext, seen)
         items.append(compiled)
         if found is not None:
             names = (names or set()) | found
@@ -445,6 +339,10 @@ def _render(compiled: Any, context: Mapping[str, Any]) -> Any:
             return kind(rendered)
         except TypeError:
             return tuple(rendered)
+    if isinstance(compiled, _Nested):
+        for attr, value in compiled.fields.items():
+            setattr(compiled.obj, attr, _render(value, context))
+        return compiled.obj
     return compiled
 
 
@@ -453,19 +351,33 @@ def reads_files(op: BaseOperator) -> bool:
     ext = tuple(getattr(op, "template_ext", ()) or ())
     if not ext:
         return False
-    return any(_holds_template(getattr(op, f, None), ext, ()) for f in op.template_fields)
+    return any(_names_file(getattr(op, f, None), ext, set()) for f in op.template_fields)
 
 
-def _holds_template(value: Any, ext: tuple[str, ...], markers: tuple[str, ...] = _MARKERS) -> bool:
-    """Whether ``value`` holds a string that is a template (``markers``) or names a template
-    file (``ext``), nested in containers too."""
+def _names_file(value: Any, ext: tuple[str, ...], seen: set[int]) -> bool:
     if isinstance(value, str):
-        return bool(ext and value.endswith(ext)) or any(m in value for m in markers)
+        return value.endswith(ext)
     if isinstance(value, list | tuple | set | frozenset):
-        return any(_holds_template(v, ext, markers) for v in value)
+        return any(_names_file(v, ext, seen) for v in value)
     if isinstance(value, dict):
-        return any(_holds_template(v, ext, markers) for v in value.values())
+        return any(_names_file(v, ext, seen) for v in value.values())
+    inner = _template_fields_of(value)
+    if inner and id(value) not in seen:
+        seen.add(id(value))
+        return any(_names_file(getattr(value, a, None), ext, seen) for a in inner)
     return False
+
+
+def _may_hold_template(value: Any, ext: tuple[str, ...]) -> bool:
+    """Whether a field's value holds a string or a nested object with templated fields: a
+    value of numbers, None or other plain data needs no environment."""
+    if isinstance(value, str):
+        return True
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_may_hold_template(v, ext) for v in value)
+    if isinstance(value, dict):
+        return any(_may_hold_template(v, ext) for v in value.values())
+    return bool(_template_fields_of(value))
 
 
 def wants(op: BaseOperator, prepared: Prepared, name: str) -> bool:
@@ -502,4 +414,7 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
+    fields = _template_fields_of(value)
+    if fields:
+        return {f: jsonable(getattr(value, f, None)) for f in fields}
     return repr(value)

@@ -544,30 +544,20 @@ class Worker:
         """The call's context, with ``op``'s templated fields rendered in place (before
         ``execute`` and again before a resumed method, from the same values; what they
         rendered to is stored at the start of the try)."""
-        context = templating.build_context(
-            ti, op, op.dag, default_deferrable=self.default_deferrable
-        )
         loop = asyncio.get_running_loop()
         rti = xcom.bind(ti, self.store, max_bytes=self.xcom_max_bytes, loop=loop)
-        context["ti"] = rti
-        if templating.reads_files(op):  # template files: read off the loop
-            prepared = await anyio.to_thread.run_sync(templating.prepare, op)
-        else:
-            prepared = templating.prepare(op)
-        if templating.wants(op, prepared, templating.PREV_SUCCESS):
-            context[templating.PREV_SUCCESS] = await with_db_retry(
-                "look up the previous successful run",
-                lambda: self.store.prev_success_interval_start(ti.dag_id, ti.logical_date),
-            )
-        if "ti" in prepared.names:  # ti.xcom_pull() waits for the loop: render in a thread
-            rendered = await anyio.to_thread.run_sync(prepared.render, context)
-        else:
-            rendered = prepared.render(context)
+        rendered = await templating.render_task(
+            ti,
+            op,
+            store=self.store,
+            default_deferrable=self.default_deferrable,
+            task_instance=rti,
+        )
         # XComArgs in templated fields: their values (after rendering: values are not templates)
-        await xcom.resolve_refs(op, rti, rendered)
-        if rendered is not None and not ti.next_method:
-            await self._store_rendered(ti, rendered)
-        return context  # type: ignore[return-value]
+        await xcom.resolve_refs(op, rti, rendered.fields)
+        if rendered.fields is not None and not ti.next_method:
+            await self._store_rendered(ti, rendered.fields)
+        return rendered.context  # type: ignore[return-value]
 
     async def _store_rendered(self, ti: ClaimedTask, rendered: dict[str, Any]) -> None:
         """Keep what the fields rendered to; a failure to do so only costs the display."""

@@ -22,7 +22,9 @@ from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from engine.masking import redact
 from engine.runtime.retry import with_db_retry
+from engine.worker.templating import jsonable
 from operators.xcom import RETURN_KEY, find_refs, replace_refs
 from triggers.base import decode_value
 from triggers.values import encode_data
@@ -65,7 +67,7 @@ def encode_xcom(task: str, key: str, value: Any, max_bytes: int) -> bytes:
         raise XComError(
             f"task {task}: XCom {key!r} cannot be stored as its value: {exc}; return or push "
             "JSON-like data (None, bool, int, float, str, list, dict with str keys) or "
-            "datetime, date, time, UUID, Decimal, bytes"
+            "datetime, date, time, timedelta, UUID, Decimal, bytes"
         ) from None
     if len(data) > max_bytes:
         raise XComError(
@@ -281,12 +283,12 @@ async def resolve_refs(
     for name, value in fields.items():
         setattr(op, name, replace_refs(value, values))
         if rendered is not None and name in rendered:
-            rendered[name] = getattr(op, name)
+            rendered[name] = redact(jsonable(getattr(op, name)))
 
 
 def plain_context(context: Any) -> Any:
     """The context with ``ti`` as plain data (for a child process, which has no store)."""
     rti = context.get("ti")
     if isinstance(rti, RuntimeTaskInstance):
-        return {**context, "ti": rti.info()}
+        return {**context, "ti": rti.info(), "task_instance": rti.info()}
     return context

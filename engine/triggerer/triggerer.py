@@ -3,7 +3,8 @@
 The parts, one module each: the held set and its invariant (``held``), claiming (``claims``),
 running one trigger (``running``), deadlines (``deadlines``), the lease as the loop sees it
 (``ownership``; the lease thread is engine/triggerer/lease.py), the blocked-loop policy
-(``blocking``) and the outcomes' writer (engine/runtime/outbox.py, in ``shared``).
+(``blocking``) and the outcomes' writer (``outcomes``, on engine/runtime/outbox.py); the
+loop's state they share is ``state``.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ from engine.triggerer.classes import TriggerClasses
 from engine.triggerer.deadlines import Deadlines
 from engine.triggerer.held import Held
 from engine.triggerer.lease import LeaseKeeper
+from engine.triggerer.outcomes import TriggerOutbox
 from engine.triggerer.ownership import Ownership, ensure_listening
 from engine.triggerer.running import TriggerRunner
-from engine.triggerer.shared import Shared
+from engine.triggerer.state import LoopState
 from engine.triggerer.watchdog import BlockReport, LoopWatchdog
 from engine.usercode import guard as usercode
-from engine.usercode.logsink import LogLimits
+from engine.usercode.loglimits import LogLimits
 from operators.base import DEFAULT_QUEUE
 
 __all__ = ["Triggerer"]
@@ -88,13 +90,15 @@ class Triggerer:
         if allow is not None:
             # A class the allow-list refuses is counted, but not as a series of its own.
             self.metrics.admit_classes(allow)
-        self._shared = shared = Shared(store, self.metrics, log_limits)
-        self.metrics.watch_triggerer(lambda: len(shared.held), capacity)
+        self._state = state = LoopState(store, self.metrics, log_limits)
+        self._outcomes = outcomes = TriggerOutbox(state)
+        self.metrics.watch_triggerer(lambda: len(state.held), capacity)
         self._lease: LeaseKeeper | None = None
-        self._runner = TriggerRunner(shared, cleanup_timeout_s=cleanup_timeout_s)
-        self._deadlines = Deadlines(shared)
+        self._runner = TriggerRunner(state, outcomes, cleanup_timeout_s=cleanup_timeout_s)
+        self._deadlines = Deadlines(state)
         self._claimer = Claimer(
-            shared,
+            state,
+            outcomes,
             self._runner,
             self._deadlines,
             capacity=capacity,
@@ -104,7 +108,8 @@ class Triggerer:
             classes=TriggerClasses(dags_folder),
         )
         self._ownership = Ownership(
-            shared,
+            state,
+            outcomes,
             capacity=capacity,
             lease_s=lease_s,
             max_block_s=max_block_s,
@@ -112,26 +117,26 @@ class Triggerer:
             queues=self.queues,
         )
         self._blocking = BlockPolicy(
-            shared, cancel_blocking_after=cancel_blocking_after, max_block_s=max_block_s
+            state, outcomes, cancel_blocking_after=cancel_blocking_after, max_block_s=max_block_s
         )
 
     # -- what tests, benchmarks and the CLI read ---------------------------------------------
 
     @property
     def id(self) -> int | None:
-        return self._shared.id
+        return self._state.id
 
     @property
     def held(self) -> dict[int, Held]:
-        return self._shared.held.triggers
+        return self._state.held.triggers
 
     @property
     def peak_held(self) -> int:
-        return self._shared.held.peak
+        return self._state.held.peak
 
     @property
     def fired(self) -> int:
-        return self._shared.fired
+        return self._outcomes.fired
 
     @property
     def blocks(self) -> list[BlockReport]:
@@ -140,15 +145,14 @@ class Triggerer:
     @property
     def unwritten_events(self) -> int:
         """Outcomes produced but not written yet (queued, or in the write in flight)."""
-        outbox = self._shared.outbox
-        return len(outbox) + outbox.in_flight
+        return len(self._outcomes) + self._outcomes.in_flight
 
     def stats(self) -> dict[str, float]:
         return {
             "held": len(self.held),
             "peak_held": self.peak_held,
             "fired": self.fired,
-            "outbox": len(self._shared.outbox),
+            "outbox": len(self._outcomes),
             "time": time.time(),
         }
 
@@ -165,22 +169,22 @@ class Triggerer:
     def stop(self) -> None:
         """Graceful stop: write pending events, cancel the triggers, release them to others.
         Safe before ``run`` (``run`` then returns at once) and more than once."""
-        self._shared.stopping = True
-        self._shared.claim_wake.set()
+        self._state.stopping = True
+        self._state.claim_wake.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        shared = self._shared
-        if shared.stopping:
+        state = self._state
+        if state.stopping:
             log.info("triggerer stopped before it started")
             task_status.started()
             return
-        shared.loop = asyncio.get_running_loop()
-        usercode.install(shared.loop)
-        shared.logs.open()
+        state.loop = asyncio.get_running_loop()
+        usercode.install(state.loop)
+        state.logs.open()
         # Every trigger task (started from this task's claimer) stores its lines there.
-        shared.logs.bind_triggers()
+        state.logs.bind_triggers()
         watchdog = LoopWatchdog(
-            shared.loop,
+            state.loop,
             threshold_s=self.blocked_loop_s,
             on_block=self._blocking.on_block,
             limit_s=self.max_block_s,
@@ -189,45 +193,45 @@ class Triggerer:
         lease = self._lease = self._ownership.keeper(
             watchdog.lag_s, lambda: self._blocking.health(watchdog.lag_p99_s())
         )
-        self._blocking.attach(shared.loop, lease)
+        self._blocking.attach(state.loop, lease)
         listener = self.store.listener(CHANNEL_TRIGGERS, CHANNEL_DEADLINES)
         listener.on_notify(self._on_notify)
         watchdog.start()
         lease.start()
         try:
             await ensure_listening(listener)
-            while shared.id is None and not shared.stopping:
-                await shared.claim_wake.wait(None)  # set by the registration (and stop)
-            if shared.id is None:
+            while state.id is None and not state.stopping:
+                await state.claim_wake.wait(None)  # set by the registration (and stop)
+            if state.id is None:
                 task_status.started()
                 return
             async with anyio.create_task_group() as tg:
-                tg.start_soon(shared.outbox.run, name="triggerer-writer")
-                tg.start_soon(shared.logs.run, name="triggerer-logs")
+                tg.start_soon(self._outcomes.run, name="triggerer-writer")
+                tg.start_soon(state.logs.run, name="triggerer-logs")
                 tg.start_soon(self._deadlines.run, name="triggerer-deadlines")
                 tg.start_soon(self._ownership.run, listener, name="triggerer-ownership")
                 task_status.started()
                 await self._claimer.run()
                 with anyio.move_on_after(max(self.lease_s, 5.0)):
-                    await shared.outbox.drain()  # events already produced, before letting go
+                    await self._outcomes.drain()  # events already produced, before letting go
                 tg.cancel_scope.cancel()
         finally:
             watchdog.stop()
             with anyio.move_on_after(self.cleanup_timeout_s + 5, shield=True):
                 await self._shutdown(listener, lease)
-            log.info("triggerer %s stopped", shared.id)
+            log.info("triggerer %s stopped", state.id)
 
     async def _shutdown(self, listener: Listener, lease: LeaseKeeper) -> None:
-        tasks = self._shared.held.drop_all()
+        tasks = self._state.held.drop_all()
         if tasks:
             await asyncio.wait(tasks, timeout=self.cleanup_timeout_s + 1)
         await listener.close()
-        await self._shared.logs.close()  # what the triggers logged until now
+        await self._state.logs.close()  # what the triggers logged until now
         # The lease thread first: renewing a registration while it is released would find it
         # gone and register again. (Its connection closing frees the session lock, so peers
         # may reap what is left at the same time as the release below: both only free.)
         await anyio.to_thread.run_sync(lease.stop)
-        triggerer_id = self._shared.id
+        triggerer_id = self._state.id
         if triggerer_id is not None:
             try:
                 released = await self.store.release_triggerer(triggerer_id)
@@ -243,8 +247,8 @@ class Triggerer:
         if channel == CHANNEL_DEADLINES:
             self._deadlines.notified(payload)
         else:
-            self._shared.claim_wake.set()
+            self._state.claim_wake.set()
 
     def _drop(self, trigger_id: int) -> None:
         """Stop running a trigger without writing anything (tests lose one in memory so)."""
-        self._shared.held.drop(trigger_id)
+        self._state.held.drop(trigger_id)
