@@ -23,6 +23,7 @@ __all__ = [
     "RETURN_KEY",
     "PokeReturnValue",
     "XComArg",
+    "XComError",
     "current_context",
     "find_refs",
     "get_current_context",
@@ -31,6 +32,13 @@ __all__ = [
 
 #: The key of a task's return value.
 RETURN_KEY = "return_value"
+
+
+class XComError(Exception):
+    """A value a task returned or pushed cannot be stored as an XCom (its type, or its size
+    past the setting ``xcom_max_bytes``): it fails the task without retries (the same value
+    would be refused again)."""
+
 
 # (Typed loosely: this module imports nothing of operators.base, which imports it.)
 _current: ContextVar[Any] = ContextVar("deferral_current_context", default=None)

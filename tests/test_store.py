@@ -16,7 +16,8 @@ from engine.dags.dagbag import DagBag
 from engine.store import ClaimedTask, Deferral, Store, TaskOutcome
 from engine.store.databases import create_database, drop_database
 from engine.store.queries import load_queries, migrations, schema_sql
-from engine.worker.worker import Worker, _Queued
+from engine.worker.recorder import _Queued
+from engine.worker.worker import Worker
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 from tests.triggers_for_tests import NeverTrigger
@@ -311,7 +312,7 @@ async def test_an_outcome_the_database_refuses_fails_only_its_own_try(store: Sto
         _Queued(TaskOutcome(ti_id=by_name[name].id, worker_id=worker.id, try_number=1, kind=kind))
         for name, kind in (("ok", "success"), ("odd", "no-such-state"))
     ]
-    await worker._write(queued)
+    await worker.recorder.write(queued)
     assert [q.state for q in queued] == ["success", "failed"]
     rows = {r.task_id: r for r in await store.list_task_instances(dag_id="refused")}
     assert rows["ok"].state == "success"

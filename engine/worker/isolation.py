@@ -11,10 +11,10 @@ the worker did: it imports the task's DAG file itself (the worker's ``sys.path``
 as ``PYTHONPATH``), so nothing of the operator needs to be picklable. The request (the file,
 the DAG and task ids, the method, the context and the resume kwargs) comes on its stdin as
 MessagePack; the reply goes to the stdout it was started with, while the task's own prints
-go to stderr with its log lines. What the task did comes back as a :data:`Reply`: its result
-(encoded as the store keeps it), the traceback text of an exception, or a deferral,
-reschedule, skip or fail, which the worker turns back into the same exceptions a thread would
-have raised.
+go to stderr with its log lines. What the task did is classified in the child by the function
+a worker thread uses (:func:`engine.worker.outcomes.outcome_of_call`) and comes back as that
+:data:`~engine.worker.outcomes.TryOutcome`, as it is: the worker records it as it would a
+thread's.
 
 The child runs in a process group of its own, which the worker signals; and it watches its
 worker: if the worker dies (even by SIGKILL), the child kills its own process group.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -42,24 +43,16 @@ from typing import Any
 import anyio
 import msgspec
 
-from engine.usercode.tracebacks import format_user_exception
+from engine.worker.outcomes import TryOutcome, outcome_of_call
 from operators.bash import clean_env
 
 __all__ = [
     "DEFAULT_KILL_GRACE_S",
     "ChildEnded",
-    "Deferred",
-    "Failed",
-    "Raised",
-    "Reply",
     "Request",
-    "Rescheduled",
-    "Returned",
-    "Skipped",
-    "TaskError",
     "child_env",
-    "outcome_of",
     "run_isolated",
+    "run_request",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,86 +89,8 @@ class Request(msgspec.Struct, frozen=True):
     parent_pid: int = 0
 
 
-class Returned(msgspec.Struct, frozen=True, tag="returned"):
-    """``triggers.values.encode_data`` of the return value (None for None)."""
-
-    result: bytes | None
-
-
-class Raised(msgspec.Struct, frozen=True, tag="raised"):
-    """The task raised: the traceback text; ``no_retry`` when retrying cannot help."""
-
-    error: str
-    no_retry: bool = False
-
-
-class Deferred(msgspec.Struct, frozen=True, tag="deferred"):
-    """A ``TaskDeferred``, field by field (the trigger already serialized)."""
-
-    classpath: str
-    trigger_kwargs: bytes
-    dedup_key: str
-    method_name: str
-    method_kwargs: bytes
-    #: As given (the worker checks it, as for a thread); a non-number as its repr.
-    timeout_s: float | int | bool | str | None
-
-
-class Rescheduled(msgspec.Struct, frozen=True, tag="rescheduled"):
-    """A ``RescheduleRequested``; a value that is not a datetime as its repr (refused)."""
-
-    at: Any
-
-
-class Skipped(msgspec.Struct, frozen=True, tag="skipped"):
-    message: str
-
-
-class Failed(msgspec.Struct, frozen=True, tag="failed"):
-    """A ``FailTask``."""
-
-    message: str
-
-
-Reply = Returned | Raised | Deferred | Rescheduled | Skipped | Failed
-
-
 class ChildEnded(Exception):
     """The child ended without a reply (killed, crashed, or ``os._exit`` in the task)."""
-
-
-class TaskError(Exception):
-    """The task raised in the child: ``error`` is the text to record (its traceback)."""
-
-    def __init__(self, error: str, *, no_retry: bool = False) -> None:
-        super().__init__(error)
-        self.error = error
-        self.no_retry = no_retry
-
-
-def outcome_of(reply: Reply) -> Any:
-    """What the call returned, or the exception it raised as a thread would have (a
-    :class:`TaskError` for any other exception, carrying the child's traceback)."""
-    from operators.base import FailTask, RescheduleRequested, SkipTask, TaskDeferred
-    from triggers.base import SerializedTrigger, decode_value
-
-    if isinstance(reply, Returned):
-        return None if reply.result is None else decode_value(reply.result)
-    if isinstance(reply, Raised):
-        raise TaskError(reply.error, no_retry=reply.no_retry)
-    if isinstance(reply, Deferred):
-        trigger = SerializedTrigger(reply.classpath, reply.trigger_kwargs, reply.dedup_key)
-        raise TaskDeferred(
-            trigger=trigger,
-            method_name=reply.method_name,
-            kwargs=decode_value(reply.method_kwargs),
-            timeout_s=reply.timeout_s,  # type: ignore[arg-type]  # checked by the worker
-        )
-    if isinstance(reply, Rescheduled):
-        raise RescheduleRequested(reply.at)
-    if isinstance(reply, Skipped):
-        raise SkipTask(reply.message)
-    raise FailTask(reply.message)
 
 
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -193,8 +108,8 @@ async def run_isolated(
     kill_grace_s: float = DEFAULT_KILL_GRACE_S,
     on_output: Callable[[str, int], None] | None = None,
     max_line_bytes: int = 0,
-) -> Reply | None:
-    """Run the request in a child process; its reply, or None if ``timeout_s`` passed first
+) -> TryOutcome | None:
+    """Run the request in a child process; how the try ended, or None if ``timeout_s`` passed first
     (the child is then gone: SIGTERM, and SIGKILL after ``kill_grace_s``). If the caller is
     cancelled, the child is stopped the same way. :class:`ChildEnded` if it died unanswered.
 
@@ -218,7 +133,7 @@ async def run_isolated(
                 tg.start_soon(_read_lines, proc.stderr, on_output, read_all, keep)
             else:
                 read_all.set()
-            reply: Reply | None = None
+            reply: TryOutcome | None = None
             ended: ChildEnded | None = None  # (raised out of the task group, not in it)
             with anyio.move_on_after(timeout_s):
                 try:
@@ -228,7 +143,7 @@ async def run_isolated(
                 else:
                     code = await proc.wait()
                     try:
-                        reply = msgspec.msgpack.decode(data, type=Reply) if data else None
+                        reply = msgspec.msgpack.decode(data, type=TryOutcome) if data else None
                     except msgspec.DecodeError as exc:
                         ended = ChildEnded(f"its reply could not be read ({exc})")
                     if not data:
@@ -366,61 +281,11 @@ def _call(request: Request) -> Any:
     return fn(context, **kwargs)
 
 
-def _encodable(value: Any) -> bool:
-    try:
-        msgspec.msgpack.encode(value)
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return True
-
-
-def run_request(request: Request) -> Reply:
-    """Run the task in this process; what it did, as a reply."""
-    from operators.base import FailTask, RescheduleRequested, SkipTask, TaskDeferred
-    from triggers.base import encode_value
-    from triggers.values import encode_data
-
-    try:
-        result = _call(request)
-    except TaskDeferred as deferred:
-        try:
-            method_kwargs = encode_value(deferred.kwargs)
-        except (TypeError, ValueError, OverflowError) as exc:
-            return Raised(
-                f"the task's deferral is invalid: the resume kwargs are not plain data: {exc}",
-                no_retry=True,
-            )
-        timeout_s = deferred.timeout_s
-        if not isinstance(timeout_s, int | float | None):
-            timeout_s = repr(timeout_s)
-        trigger = deferred.trigger
-        return Deferred(
-            classpath=trigger.classpath,
-            trigger_kwargs=trigger.kwargs,
-            dedup_key=trigger.dedup_key,
-            method_name=deferred.method_name,
-            method_kwargs=method_kwargs,
-            timeout_s=timeout_s,
-        )
-    except RescheduleRequested as req:
-        at = req.reschedule_at
-        return Rescheduled(at if _encodable(at) else repr(at))
-    except SkipTask as exc:
-        return Skipped(str(exc))
-    except FailTask as exc:
-        return Failed(str(exc))
-    except BaseException as exc:  # the task's own: reported, whatever it is
-        return Raised(format_user_exception(exc))
-    if result is None:
-        return Returned(None)
-    try:
-        return Returned(encode_data(result))  # (dates, UUIDs, decimals keep their types)
-    except (TypeError, ValueError, OverflowError) as exc:
-        return Raised(
-            f"the task returned {type(result).__name__}, which cannot be stored as its result "
-            f"({exc}); return plain data",
-            no_retry=True,
-        )
+def run_request(request: Request) -> TryOutcome:
+    """Run the task in this process; how the try ended (finding the operator and rendering
+    its fields included: what fails there fails the try as in the worker)."""
+    task = f"{request.dag_id}.{request.task_id}"
+    return outcome_of_call(functools.partial(_call, request), task=task)
 
 
 def _end_with_parent(parent_pid: int) -> None:

@@ -4,14 +4,15 @@
 (a value that does not encode, or is larger than the setting ``xcom_max_bytes``, raises
 :class:`XComError` there, which fails the task) and keeps it until the try's call ends: the
 pushes of a call that returns, defers, reschedules or skips are written, in one statement,
-just before its outcome (:func:`write_pushes`); a call that fails writes none of them.
+just before its outcome (:func:`finish_try`); a call that fails writes none of them.
 ``xcom_pull`` reads the store: from a worker thread (a plain ``def`` task, templates that
 read ``ti``) it waits for the worker's loop to run the query; an ``async def`` task awaits
-``xcom_pull_async`` instead. The return value is encoded by :func:`encode_result` and stored
-as the task's result, with its outcome, in one statement.
+``xcom_pull_async`` instead. The return value is encoded where the try's outcome is made
+(``outcomes.py``, also in an isolated task's child), checked against ``xcom_max_bytes`` by
+:func:`finish_try`, and stored as the task's result, with its outcome, in one statement.
 
 References (:class:`operators.xcom.XComArg`) in a task's templated fields are replaced by
-their values before the fields are rendered (:func:`resolve_refs`): one statement per key.
+their values once the fields are rendered (:func:`resolve_refs`): one statement per key.
 """
 
 from __future__ import annotations
@@ -24,8 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from engine.masking import redact
 from engine.runtime.retry import with_db_retry
+from engine.worker.outcomes import (
+    Deferred,
+    Raised,
+    Rescheduled,
+    Returned,
+    Skipped,
+    TryOutcome,
+    xcom_size_error,
+    xcom_type_error,
+)
 from engine.worker.templating import jsonable
-from operators.xcom import RETURN_KEY, find_refs, replace_refs
+from operators.xcom import RETURN_KEY, XComError, find_refs, replace_refs
 from triggers.base import decode_value
 from triggers.values import encode_data
 
@@ -36,22 +47,15 @@ if TYPE_CHECKING:
 __all__ = [
     "RuntimeTaskInstance",
     "XComError",
-    "encode_result",
     "encode_xcom",
+    "finish_try",
     "resolve_refs",
     "write_pushes",
 ]
 
-#: The setting that bounds a value's size.
-SETTING = "xcom_max_bytes"
 
 #: The ``ti`` of the try this asyncio task (one per try on the worker) runs.
 _bound: ContextVar[RuntimeTaskInstance | None] = ContextVar("deferral_xcom_ti", default=None)
-
-
-class XComError(Exception):
-    """A value a task returned or pushed cannot be stored as an XCom: it fails the task
-    (without retries: the same value would be refused again)."""
 
 
 def _task_name(dag_id: str, task_id: str) -> str:
@@ -64,26 +68,29 @@ def encode_xcom(task: str, key: str, value: Any, max_bytes: int) -> bytes:
     try:
         data = encode_data(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise XComError(
-            f"task {task}: XCom {key!r} cannot be stored as its value: {exc}; return or push "
-            "JSON-like data (None, bool, int, float, str, list, dict with str keys) or "
-            "datetime, date, time, timedelta, UUID, Decimal, bytes"
-        ) from None
+        raise XComError(xcom_type_error(task, key, exc)) from None
     if len(data) > max_bytes:
-        raise XComError(
-            f"task {task}: XCom {key!r}: the {type(value).__name__} encodes to {len(data)} "
-            f"bytes, over the limit of {max_bytes} bytes (setting {SETTING}); write large data "
-            "to object storage and pass its path instead"
-        )
+        what = f"the {type(value).__name__}"
+        raise XComError(xcom_size_error(task, key, what, len(data), max_bytes))
     return data
 
 
-def encode_result(ti: ClaimedTask, result: Any, max_bytes: int) -> bytes | None:
-    """The task's return value as its stored result (its ``return_value`` XCom); None for
-    None. XComError when it cannot be stored."""
-    if result is None:
-        return None
-    return encode_xcom(_task_name(ti.dag_id, ti.task_id), RETURN_KEY, result, max_bytes)
+async def finish_try(
+    store: Store, ti: ClaimedTask, worker_id: int, outcome: TryOutcome, max_bytes: int
+) -> TryOutcome:
+    """The try's outcome once its XComs are settled: a return value larger than
+    ``max_bytes`` fails it (no retry); a try that returned, deferred, rescheduled or skipped
+    has what it pushed written first (one statement; none when it pushed nothing); a failed
+    try writes none of it."""
+    if isinstance(outcome, Returned) and outcome.result is not None:
+        size = len(outcome.result)
+        if size > max_bytes:
+            name = _task_name(ti.dag_id, ti.task_id)
+            why = xcom_size_error(name, RETURN_KEY, "the return value", size, max_bytes)
+            return Raised(why, no_retry=True)
+    if isinstance(outcome, Returned | Deferred | Rescheduled | Skipped):
+        await write_pushes(store, ti, worker_id)
+    return outcome
 
 
 class RuntimeTaskInstance:

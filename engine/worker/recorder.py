@@ -1,0 +1,303 @@
+"""Recording how a try ended: one :data:`~engine.worker.outcomes.TryOutcome`, one ``match``.
+
+A deferral is one statement (``defer_task``: the trigger stored and the slot freed in one
+transaction), a reschedule another; a success, a skip or a failure joins the outbox, whose
+one writer ends every try queued meanwhile in one statement (``finish_tasks``) and settles
+what that changed downstream. Every write is fenced: it changes nothing unless this worker
+still holds that try, and a try it no longer holds is only logged. The slot stays held until
+the outcome is written.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from typing import assert_never
+
+import anyio
+
+from engine.runtime import metrics as _metrics
+from engine.runtime.crashpoints import crash_point
+from engine.runtime.outbox import Outbox
+from engine.runtime.retry import with_db_retry
+from engine.security.allow import TriggerNotAllowed, check_trigger
+from engine.states import TaskOutcomeKind
+from engine.store import ClaimedTask, Deferral, Store, TaskOutcome
+from engine.store.downstream import settle
+from engine.worker.outcomes import (
+    Deferred,
+    Failed,
+    InvalidDeferral,
+    Raised,
+    Rescheduled,
+    Returned,
+    Skipped,
+    TryOutcome,
+)
+from engine.worker.trylogs import UNSTORED, TryLogs
+from operators.base import MAX_WAIT_S
+from triggers.base import TriggerSerializationError, decode_value
+
+__all__ = ["FINISH_BATCH", "FINISH_BATCH_BYTES", "Recorder"]
+
+log = logging.getLogger("engine.worker")  # the process's logger
+
+#: At most this many outcomes, and about this many bytes of results and errors, per write.
+FINISH_BATCH = 500
+FINISH_BATCH_BYTES = 4 << 20
+
+
+class _Queued:
+    """An outcome waiting for the writer, and what the write made of it."""
+
+    __slots__ = ("done", "outcome", "state")
+
+    def __init__(self, outcome: TaskOutcome) -> None:
+        self.outcome = outcome
+        self.done = anyio.Event()
+        self.state: str | None = None
+
+    @property
+    def size(self) -> int:
+        o = self.outcome
+        return 64 + len(o.result or b"") + len(o.error or "")
+
+
+def _substitute_failure(queued: _Queued, exc: Exception) -> _Queued:
+    """The failure written in place of an outcome the database refused: without retries
+    (the same data would be refused again), saying why."""
+    outcome = queued.outcome
+    return _Queued(
+        TaskOutcome(
+            ti_id=outcome.ti_id,
+            worker_id=outcome.worker_id,
+            try_number=outcome.try_number,
+            kind="failed",
+            error=f"the outcome of this try could not be stored: {type(exc).__name__}: {exc}",
+            no_retry=True,
+        )
+    )
+
+
+class Recorder:
+    """Writes the outcomes of one worker's tries. ``allow``: the trigger allow-list (setting
+    trigger_allow; a deferral it refuses fails its task); ``abandoned``: the worker's set of
+    task instances it gave up on without an outcome (never adopted again)."""
+
+    def __init__(
+        self,
+        store: Store,
+        logs: TryLogs,
+        metrics: _metrics.Metrics,
+        *,
+        allow: Callable[[str], bool] | None,
+        abandoned: set[int],
+    ) -> None:
+        self._store = store
+        self._logs = logs
+        self._metrics = metrics
+        self._allow = allow
+        self._abandoned = abandoned
+        self._outbox = self._new_outbox()
+
+    async def run(self) -> None:
+        """The outbox's writer (the worker's task group)."""
+        await self._outbox.run()
+
+    async def record(
+        self, ti: ClaimedTask, worker_id: int, outcome: TryOutcome, *, started: float
+    ) -> None:
+        """Write how try ``ti`` ended (``started``: its ``time.perf_counter()`` at the start)."""
+        match outcome:
+            case Returned(result=payload):
+                await self._record_end(ti, worker_id, "success", payload)
+                what = f"resume at {ti.next_method}" if ti.next_method else "execute"
+                log.info("%s succeeded in %.1f ms", what, (time.perf_counter() - started) * 1000)
+            case Raised(error=error, no_retry=no_retry):
+                await self._record_failure(ti, worker_id, error, no_retry=no_retry)
+            case Deferred():
+                await self._record_deferral(ti, worker_id, outcome)
+            case Rescheduled(at=at):
+                await self._record_reschedule(ti, worker_id, at)
+            case Skipped(message=message):
+                await self._record_end(ti, worker_id, "skipped", None)
+                log.info("skipped: %s", message)
+            case Failed(message=message):
+                await self._record_failure(ti, worker_id, f"FailTask: {message}", no_retry=True)
+            case _:
+                assert_never(outcome)
+
+    async def _record_deferral(self, ti: ClaimedTask, worker_id: int, deferred: Deferred) -> None:
+        trigger = deferred.trigger
+        if self._allow is not None:
+            try:
+                check_trigger(self._allow, trigger.classpath, decode_value(trigger.kwargs))
+            except (TriggerNotAllowed, TriggerSerializationError) as exc:
+                await self._record_failure(ti, worker_id, str(exc), no_retry=True)
+                return
+        deferral = _deferral(ti, deferred)
+        crash_point("worker.defer.before_write")
+        try:
+            ok = await with_db_retry(
+                "defer", lambda: self._store.defer_task(ti.id, worker_id, deferral)
+            )
+        except Exception as exc:  # not transient: the database refused it
+            await self._refuse(ti, worker_id, "the task's deferral could not be stored", exc)
+            return
+        crash_point("worker.defer.after_write")
+        self._lost_if_not(ok, ti)
+        if ok:
+            self._metrics.task_outcomes.labels("deferred").inc()
+        log.info(
+            "deferred to %s (resume at %s%s)",
+            deferral.classpath,
+            deferral.method_name,
+            f", timeout {deferral.timeout_s:.1f}s" if deferral.timeout_s is not None else "",
+        )
+
+    async def _record_reschedule(self, ti: ClaimedTask, worker_id: int, at: dt.datetime) -> None:
+        # (The try may have run a while since the claim: allow for a day of that.)
+        if (at - ti.db_now).total_seconds() > MAX_WAIT_S + 86400:
+            exc = InvalidDeferral(
+                f"the reschedule time lies more than {MAX_WAIT_S:.0f}s (ten years) ahead"
+            )
+            await self._refuse(ti, worker_id, "the task's reschedule is invalid", exc)
+            return
+        try:
+            ok = await with_db_retry(
+                "reschedule",
+                lambda: self._store.reschedule_task(ti.id, worker_id, at, try_number=ti.try_number),
+            )
+        except Exception as exc:  # not transient: the database refused it
+            await self._refuse(ti, worker_id, "the task's reschedule could not be stored", exc)
+            return
+        self._lost_if_not(ok, ti)
+        if ok:
+            self._metrics.task_outcomes.labels("up_for_reschedule").inc()
+        log.info("up for reschedule at %s", at.isoformat())
+
+    async def _refuse(self, ti: ClaimedTask, worker_id: int, what: str, exc: Exception) -> None:
+        """End the try as failed, without retries (the same data would be refused again)."""
+        await self._record_failure(
+            ti, worker_id, f"{what}: {type(exc).__name__}: {exc}", no_retry=True
+        )
+
+    async def _record_end(
+        self, ti: ClaimedTask, worker_id: int, state: TaskOutcomeKind, payload: bytes | None
+    ) -> None:
+        outcome = TaskOutcome(
+            ti_id=ti.id,
+            worker_id=worker_id,
+            try_number=ti.try_number,
+            kind=state,
+            result=payload,
+        )
+        self._lost_if_not(await self._finish(outcome) is not None, ti)
+
+    async def _record_failure(
+        self, ti: ClaimedTask, worker_id: int, error: str, *, no_retry: bool = False
+    ) -> None:
+        outcome = TaskOutcome(
+            ti_id=ti.id,
+            worker_id=worker_id,
+            try_number=ti.try_number,
+            kind="failed",
+            error=error,
+            no_retry=no_retry,
+        )
+        # The try's own lines get the error before its outcome is written (a reader that sees
+        # the try ended has it); the process's log gets it with the state it led to.
+        self._logs.failure(ti.try_number, error)
+        state = await self._finish(outcome)
+        self._lost_if_not(state is not None, ti)
+        if state is not None:
+            log.error(
+                "try %d failed (now %s):\n%s",
+                ti.try_number,
+                state,
+                error,
+                extra=UNSTORED,
+            )
+
+    async def _finish(self, outcome: TaskOutcome) -> str | None:
+        """Queue the outcome for the writer and wait until it is written; the new state, or
+        None if the worker no longer held the task."""
+        queued = _Queued(outcome)
+        self._outbox.put(queued)
+        await queued.done.wait()
+        return queued.state
+
+    def _new_outbox(self) -> Outbox[_Queued, tuple[int, int], str]:
+        """Outcomes are written by one writer (engine/runtime/outbox.py), every try queued
+        while the last write was in flight in one statement."""
+        return Outbox(
+            "record outcomes",
+            write=self._write_outcomes,
+            substitute=_substitute_failure,
+            on_written=self._written,
+            on_lost=self._outcome_lost,
+            describe=lambda q: f"the outcome of task instance {q.outcome.ti_id}",
+            max_items=FINISH_BATCH,
+            size=lambda q: q.size,
+            max_bytes=FINISH_BATCH_BYTES,
+            crash_before="worker.outcome.before_write",
+            crash_after="worker.outcome.after_write",
+            observe=self._observe_write,
+        )
+
+    def _observe_write(self, size: int, duration_s: float) -> None:
+        self._metrics.write_batch.labels("task_outcomes").observe(size)
+        self._metrics.write_duration.labels("task_outcomes").observe(duration_s)
+
+    async def _write_outcomes(self, batch: list[_Queued]) -> dict[tuple[int, int], str]:
+        # The lines these tries logged go first (nothing when they logged none): a reader
+        # that sees a try ended has every line it logged before its outcome.
+        await self._logs.flush([(q.outcome.ti_id, q.outcome.try_number) for q in batch])
+        finished = await self._store.finish_tasks([q.outcome for q in batch])
+        await settle(self._store, finished)
+        return {(f.id, f.worker_id): f.state for f in finished}
+
+    def _written(self, batch: list[_Queued], states: dict[tuple[int, int], str]) -> None:
+        for queued in batch:
+            queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
+            queued.done.set()
+        for state, n in collections.Counter(states.values()).items():
+            self._metrics.task_outcomes.labels(state).inc(n)
+
+    def _outcome_lost(self, queued: _Queued, _exc: Exception) -> None:
+        """Not even a failure could be stored: the try is left to the reaper."""
+        self._abandoned.add(queued.outcome.ti_id)
+
+    async def write(self, batch: list[_Queued]) -> None:
+        """Write one batch now, outside the writer (tests); every outcome's waiter is told."""
+        states: dict[tuple[int, int], str] = {}
+        try:
+            states = await self._outbox.write_batch(batch)
+        finally:
+            self._written(batch, states)
+
+    @staticmethod
+    def _lost_if_not(ok: bool, ti: ClaimedTask) -> None:
+        if not ok:
+            log.warning(
+                "task instance %s is no longer held by this worker (reaped after missed "
+                "heartbeats?); its outcome was not recorded",
+                ti.id,
+            )
+
+
+def _deferral(ti: ClaimedTask, deferred: Deferred) -> Deferral:
+    """What the store keeps of a deferral: only try ``ti.try_number`` may write it."""
+    trigger = deferred.trigger
+    return Deferral(
+        classpath=trigger.classpath,
+        kwargs=trigger.kwargs,
+        dedup_key=trigger.dedup_key,
+        method_name=deferred.method_name,
+        method_kwargs=deferred.method_kwargs,
+        timeout_s=deferred.timeout_s,
+        try_number=ti.try_number,
+    )
