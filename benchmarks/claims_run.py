@@ -81,7 +81,7 @@ async def _worker(
         started = time.perf_counter()
         if tally.first_at is None:
             tally.first_at = started
-        claimed, _ = await store.claim_tasks(worker_id, batch, parallelism=parallelism)
+        claimed = (await store.claim_tasks(worker_id, batch, parallelism=parallelism)).claimed
         ended = time.perf_counter()
         tally.latency_s.append(ended - started)
         tally.statements += 1

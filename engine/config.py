@@ -113,7 +113,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: `--dags`, for a DAG the database does not know yet, asks the running scheduler to scan
     #: at once and waits for it.
     dag_rescan_interval_s: float = DEFAULT_DAG_RESCAN_INTERVAL_S
-    #: `DEBUG`, `INFO`, `WARNING` or `ERROR`.
+    #: `DEBUG`, `INFO`, `WARNING` or `ERROR`. Unset, commands other than the engine's
+    #: processes (`scheduler`, `worker`, `triggerer`, `standalone`, `webserver`, `demo`,
+    #: `bench`) log warnings and errors only: `deferral -v ...` shows their INFO lines, `-vv`
+    #: DEBUG.
     log_level: str = "INFO"
     #: Process logs: `text` for people (one line per record: time, level, `kind[pid]`, logger,
     #: the bound ids in brackets, the message) or `json` for machines (one object per line
@@ -128,9 +131,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     #: Port of the process's metrics server: Prometheus `/metrics`, `/livez` and `/readyz`
     #: (see [metrics and health](../howto/metrics.md)); the flag `--metrics-port` of
-    #: `deferral scheduler`, `worker` and `triggerer`. Unset or 0: no server. `deferral
+    #: `deferral scheduler`, `worker` and `triggerer`. Unset: no server; 0: a free port
+    #: (`deferral status` shows it); `--no-metrics`: no server whatever this says. `deferral
     #: standalone` serves them by default, its scheduler, worker and triggerer on this port
-    #: and the next two.
+    #: and the next two (0: three free ports).
     #: Default: unset (`deferral standalone`: 9464)
     metrics_port: int | None = None
     #: Address the metrics server listens on; `0.0.0.0` to be scraped and probed from other
@@ -222,8 +226,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: The address ``deferral webserver`` (the status page) listens on; any other address than
     #: the loopback one exposes it to the network.
     webserver_host: str = "127.0.0.1"
-    #: The status page's port (``deferral webserver --port``; ``deferral standalone`` starts it
-    #: there too).
+    #: The status page's port (``deferral webserver --port``; ``deferral standalone
+    #: --webserver-port`` starts it there too). 0: a free port, printed once bound and listed
+    #: by `deferral status`.
     webserver_port: int = 8793
 
     #: Per-trigger and per-try log lines older than this many days are deleted by the

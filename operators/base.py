@@ -9,32 +9,43 @@ This module never imports the runtime (``engine``).
 
 from __future__ import annotations
 
-import copy
-import copyreg
 import datetime as dt
 import difflib
-import functools
 import inspect
 import logging
 import math
 import re
-import types
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
-from typing import Any, NoReturn, Protocol, TypedDict
+from typing import Any, NoReturn, TypedDict
 
+from operators.copying import fresh_copy
+from operators.dagcontext import DagLike, current_dag, dag_context, with_default_args
+from operators.defaults import (
+    DEFAULT_POOL,
+    DEFAULT_QUEUE,
+    DEFAULT_RETRY_DELAY_S,
+    INT32_MAX,
+    ISOLATION_MODES,
+    MAX_WAIT_S,
+    TRIGGER_RULES,
+    WEIGHT_RULES,
+)
+from operators.signals import FailTask, RescheduleRequested, SkipTask, TaskDeferred
 from operators.xcom import XComArg, find_refs
 from triggers.base import (
     BaseTrigger,
-    SerializedTrigger,
     TriggerSerializationError,
     encode_value,
     validate_trigger,
 )
 
+# The constants (operators.defaults), the signals (operators.signals) and the DAG context
+# (operators.dagcontext) are re-exported: DAG files import them from here.
 __all__ = [
     "DEFAULT_POOL",
     "DEFAULT_QUEUE",
+    "DEFAULT_RETRY_DELAY_S",
+    "INT32_MAX",
     "ISOLATION_MODES",
     "MAX_WAIT_S",
     "TRIGGER_RULES",
@@ -52,43 +63,6 @@ __all__ = [
     "dag_context",
     "to_seconds",
 ]
-
-TRIGGER_RULES = frozenset(
-    {
-        "all_success",
-        "all_failed",
-        "all_done",
-        "all_skipped",
-        "one_success",
-        "one_failed",
-        "one_done",
-        "none_failed",
-        "none_failed_min_one_success",
-        "none_skipped",
-        "always",
-    }
-)
-
-DEFAULT_RETRY_DELAY_S = 300.0
-
-#: The longest wait a task may ask for, in seconds (ten years): the largest ``defer(timeout=)``
-#: and the furthest a reschedule may lie ahead. Deadlines are stored as database timestamps;
-#: beyond a bound like this one (or for nan and infinity) the database refuses to make one.
-MAX_WAIT_S = 10 * 365 * 24 * 3600.0
-#: Where ``execute`` runs: "none", in the worker process (a ``def`` in a worker thread, an
-#: ``async def`` on its loop); "process", in a child process (``engine.worker.isolation``) that the
-#: execution_timeout can stop, at the cost of starting one per call.
-ISOLATION_MODES = ("none", "process")
-#: The pool of a task that names none; it exists from the start (128 slots).
-DEFAULT_POOL = "default_pool"
-#: The queue of tasks and triggers that name none, and of workers and triggerers by default.
-DEFAULT_QUEUE = "default"
-#: How a task's priority is computed from ``priority_weight``s.
-WEIGHT_RULES = ("downstream", "upstream", "absolute")
-
-
-#: The database stores these counts and weights as 32-bit integers.
-INT32_MAX = 2**31 - 1
 
 
 def _check_int(task_id: str, name: str, value: object, *, minimum: int | None) -> None:
@@ -137,70 +111,6 @@ class Context(TypedDict, total=False):
     templates_dict: dict[str, Any] | None
     #: How the run came to be: ``scheduled``, ``manual`` or ``backfill``.
     run_type: str
-
-
-class DagLike(Protocol):
-    """What an operator needs of the DAG it is declared in (``engine.DAG`` provides it)."""
-
-    dag_id: str
-
-    def add_task(self, task: BaseOperator) -> None: ...
-
-
-_current_dag: ContextVar[DagLike | None] = ContextVar("deferral_current_dag", default=None)
-
-
-def current_dag() -> DagLike | None:
-    """The DAG whose ``with`` block is open, if any."""
-    return _current_dag.get()
-
-
-def dag_context() -> ContextVar[DagLike | None]:
-    """The context variable ``with DAG(...)`` sets; used by the runtime's DAG class."""
-    return _current_dag
-
-
-class TaskDeferred(BaseException):
-    """Raised by :meth:`BaseOperator.defer`; the worker stores the deferral and frees the slot.
-
-    Derives from ``BaseException`` so that a user's ``except Exception`` cannot swallow it.
-    ``encoded_kwargs`` is ``kwargs`` as stored (``encode_value``): ``defer()`` encodes them
-    once, to check them, and the worker stores those bytes. (A TaskDeferred built by hand
-    without them has its kwargs encoded by the worker.) ``timeout_s`` is the trigger's own
-    timeout; the task's execution_timeout, if earlier, bounds the deferral too.
-    """
-
-    def __init__(
-        self,
-        *,
-        trigger: SerializedTrigger,
-        method_name: str,
-        kwargs: dict[str, Any],
-        timeout_s: float | None,
-        encoded_kwargs: bytes | None = None,
-    ) -> None:
-        super().__init__(f"deferred to {trigger.classpath}, resume at {method_name}")
-        self.trigger = trigger
-        self.method_name = method_name
-        self.kwargs = kwargs
-        self.timeout_s = timeout_s
-        self.encoded_kwargs = encoded_kwargs
-
-
-class RescheduleRequested(BaseException):
-    """Raised by a sensor in reschedule mode: free the slot, run again at ``reschedule_at``."""
-
-    def __init__(self, reschedule_at: dt.datetime) -> None:
-        super().__init__(f"reschedule at {reschedule_at.isoformat()}")
-        self.reschedule_at = reschedule_at
-
-
-class SkipTask(Exception):
-    """Raise from a task to end it as ``skipped``."""
-
-
-class FailTask(Exception):
-    """Raise from a task to end it as ``failed`` without using its remaining retries."""
 
 
 def to_seconds(value: dt.timedelta | float | int | None, name: str) -> float | None:
@@ -252,90 +162,6 @@ def _deferral_timeout_s(task_id: str, timeout: dt.timedelta | float | None) -> f
     return seconds
 
 
-#: Types whose values deepcopy returns as they are.
-_IMMUTABLE: frozenset[type] = frozenset(
-    {
-        type(None), bool, int, float, complex, str, bytes, range, type,
-        dt.datetime, dt.date, dt.time, dt.timedelta, dt.timezone,
-        types.FunctionType, types.BuiltinFunctionType,
-    }
-)  # fmt: skip
-
-
-_BY_DICT: dict[type, bool] = {}
-
-
-def _copies_by_dict(cls: type) -> bool:
-    """Whether deepcopy would copy an instance of ``cls`` as a new object with a deep copy
-    of its ``__dict__`` (no custom copy or pickle hooks, no ``__slots__``)."""
-    known = _BY_DICT.get(cls)
-    if known is None:
-        known = _BY_DICT[cls] = _plain_copy_hooks(cls)
-    return known
-
-
-def _plain_copy_hooks(cls: type) -> bool:
-    return (
-        getattr(cls, "__deepcopy__", None) is None
-        and cls not in copyreg.dispatch_table
-        and getattr(cls, "__reduce_ex__", None) is object.__reduce_ex__
-        and getattr(cls, "__reduce__", None) is object.__reduce__
-        and getattr(cls, "__getstate__", None) is object.__getstate__
-        and getattr(cls, "__setstate__", None) is None
-        and getattr(cls, "__getnewargs__", None) is None
-        and getattr(cls, "__getnewargs_ex__", None) is None
-        # Either could answer __deepcopy__ for an instance.
-        and getattr(cls, "__getattr__", None) is None
-        and getattr(cls, "__getattribute__", None) is object.__getattribute__
-        and not any("__slots__" in vars(k) for k in cls.__mro__ if k is not object)
-    )
-
-
-#: Arguments a DAG's ``default_args`` never set.
-_NOT_DEFAULTED = frozenset({"task_id", "dag"})
-
-
-@functools.lru_cache(maxsize=1024)
-def _accepted_args(cls: type) -> frozenset[str]:
-    """The keyword arguments an operator class's ``__init__`` chain accepts by name: each
-    ``__init__`` up the class tree, for as long as they pass ``**kwargs`` on."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        params = inspect.signature(getattr(init, "__wrapped__", init)).parameters.values()
-        names.update(p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD)
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            break
-    return frozenset(names - {"self"} - _NOT_DEFAULTED)
-
-
-def _with_default_args(init: Callable[..., None]) -> Callable[..., None]:
-    """Wrap an operator's ``__init__`` so the DAG's ``default_args`` fill in the arguments the
-    caller did not pass (the outermost call only: a subclass calling ``super().__init__``
-    passes them on). The DAG is the ``dag=`` argument or the open ``with DAG(...)``; it is
-    read by attribute, so this contract imports no runtime."""
-
-    @functools.wraps(init)
-    def wrapper(self: BaseOperator, *args: Any, **kwargs: Any) -> None:
-        if "_passed_args" in self.__dict__:
-            init(self, *args, **kwargs)
-            return
-        # The arguments the task was given itself (``default_args`` do not override them).
-        self.__dict__["_passed_args"] = frozenset(kwargs)
-        dag = kwargs.get("dag") or current_dag()
-        defaults = getattr(dag, "default_args", None)
-        if defaults:
-            accepted = _accepted_args(type(self))  # type: ignore[arg-type]
-            for name, value in defaults.items():
-                if name not in kwargs and name in accepted:
-                    kwargs[name] = value
-        init(self, *args, **kwargs)
-
-    return wrapper
-
-
 class BaseOperator:
     """Base class of every task.
 
@@ -356,7 +182,7 @@ class BaseOperator:
         super().__init_subclass__(**kwargs)
         init = cls.__dict__.get("__init__")
         if init is not None and not hasattr(init, "__wrapped__"):
-            cls.__init__ = _with_default_args(init)  # type: ignore[method-assign]
+            cls.__init__ = with_default_args(init)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -570,21 +396,10 @@ class BaseOperator:
         operator, whose state is its ``__dict__``: immutable attribute values are shared, not
         sent through deepcopy one by one (a worker copies an operator for every try and
         every resume)."""
-        memo: dict[int, Any] = {}
-        if self.dag is not None:
-            memo[id(self.dag)] = self.dag
-        cls = type(self)
-        if not _copies_by_dict(cls) or "__deepcopy__" in self.__dict__:
-            return copy.deepcopy(self, memo)
-        new = cls.__new__(cls)
-        memo[id(self)] = new
-        state = new.__dict__
-        for key, value in self.__dict__.items():
-            state[key] = value if type(value) in _IMMUTABLE else copy.deepcopy(value, memo)
-        return new
+        return fresh_copy(self, self.dag)
 
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} {self.task_id}>"
 
 
-BaseOperator.__init__ = _with_default_args(BaseOperator.__init__)  # type: ignore[method-assign]
+BaseOperator.__init__ = with_default_args(BaseOperator.__init__)  # type: ignore[method-assign]

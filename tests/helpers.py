@@ -115,7 +115,9 @@ async def claimed_tasks(
     await store.create_dag_run(dag_id, "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, n)
     # (Claims what earlier tests in this database resumed too: keeps this DAG's tasks only.)
-    claimed = [ti for ti in (await store.claim_tasks(worker, 10_000))[0] if ti.dag_id == dag_id]
+    claimed = [
+        ti for ti in (await store.claim_tasks(worker, 10_000)).claimed if ti.dag_id == dag_id
+    ]
     assert len(claimed) == n
     return dag_id, worker, sorted(claimed, key=lambda ti: ti.id)
 

@@ -106,3 +106,32 @@ class FailsOnceThenSucceeds(BaseOperator):
         if number == 1:
             raise RuntimeError("try 1 fails on purpose")
         return f"done on try {number}"
+
+
+class KeyedTrigger(BaseTrigger):
+    """Logs a line, then fires at once with an event that holds a secret under a key name."""
+
+    def __init__(self, tag: str, password: str) -> None:
+        self.tag = tag
+        self.password = password
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("tests.log_triggers.KeyedTrigger", {"tag": self.tag, "password": self.password})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        self.log.warning("checking %s", self.tag)
+        yield TriggerEvent({"tag": self.tag, "api_key": self.password})
+
+
+class KeyedOperator(BaseOperator):
+    """Defers on a :class:`KeyedTrigger` with a timeout; returns the event's tag."""
+
+    def execute(self, context: Context) -> None:
+        self.defer(
+            trigger=KeyedTrigger(self.task_id, "hunter2-s3cr3t"),
+            method_name="done",
+            timeout=600,
+        )
+
+    def done(self, context: Context, event: Any) -> Any:
+        return event["tag"]

@@ -126,7 +126,7 @@ async def _one_more_claim(store: Store, *, parallelism: int = 0) -> list[str]:
     """A claim by a worker of the test's own, through the same admission as the engine's
     worker: what it admits now (``dag_id.task_id``)."""
     worker = await store.register_worker("admission-probe", 1, 100)
-    claimed, _ = await store.claim_tasks(worker, 100, parallelism=parallelism)
+    claimed = (await store.claim_tasks(worker, 100, parallelism=parallelism)).claimed
     return [f"{ti.dag_id}.{ti.task_id}" for ti in claimed]
 
 
@@ -237,7 +237,7 @@ async def test_a_fired_sensor_of_a_pool_counting_deferred_tasks_resumes_before_n
     await store.upsert_dag("sensing", "sensing.py", sensing.serialize_tasks(), None)
     await store.create_dag_run("sensing", "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, 10)
-    sensors, _ = await store.claim_tasks(worker, 10)
+    sensors = (await store.claim_tasks(worker, 10)).claimed
     assert sorted(ti.task_id for ti in sensors) == ["a", "b"]
     for ti in sensors:
         assert await store.defer_task(ti.id, worker, never_deferral("sensing"))
@@ -248,13 +248,13 @@ async def test_a_fired_sensor_of_a_pool_counting_deferred_tasks_resumes_before_n
                            weight_rule="absolute")  # fmt: skip
     await store.upsert_dag("newcomers", "newcomers.py", newcomers.serialize_tasks(), None)
     await store.create_dag_run("newcomers", "r1", logical_date=await store.now())
-    assert (await store.claim_tasks(worker, 10))[0] == []  # the sensors hold both slots
+    assert (await store.claim_tasks(worker, 10)).claimed == []  # the sensors hold both slots
 
     triggerer = await store.register_triggerer("test", 1, 10, 60.0)
-    (trigger,) = await store.claim_triggers(triggerer, 10)
+    (trigger,) = (await store.claim_triggers(triggerer, 10)).claimed
     event = TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="event")
     await store.fire_triggers(triggerer, [event])
-    resumed, _ = await store.claim_tasks(worker, 10)
+    resumed = (await store.claim_tasks(worker, 10)).claimed
     assert sorted((ti.dag_id, ti.task_id) for ti in resumed) == [
         ("sensing", "a"),
         ("sensing", "b"),
@@ -302,7 +302,7 @@ async def test_a_claim_takes_its_queues_task_past_higher_priority_tasks_of_anoth
     await store.upsert_dag("mixed_queues", "mq.py", dag.serialize_tasks(), None)
     await store.create_dag_run("mixed_queues", "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, 1)
-    claimed, _ = await store.claim_tasks(worker, 1)
+    claimed = (await store.claim_tasks(worker, 1)).claimed
     assert [ti.task_id for ti in claimed] == ["cpu"]
 
 
@@ -713,7 +713,7 @@ async def test_a_claim_waiting_for_admission_sees_a_pool_created_meanwhile(
         assert first["task_id"] == "first"
 
         async def claim() -> None:
-            second.append((await store.claim_tasks(second_worker, 10))[0])
+            second.append((await store.claim_tasks(second_worker, 10)).claimed)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(claim)
@@ -758,7 +758,7 @@ async def test_a_claim_waits_for_the_one_before_it_and_counts_what_it_took(
         assert first["task_id"] == "t0"
 
         async def claim() -> None:
-            second.append((await store.claim_tasks(second_worker, 10))[0])
+            second.append((await store.claim_tasks(second_worker, 10)).claimed)
 
         async def waiting_or_done() -> bool:
             return bool(second) or await waiting_on_locks(watch, 1)

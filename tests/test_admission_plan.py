@@ -238,8 +238,11 @@ def _noop() -> None:
 
 
 async def _claim_ids(store: Store, worker_id: int, limit: int) -> set[str]:
-    claimed, _ = await store.claim_tasks(worker_id, limit)
-    return {c.task_id for c in claimed}
+    """Claim as a worker does: what the claim refuses is written as failed."""
+    claim = await store.claim_tasks(worker_id, limit)
+    if claim.refused:
+        await store.finish_tasks(claim.refused)
+    return {c.task_id for c in claim.claimed}
 
 
 @pytest.mark.anyio
@@ -247,7 +250,7 @@ async def test_a_full_pool_ahead_holds_back_only_its_own_tasks(store: Store) -> 
     # Ten high-priority tasks in a pool of one slot, three of low priority in a pool of two,
     # and one naming a pool that does not exist: one claim admits the first task of the full
     # pool, the first two of the other (behind every task of the full pool in claim order),
-    # and the task of the missing pool, which fails naming it.
+    # and the task of the missing pool, which the claim refuses (failed, naming it).
     await store.set_pool("narrow", 1)
     await store.set_pool("wide", 2)
     with DAG(dag_id="adm", fileloc=__file__) as dag:

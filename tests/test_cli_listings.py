@@ -401,7 +401,7 @@ async def test_runs_wait_with_the_run_id_alone(store: Store, db_url: str) -> Non
     assert "no run 'nope'" in unknown.output
     too_many = await ainvoke(db_url, "runs", "wait", "a", "b", "c")
     assert too_many.exit_code == 2, too_many.output
-    assert "RUN_ID" in too_many.output
+    assert "expected RUN or DAG_ID RUN" in too_many.output
 
 
 async def test_dags_list_shows_the_whole_last_run_id(store: Store, db_url: str) -> None:

@@ -85,7 +85,7 @@ async def test_the_reap_reaps_nothing_when_it_starts_long_after_the_last_contact
     await store.upsert_dag(dag.dag_id, dag.fileloc, dag.serialize_tasks(), None)
     await store.create_dag_run("guarded", "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, 1)
-    (claimed,), _ = await store.claim_tasks(worker, 1)
+    (claimed,) = (await store.claim_tasks(worker, 1)).claimed
     now = await store.now()
     # The statement is the first the database answers after a freeze of 40 s: every
     # heartbeat is older than the threshold, but the scheduler last reached it 40 s ago.

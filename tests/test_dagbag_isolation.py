@@ -206,7 +206,7 @@ async def test_a_scheduler_on_a_folder_of_bad_files_keeps_running_and_stops_on_s
         # the scheduler ends the run.
         await store.create_dag_run(f"good_{uid}", "r1", logical_date=await store.now())
         worker = await store.register_worker("test", 1, 1)
-        (ti,), _ = await store.claim_tasks(worker, 1)
+        (ti,) = (await store.claim_tasks(worker, 1)).claimed
         outcome = TaskOutcome(ti_id=ti.id, worker_id=worker, try_number=1, kind="success")
         finished = await store.finish_tasks([outcome])
         assert finished

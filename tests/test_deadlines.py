@@ -99,7 +99,7 @@ async def _claimed(store: Store, dag: DAG) -> tuple[int, dict[str, Any]]:
     await store.upsert_dag(dag.dag_id, f"{dag.dag_id}.py", dag.serialize_tasks(), None)
     await store.create_dag_run(dag.dag_id, "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, 10)
-    claimed, _ = await store.claim_tasks(worker, 10)
+    claimed = (await store.claim_tasks(worker, 10)).claimed
     return worker, {ti.task_id: ti for ti in claimed}
 
 

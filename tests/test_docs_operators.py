@@ -22,7 +22,7 @@ PAGE = REPO_ROOT / "docs" / "reference" / "operators.md"
 def operator_classes() -> list[type[BaseOperator]]:
     """Every public BaseOperator subclass (and BaseOperator) defined in the operators package."""
     found: dict[str, type[BaseOperator]] = {}
-    for info in pkgutil.iter_modules(operators.__path__, "operators."):
+    for info in pkgutil.walk_packages(operators.__path__, "operators."):
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if (

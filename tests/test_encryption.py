@@ -32,6 +32,7 @@ from engine.security.keys import (
     keyring_from_settings,
 )
 from engine.store import Deferral, Store, TaskOutcome, TriggerOutcome
+from engine.store.session import TriggererSession
 from engine.testing import run_engine
 from operators.base import BaseOperator, Context
 from operators.python import PythonOperator
@@ -80,7 +81,7 @@ async def _one_deferred_task(store: Store, tag: str) -> tuple[int, int]:
     await store.upsert_dag(dag.dag_id, "x.py", dag.serialize_tasks(), None)
     await store.create_dag_run(dag.dag_id, "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, 1)
-    (ti,), _ = await store.claim_tasks(worker, 1)
+    (ti,) = (await store.claim_tasks(worker, 1)).claimed
     trigger = validate_trigger(NeverTrigger(f"{tag}:{SECRET}"))
     deferral = Deferral(
         classpath=trigger.classpath,
@@ -114,7 +115,7 @@ async def test_kwargs_events_and_results_are_ciphertext_in_the_database(
 
     # The triggerer gets plaintext kwargs; the event it writes is sealed again.
     me = await store.register_triggerer("test", 1, 10, 60.0)
-    (claimed,) = await store.claim_triggers(me, 10)
+    (claimed,) = (await store.claim_triggers(me, 10)).claimed
     assert claimed.kwargs == plain.kwargs
     event = encode_value({"token": SECRET})
     fired = await store.fire_triggers(
@@ -127,7 +128,7 @@ async def test_kwargs_events_and_results_are_ciphertext_in_the_database(
     assert secret not in ti["next_event"]
 
     # The worker gets plaintext resume kwargs and event; the result it writes is sealed.
-    (resumed,), _ = await store.claim_tasks(worker, 1)
+    (resumed,) = (await store.claim_tasks(worker, 1)).claimed
     assert (resumed.next_kwargs, resumed.next_event) == (encode_value({"token": SECRET}), event)
     result = encode_value(f"done with {SECRET}")
     await store.finish_tasks(
@@ -200,17 +201,85 @@ async def test_a_resume_no_key_opens_fails_the_try_with_the_setting_named(
 ) -> None:
     worker, _ = await _one_deferred_task(store, "resume")
     me = await store.register_triggerer("test", 1, 10, 60.0)
-    (claimed,) = await store.claim_triggers(me, 10)
+    (claimed,) = (await store.claim_triggers(me, 10)).claimed
     outcome = TriggerOutcome(
         trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value(1)
     )
     await store.fire_triggers(me, [outcome])
     async with keyed_store(db_url, generate_key()) as other:
-        assert await other.claim_tasks(worker, 1) == ([], 0.0)
+        claim = await other.claim_tasks(worker, 1)
+    # Refused, not written: the worker writes the failure as it writes every outcome.
+    assert (claim.claimed, claim.next_in) == ([], 0.0)
+    (refused,) = claim.refused
+    assert (refused.kind, refused.worker_id, refused.try_number) == ("failed", worker, 1)
+    assert (await store.list_task_instances())[0].state == "running"
+    await store.finish_tasks(claim.refused)
     (ti,) = await store.list_task_instances()
     assert ti.state == "failed"
     assert "fernet_key" in ti.error
     assert SECRET not in ti.error
+
+
+async def test_a_worker_without_the_key_fails_a_resume_it_cannot_open(
+    store: Store, db_url: str
+) -> None:
+    await _one_deferred_task(store, "resume_worker")
+    me = await store.register_triggerer("test", 1, 10, 60.0)
+    (claimed,) = (await store.claim_triggers(me, 10)).claimed
+    outcome = TriggerOutcome(
+        trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value(1)
+    )
+    await store.fire_triggers(me, [outcome])
+    async with (
+        keyed_store(db_url, generate_key()) as other,
+        run_engine(other, triggerer=False) as engine,
+    ):
+        ti = await engine.wait_for_state("enc_resume_worker", "t", "failed", run_id="r1")
+    assert "cannot resume" in ti["error"]
+    assert "fernet_key" in ti["error"]
+    assert SECRET not in ti["error"]
+
+
+async def test_a_trigger_no_key_opens_is_refused_by_the_claim(store: Store, db_url: str) -> None:
+    await _one_deferred_task(store, "refused_trigger")
+    async with keyed_store(db_url, generate_key()) as other:
+        me = await other.register_triggerer("test", 1, 10, 60.0)
+        claim = await other.claim_triggers(me, 10)
+    assert claim.claimed == []
+    (refused,) = claim.refused
+    assert refused.classpath == "tests.triggers_for_tests.NeverTrigger"
+    assert refused.outcome.kind == "failed"
+    assert "fernet_key" in (refused.outcome.error or "")
+    assert SECRET not in (refused.outcome.error or "")
+    # Nothing written yet: the triggerer writes the failure through its outbox.
+    (ti,) = await store.list_task_instances()
+    assert ti.state == "deferred"
+    fired = await store.fire_triggers(me, [refused.outcome])
+    assert fired.accepted == {refused.outcome.trigger_id}
+    assert [m.state for m in fired.moved] == ["failed"]
+
+
+async def test_the_lease_connection_seals_the_payloads_it_writes(store: Store, db_url: str) -> None:
+    """The triggerer's lease connection writes outcomes through the store's one fenced write,
+    payloads sealed with the keys it is given (it used to write them as they came)."""
+    await _one_deferred_task(store, "session")
+    session = TriggererSession(db_url, timeout_s=10.0, keyring=store.keyring)
+    await session.connect()
+    try:
+        me = await session.register("test", 1, 10, 60.0)
+        (claimed,) = (await store.claim_triggers(me, 10)).claimed
+        result = encode_value(f"ended with {SECRET}")
+        outcome = TriggerOutcome(
+            trigger_id=claimed.id, fence=claimed.fence, kind="success", payload=result
+        )
+        assert await session.fail_triggers(me, [outcome]) == {claimed.id}
+    finally:
+        await session.close()
+    (row,) = await _raw(db_url, "SELECT result FROM deferral_task_instances")
+    assert row["result"].startswith(MARKER)
+    assert SECRET.encode() not in row["result"]
+    (ti,) = await store.list_task_instances()
+    assert (ti.state, ti.result) == ("success", result)
 
 
 # -- rotation, online -------------------------------------------------------------------------

@@ -365,7 +365,7 @@ async def test_a_duplicate_event_resumes_the_task_once(store: Store) -> None:
 
         await wait_until(is_deferred, what="the task to defer")
         me = await store.register_triggerer("test", 1, 10, 60.0)
-        (claimed,) = await store.claim_triggers(me, 10)
+        (claimed,) = (await store.claim_triggers(me, 10)).claimed
         outcome = TriggerOutcome(
             trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value("once")
         )
@@ -399,7 +399,7 @@ async def test_the_same_outcome_twice_in_one_batch_moves_the_task_once(store: St
 
         await wait_until(is_deferred, what="the task to defer")
         me = await store.register_triggerer("test", 1, 10, 60.0)
-        (claimed,) = await store.claim_triggers(me, 10)
+        (claimed,) = (await store.claim_triggers(me, 10)).claimed
         outcome = TriggerOutcome(
             trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value(1)
         )
@@ -428,10 +428,10 @@ async def test_an_event_with_a_stale_fence_changes_nothing(store: Store) -> None
 
         await wait_until(is_deferred, what="the task to defer")
         old = await store.register_triggerer("old", 1, 10, 60.0)
-        (first,) = await store.claim_triggers(old, 10)
+        (first,) = (await store.claim_triggers(old, 10)).claimed
         assert await store.release_triggerer(old) == 1
         new = await store.register_triggerer("new", 2, 10, 60.0)
-        (second,) = await store.claim_triggers(new, 10)
+        (second,) = (await store.claim_triggers(new, 10)).claimed
         assert second.id == first.id
         assert second.fence > first.fence
 
@@ -814,7 +814,7 @@ async def test_an_event_racing_the_deadline_moves_the_task_once(store: Store) ->
 
         await wait_until(is_deferred, what="the task to defer")
         me = await store.register_triggerer("test", 1, 10, 60.0)
-        (claimed,) = await store.claim_triggers(me, 10)
+        (claimed,) = (await store.claim_triggers(me, 10)).claimed
         event = TriggerOutcome(
             trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value("won")
         )

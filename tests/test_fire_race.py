@@ -60,7 +60,7 @@ async def test_a_task_that_joins_a_trigger_while_it_fires_is_resumed(
     deferral = never_deferral(dag_id)
     assert await store.defer_task(first.id, worker, deferral)
     me = await store.register_triggerer("test", 1, 10, 60.0)
-    (claimed,) = await store.claim_triggers(me, 10)
+    (claimed,) = (await store.claim_triggers(me, 10)).claimed
     event = TriggerOutcome(
         trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=encode_value("go")
     )
@@ -94,8 +94,8 @@ async def test_a_task_that_joins_a_trigger_while_it_fires_is_resumed(
     tis = await _check_nothing_stranded(store, dag_id)
     for name in ("t0", "t1"):
         assert tis[name].state == "scheduled", name
-    rows = await store.claim_tasks(worker, 2)
-    assert {decode_value(ti.next_event) for ti in rows[0] if ti.next_event} == {"go"}
+    rows = (await store.claim_tasks(worker, 2)).claimed
+    assert {decode_value(ti.next_event) for ti in rows if ti.next_event} == {"go"}
 
 
 async def test_many_tasks_deferring_on_one_trigger_while_it_fires_all_resume(
@@ -128,7 +128,7 @@ async def _forty_join_while_it_fires(store: Store, joining: Store, me: int) -> N
 
     async def fire_until_all_joined() -> None:
         while True:
-            claimed = await store.claim_triggers(me, 10)
+            claimed = (await store.claim_triggers(me, 10)).claimed
             await fire(claimed)
             if deferred_all.is_set() and not claimed:
                 return
@@ -141,7 +141,7 @@ async def _forty_join_while_it_fires(store: Store, joining: Store, me: int) -> N
                 joiners.start_soon(join, ti)
         deferred_all.set()
     # Whatever joined after the last fire waits on an unowned trigger: fire it too.
-    await fire(await store.claim_triggers(me, 100))
+    await fire((await store.claim_triggers(me, 100)).claimed)
     tis = await _check_nothing_stranded(store, dag_id)
     assert sorted(name for name, ti in tis.items() if ti.state != "scheduled") == []
 
@@ -177,7 +177,7 @@ async def test_every_task_waiting_when_the_fire_takes_the_trigger_gets_its_outco
     mine = {ti.trigger_id for ti in await store.list_task_instances(dag_id=dag_id)}
     me = await store.register_triggerer("test", 1, 100, 60.0)
     # (Earlier examples may have left triggers behind: this one fires its own only.)
-    claimed = [c for c in await store.claim_triggers(me, 10_000) if c.id in mine]
+    claimed = [c for c in (await store.claim_triggers(me, 10_000)).claimed if c.id in mine]
     outcomes = [
         TriggerOutcome(
             trigger_id=c.id, fence=c.fence, kind=kind, payload=encode_value(c.id), error="x"

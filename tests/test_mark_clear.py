@@ -59,9 +59,9 @@ async def test_a_stopped_try_holds_its_slot_until_reported_gone_and_its_late_wri
     ids = await _run(store, pool="one")
     worker = await store.register_worker("w", 1, 4)
     first = TaskOutcome(ti_id=ids["first"], worker_id=worker, try_number=1, kind="success")
-    (claimed,), _ = await store.claim_tasks(worker, 4)
+    (claimed,) = (await store.claim_tasks(worker, 4)).claimed
     await settle(store, await store.finish_tasks([first]))
-    (old,), _ = await store.claim_tasks(worker, 4)
+    (old,) = (await store.claim_tasks(worker, 4)).claimed
     assert (old.task_id, old.try_number) == ("second", 1)
 
     marked = await store.mark_task(old.id, "failed", who="me", via="a test")
@@ -74,7 +74,7 @@ async def test_a_stopped_try_holds_its_slot_until_reported_gone_and_its_late_wri
     (pool,) = await store.list_pools("one")
     assert (pool.running, pool.open) == (1, 0)
     other = await store.register_worker("other", 2, 4)
-    assert (await store.claim_tasks(other, 4))[0] == []
+    assert (await store.claim_tasks(other, 4)).claimed == []
     assert (await store.work_left()).runnable == 2  # the stopping try, and the cleared task
     why = await store.why_task("mc", "r1", "second", worker_stale_s=30)
     assert why is not None
@@ -86,11 +86,11 @@ async def test_a_stopped_try_holds_its_slot_until_reported_gone_and_its_late_wri
     assert [(r.ti_id, r.try_number, r.reason) for r in beat.stop] == [
         (old.id, 1, "marked failed by me from a test")
     ]
-    assert (await store.claim_tasks(worker, 4))[0] == []
+    assert (await store.claim_tasks(worker, 4)).claimed == []
     # Its worker no longer runs it: the heartbeat says so, the slot frees, try 2 starts.
     beat = await store.heartbeat_worker(worker, [])
     assert (beat.stopped, beat.stop) == (1, [])
-    (new,), _ = await store.claim_tasks(worker, 4)
+    (new,) = (await store.claim_tasks(worker, 4)).claimed
     assert (new.id, new.try_number) == (old.id, 2)
     held = await store.task_try("mc", "r1", "second")
     assert held is not None
@@ -126,7 +126,7 @@ async def test_a_worker_reaped_takes_its_stopping_tries_with_it(store: Store) ->
 async def test_a_cleared_task_is_resolved_by_its_trigger_rule(store: Store) -> None:
     ids = await _run(store)
     worker = await store.register_worker("w", 1, 4)
-    (claimed,), _ = await store.claim_tasks(worker, 4)
+    (claimed,) = (await store.claim_tasks(worker, 4)).claimed
     failed = TaskOutcome(ti_id=claimed.id, worker_id=worker, try_number=1, kind="failed")
     await settle(store, await store.finish_tasks([failed]))
     states = {ti.task_id: ti.state for ti in await store.list_task_instances(dag_id="mc")}
@@ -140,7 +140,7 @@ async def test_a_cleared_task_is_resolved_by_its_trigger_rule(store: Store) -> N
     assert ti.state == "upstream_failed"
     # Once its upstream is cleared and succeeds, it runs.
     await store.clear_task(ids["first"], who="me")
-    (again,), _ = await store.claim_tasks(worker, 4)
+    (again,) = (await store.claim_tasks(worker, 4)).claimed
     ok = TaskOutcome(ti_id=again.id, worker_id=worker, try_number=2, kind="success")
     await settle(store, await store.finish_tasks([ok]))
     ti = await store.task_try("mc", "r1", "second")

@@ -59,10 +59,19 @@ EXPECTED: dict[str, tuple[str, frozenset[str]]] = {
     "deferral_write_duration_seconds": ("histogram", frozenset({"write"})),
     "deferral_tasks": ("gauge", frozenset({"state"})),
     "deferral_triggers_unassigned": ("gauge", frozenset()),
+    "deferral_pool_open_slots": ("gauge", frozenset({"pool"})),
+    "deferral_pool_queued_slots": ("gauge", frozenset({"pool"})),
+    "deferral_pool_running_slots": ("gauge", frozenset({"pool"})),
+    "deferral_pool_deferred_slots": ("gauge", frozenset({"pool"})),
+    "deferral_dag_runs": ("gauge", frozenset({"dag_id", "state"})),
+    "deferral_dag_run_duration_seconds": ("histogram", frozenset({"dag_id", "state"})),
+    "deferral_scheduling_delay_seconds": ("histogram", frozenset({"dag_id"})),
+    "deferral_task_duration_seconds": ("histogram", frozenset({"state"})),
 }
 
-#: Labels that would make a time series per task or trigger.
-_ID_LABELS = {"id", "trigger", "trigger_id", "task", "task_id", "ti", "run", "run_id", "dag_id"}
+#: Labels that would make a time series per task or trigger. (dag_id and pool label names
+#: users write, bounded by metrics_max_series: test_metrics_cardinality.py.)
+_ID_LABELS = {"id", "trigger", "trigger_id", "task", "task_id", "ti", "run", "run_id"}
 
 
 def _families(text: str) -> dict[str, Any]:
@@ -89,6 +98,13 @@ def _touch_every_labelled_metric(m: Metrics) -> None:
     m.write_batch.labels("task_outcomes").observe(3)
     m.write_duration.labels("task_outcomes").observe(0.01)
     m.tasks.labels("running").set(2)
+    for gauge in (m.pool_open_slots, m.pool_queued_slots, m.pool_running_slots):
+        gauge.labels("default_pool").set(1)
+    m.pool_deferred_slots.labels("default_pool").set(1)
+    m.dag_runs.labels("d", "running").set(1)
+    m.dag_run_duration.labels("d", "success").observe(3)
+    m.scheduling_delay.labels("d").observe(1)
+    m.task_duration.labels("success").observe(2)
 
 
 def test_metric_names_types_and_labels() -> None:
@@ -133,6 +149,7 @@ async def test_counters_move_when_an_engine_runs(store: Store) -> None:
             await export_fleet(engine.scheduler)
             assert engine.worker.metrics is fresh
             text = fresh.exposition().decode()
+            pools = await store.list_pools()
     finally:
         metrics.use(previous)
     assert tis["__run__"]["state"] == "success"
@@ -151,6 +168,39 @@ async def test_counters_move_when_an_engine_runs(store: Store) -> None:
     assert _sample(text, "deferral_worker_slots") == engine.worker.slots
     assert _sample(text, "deferral_tasks", state="success") == 1
     assert _sample(text, "deferral_triggers_unassigned") == 0
+    # The scheduler's families of the fleet: the pools, the runs it ended and their tasks.
+    (default_pool,) = [p for p in pools if p.name == "default_pool"]
+    assert _sample(text, "deferral_pool_open_slots", pool="default_pool") == default_pool.slots
+    assert _sample(text, "deferral_pool_running_slots", pool="default_pool") == 0
+    assert _sample(text, "deferral_dag_runs", dag_id="counted", state="running") == 0
+    ran = {"dag_id": "counted", "state": "success"}
+    assert _sample(text, "deferral_dag_run_duration_seconds_count", **ran) == 1
+    assert _sample(text, "deferral_task_duration_seconds_count", state="success") == 1
+    # (A manual run has no schedule to be late on.)
+    assert _sample(text, "deferral_scheduling_delay_seconds_count", dag_id="counted") == 0
+
+
+#: The families only one kind of process exports (every process: build info, db errors).
+OWN_FAMILIES = {
+    "scheduler": {"deferral_tasks", "deferral_triggers_unassigned", "deferral_pool_open_slots"},
+    "worker": {"deferral_worker_slots", "deferral_worker_slots_used"},
+    "triggerer": {"deferral_triggers_running", "deferral_triggers_capacity"},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OWN_FAMILIES))
+def test_each_process_exports_only_its_own_families(kind: str) -> None:
+    """A triggerer exports no `deferral_worker_slots 0`, a worker no fleet gauges."""
+    m = Metrics(kind=kind)
+    _touch_every_labelled_metric(m)
+    names = set(_families(m.exposition().decode()))
+    assert {"deferral_build_info", "deferral_db_errors"} <= names
+    assert OWN_FAMILIES[kind] <= names
+    for other, families in OWN_FAMILIES.items():
+        if other != kind:
+            assert not families & names, (kind, families & names)
+    claims = {"deferral_claim_batch_size", "deferral_write_duration_seconds"}
+    assert (claims <= names) == (kind != "scheduler")
 
 
 class _DeferTo(BaseOperator):
@@ -391,7 +441,10 @@ def test_standalone_serves_three_ports_from_the_base() -> None:
 
     assert metrics_ports(Settings()) == {"scheduler": 9464, "worker": 9465, "triggerer": 9466}
     assert metrics_ports(Settings(metrics_port=9000))["triggerer"] == 9002
-    assert metrics_ports(Settings(metrics_port=0)) == {}
+    # 0: each child takes a free port (bound by standalone before it starts them).
+    assert metrics_ports(Settings(metrics_port=0)) == dict.fromkeys(
+        ("scheduler", "worker", "triggerer"), 0
+    )
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -38,7 +38,7 @@ async def _claimed(store: Store, dag_id: str, names: list[str]) -> _Claimed:
     await store.upsert_dag(dag.dag_id, f"{dag.dag_id}.py", dag.serialize_tasks(), None)
     await store.create_dag_run(dag.dag_id, "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, len(names))
-    claimed, _ = await store.claim_tasks(worker, len(names))
+    claimed = (await store.claim_tasks(worker, len(names))).claimed
     tis = _Claimed({ti.task_id: ti for ti in claimed})
     tis.worker_id = worker
     return tis

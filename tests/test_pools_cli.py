@@ -140,7 +140,7 @@ async def test_delete_is_refused_while_a_task_instance_uses_the_pool(
 
     # Running: it holds its pool_slots.
     worker = await store.register_worker("pools-host", 1, 4)
-    (claimed,), _ = await store.claim_tasks(worker, 10)
+    (claimed,) = (await store.claim_tasks(worker, 10)).claimed
     etl = (await listed(db_url))["etl"]
     assert (etl["running"], etl["queued"], etl["open"]) == (2, 0, 1)
     result = await ainvoke(db_url, "pools", "delete", "etl")

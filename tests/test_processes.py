@@ -246,7 +246,11 @@ async def test_the_cli_triggers_runs_waits_for_them_and_lists_as_json(
             ("dags", "list", "--json"),
             ("triggers", "list", "--json"),
         )
-        tasks, dag_rows, trigger_rows = (_json_rows(r) for r in listed)
+        tasks, trigger_rows = _json_rows(listed[0]), _json_rows(listed[2])
+        assert listed[1].returncode == 0, listed[1].stderr.decode()
+        dag_listing = json.loads(listed[1].stdout)
+        assert dag_listing["import_errors"] == []
+        dag_rows = dag_listing["dags"]
         for row in tasks:
             assert {"dag_id", "run_id", "task_id", "state", "try_number", "result"} <= set(row)
         by_task = {(row["dag_id"], row["task_id"]): row for row in tasks}

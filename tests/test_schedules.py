@@ -211,7 +211,7 @@ async def test_two_schedulers_at_once_create_each_interval_once(store: Store) ->
 
 
 async def test_the_unique_interval_index_refuses_a_second_scheduled_run(store: Store) -> None:
-    from engine.store.schedules import NewRun
+    from engine.store.models import NewRun
 
     today = _midnight(await store.now())
     dag = daily_dag("unique", today - DAY)
@@ -317,7 +317,7 @@ async def test_params_are_overridden_by_conf_and_the_context_has_the_interval(
     store: Store,
 ) -> None:
     from engine.client.runs import _create
-    from engine.store.schedules import NewRun
+    from engine.store.models import NewRun
 
     with DAG("params", schedule="@daily", start_date=dt.datetime(2024, 1, 1),
              params={"region": "eu", "limit": 10}) as dag:  # fmt: skip

@@ -110,14 +110,23 @@ def test_pause_and_unpause(db_url: str, tmp_path: Path, dags_folder: Path) -> No
     env = process_env(db_url, tmp_path, dags_folder)
     code, out = cli(env, "dags", "list", "--json", cwd=tmp_path)
     assert code == 0, out
-    daily = next(d for d in json.loads(out) if d["dag_id"] == "daily")
+    # (The JSON is stdout's one line; the log (LOG_LEVEL=INFO, on stderr) may say more.)
+    listing = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    daily = next(d for d in listing["dags"] if d["dag_id"] == "daily")
     assert (daily["is_paused"], daily["schedule"]) == (True, "@daily")
     assert daily["next_dagrun"] is not None
+    # The next run's logical date starts its interval; it is created when the interval ends.
+    next_run = dt.datetime.fromisoformat(daily["next_dagrun"])
+    created = dt.datetime.fromisoformat(daily["next_dagrun_create_after"])
+    assert created - next_run == dt.timedelta(days=1)
     code, out = cli(env, "dags", "unpause", "daily", cwd=tmp_path)
     assert code == 0, out
-    code, out = cli(env, "dags", "list", cwd=tmp_path)
+    code, out = cli(env, "dags", "list", "--wide", cwd=tmp_path)
     assert code == 0, out
     assert "@daily" in out, out
+    assert "created at" in out, out
+    (row,) = [line for line in out.splitlines() if line.lstrip("│ ").startswith("daily")]
+    assert created.astimezone(dt.UTC).isoformat() in row, out
     code, out = cli(env, "dags", "pause", "daily", cwd=tmp_path)
     assert code == 0, out
     assert "paused" in out, out

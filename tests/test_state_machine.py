@@ -154,10 +154,10 @@ async def test_an_unknown_outcome_kind_is_refused_not_taken_for_a_failure(
     await store.upsert_dag("sm", "sm.py", dag.serialize_tasks(), None)
     await store.create_dag_run("sm", "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, 10)
-    first, second, *_ = (await store.claim_tasks(worker, 10))[0]
+    first, second, *_ = (await store.claim_tasks(worker, 10)).claimed
     assert await store.defer_task(second.id, worker, _deferral("unknown", None))
     triggerer = await store.register_triggerer("test", 1, 10, 60.0)
-    (trigger,) = await store.claim_triggers(triggerer, 10)
+    (trigger,) = (await store.claim_triggers(triggerer, 10)).claimed
     # (Built in Python, a bad kind is a type error; as data that slipped through, the
     # database refuses it and changes nothing.)
     with pytest.raises(asyncpg.CheckViolationError):
@@ -339,7 +339,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(n=st.integers(min_value=1, max_value=3))
     def claim(self, n: int) -> None:
         self.last_step = f"claim({n})"
-        claimed, _ = self._call(self.store.claim_tasks, self.worker, n)
+        claimed = self._call(self.store.claim_tasks, self.worker, n).claimed
         self.claims += [(ti.id, self.worker, ti.try_number) for ti in claimed]
         self.here |= {(ti.id, ti.try_number) for ti in claimed}
 
@@ -508,7 +508,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def claim_triggers(self) -> None:
         self.last_step = "claim_triggers"
-        claimed = self._call(self.store.claim_triggers, self.triggerer, 10)
+        claimed = self._call(self.store.claim_triggers, self.triggerer, 10).claimed
         self.trigger_claims += [(self.triggerer, t.id, t.fence) for t in claimed]
 
     @precondition(lambda self: self.trigger_claims)

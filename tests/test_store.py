@@ -13,7 +13,7 @@ import pytest
 
 from engine import DAG
 from engine.dags.dagbag import DagBag
-from engine.store import ClaimedTask, Deferral, Store, TaskOutcome
+from engine.store import ClaimedTask, Deferral, Store, TaskClaim, TaskOutcome
 from engine.store.databases import create_database, drop_database
 from engine.store.queries import load_queries, migrations, schema_sql
 from engine.worker.recorder import _Queued
@@ -245,7 +245,7 @@ async def _running(store: Store, dag: DAG) -> tuple[int, dict[str, ClaimedTask]]
     await store.upsert_dag(dag.dag_id, f"{dag.dag_id}.py", dag.serialize_tasks(), None)
     await store.create_dag_run(dag.dag_id, "r1", logical_date=await store.now())
     worker = await store.register_worker("test", 1, len(dag.tasks))
-    claimed, _ = await store.claim_tasks(worker, len(dag.tasks))
+    claimed = (await store.claim_tasks(worker, len(dag.tasks))).claimed
     return worker, {ti.task_id: ti for ti in claimed}
 
 
@@ -293,10 +293,10 @@ async def test_one_finish_statement_ends_each_try_by_its_own_outcome(store: Stor
     assert rows["taken"].state == "running"
     assert rows["earlier"].state == "running"
 
-    again, next_in = await store.claim_tasks(worker, 3)
-    assert again == []
-    assert next_in is not None
-    assert 0 < next_in <= 600
+    again = await store.claim_tasks(worker, 3)
+    assert again.claimed == []
+    assert again.next_in is not None
+    assert 0 < again.next_in <= 600
 
 
 async def test_an_outcome_the_database_refuses_fails_only_its_own_try(store: Store) -> None:
@@ -323,7 +323,7 @@ async def test_an_outcome_the_database_refuses_fails_only_its_own_try(store: Sto
 
 async def test_an_empty_claim_with_nothing_waiting_has_no_next_time(store: Store) -> None:
     worker = await store.register_worker("test", 1, 1)
-    assert await store.claim_tasks(worker, 5) == ([], None)
+    assert await store.claim_tasks(worker, 5) == TaskClaim(claimed=[], refused=[], next_in=None)
 
 
 def _deferral(timeout_s: float | None) -> Deferral:
@@ -349,7 +349,7 @@ async def test_a_trigger_joined_while_it_is_dropped_survives(
     worker, a, b = await _two_running_tasks(store)
     assert await store.defer_task(a.id, worker, _deferral(0.0))
     me = await store.register_triggerer("test", 1, 10, 60.0)
-    (claimed,) = await store.claim_triggers(me, 10)
+    (claimed,) = (await store.claim_triggers(me, 10)).claimed
     assert len(await store.timeout_deferrals([claimed.id])) == 1  # a timed out: no waiter left
 
     queries = load_queries()

@@ -21,7 +21,7 @@ from engine.dags.dagbag import DagBag
 from engine.scheduler.duties import delete_old_logs
 from engine.scheduler.scheduler import Scheduler
 from engine.store import Store, TaskInstance
-from engine.store.logstore import TaskLogRow, TriggerLogRow
+from engine.store.models import TaskLogRow, TriggerLogRow
 from engine.testing import run_engine
 from engine.usercode import capture as logcapture
 from engine.usercode import logsink

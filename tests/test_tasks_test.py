@@ -343,3 +343,33 @@ def test_secret_looking_values_are_masked() -> None:
         "items": [{"password": "***", "n": 1}],
         "poll_interval": 5,
     }
+
+
+DAILY_FILE = """
+import datetime as dt
+
+from engine import DAG
+from operators.python import PythonOperator
+
+
+def interval(data_interval_start, data_interval_end):
+    return [data_interval_start.isoformat(), data_interval_end.isoformat()]
+
+
+with DAG(dag_id="daily", schedule="@daily", start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)):
+    PythonOperator(task_id="interval", python_callable=interval)
+"""
+
+
+def test_a_tested_task_has_the_data_interval_dags_trigger_infers(
+    admin_url: str, dags: Path
+) -> None:
+    """A manual run of a daily DAG covers the last whole day before its logical date, in
+    `tasks test` as in `dags trigger` (it had a zero-length interval)."""
+    (dags / "daily.py").write_text(textwrap.dedent(DAILY_FILE))
+    done = tasks_test(
+        admin_url, dags, "daily", "interval", "--logical-date", "2026-11-20T06:00:00", "--json"
+    )
+    assert done.code == 0, done
+    report = msgspec.json.decode(done.stdout)
+    assert report["result"] == ["2026-11-19T00:00:00+00:00", "2026-11-20T00:00:00+00:00"]

@@ -47,14 +47,15 @@ async def test_a_stale_triggerer_cannot_write_an_event_for_a_trigger_it_lost(
 ) -> None:
     ti_id = await _one_deferred_task(store, tmp_path)
     stale_owner = await store.register_triggerer("host-a", 1, 10, 60.0)
-    [claimed] = await store.claim_triggers(stale_owner, 10)
+    [claimed] = (await store.claim_triggers(stale_owner, 10)).claimed
 
     # Its lease lapses (a stalled loop, a partition): moved into the past on the DB clock.
     assert await store.renew_triggerer_lease(stale_owner, -1.0) == 1
-    assert await store.claim_triggers(stale_owner, 10) == []  # no claims on a lapsed lease
+    # No claims on a lapsed lease.
+    assert (await store.claim_triggers(stale_owner, 10)).claimed == []
     new_owner = await store.register_triggerer("host-b", 2, 10, 60.0)
     assert await store.reap_triggerers() == 1
-    [adopted] = await store.claim_triggers(new_owner, 10)
+    [adopted] = (await store.claim_triggers(new_owner, 10)).claimed
     assert adopted.id == claimed.id
     assert adopted.fence > claimed.fence
 

@@ -61,7 +61,7 @@ async def test_a_claim_in_flight_when_its_triggerer_is_reaped_leaves_no_trigger_
     assert len(triggers) == 3
     assert [t.triggerer_id for t in triggers] == [None, None, None]
     # A claim by the reaped triggerer now takes nothing.
-    assert await store.claim_triggers(victim, 10) == []
+    assert (await store.claim_triggers(victim, 10)).claimed == []
 
 
 async def test_the_scheduler_backstop_frees_triggers_of_a_triggerer_row_that_is_gone(
@@ -69,7 +69,7 @@ async def test_the_scheduler_backstop_frees_triggers_of_a_triggerer_row_that_is_
 ) -> None:
     await _deferred_tasks(store, 2)
     gone = await store.register_triggerer("test", 1, 10, 60.0)
-    assert len(await store.claim_triggers(gone, 10)) == 2
+    assert len((await store.claim_triggers(gone, 10)).claimed) == 2
     async with store._pool.acquire() as conn:  # a reaper that died between its statements
         await conn.execute("DELETE FROM deferral_triggerers WHERE id = $1", gone)
     assert await store.release_ownerless_triggers() == 2

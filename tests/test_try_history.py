@@ -10,7 +10,7 @@ import pytest
 
 from engine import DAG
 from engine.store import Deferral, Store, TaskOutcome, TriggerOutcome
-from engine.store.browse import TryRecord
+from engine.store.models import TryRecord
 from engine.web.views.tries import latest_tries, spans
 from operators.python import PythonOperator
 from tests.triggers_for_tests import NeverTrigger
@@ -44,7 +44,7 @@ def _deferral() -> Deferral:
 
 
 async def _claim(store: Store, worker: int) -> int:
-    (ti,), _ = await store.claim_tasks(worker, 10)
+    (ti,) = (await store.claim_tasks(worker, 10)).claimed
     return ti.try_number
 
 
@@ -107,7 +107,7 @@ async def test_a_deferred_try_records_when_it_deferred_fired_and_resumed(store: 
     assert spans(waiting)[-1].open  # still deferred: it ends now
 
     triggerer = await store.register_triggerer("t", 2, 10, 60.0)
-    (trigger,) = await store.claim_triggers(triggerer, 10)
+    (trigger,) = (await store.claim_triggers(triggerer, 10)).claimed
     event = TriggerOutcome(trigger_id=trigger.id, fence=trigger.fence, kind="event")
     await store.fire_triggers(triggerer, [event])
     (fired,) = await _tries(store)

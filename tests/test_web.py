@@ -19,8 +19,7 @@ from click.testing import CliRunner
 from engine import DAG
 from engine.cli import cli
 from engine.store import Deferral, Store, TaskOutcome
-from engine.store.logstore import TaskLogRow, TriggerLogRow
-from engine.store.models import TriggererHealth
+from engine.store.models import TaskLogRow, TriggererHealth, TriggerLogRow
 from engine.store.session import TriggererSession
 from engine.web import hooks
 from engine.web.app import make_app
@@ -69,7 +68,7 @@ async def scene(store: Store) -> Scene:
         conf={"note": XSS, "password": "conf-secret"},
     )
     worker = await store.register_worker("web-host", 4242, 4)
-    claimed, _ = await store.claim_tasks(worker, 10)
+    claimed = (await store.claim_tasks(worker, 10)).claimed
     ids = {ti.task_id: ti.id for ti in claimed}
     await store.defer_task(
         ids["c"],
@@ -98,7 +97,7 @@ async def scene(store: Store) -> Scene:
         ]
     )
     triggerer = await store.register_triggerer("trig-host", 5151, 100, 60.0)
-    (trigger,) = await store.claim_triggers(triggerer, 10)
+    (trigger,) = (await store.claim_triggers(triggerer, 10)).claimed
     return Scene(store, ids["a"], ids["c"], trigger.id, triggerer)
 
 
@@ -450,7 +449,7 @@ async def test_clear_puts_the_task_back_to_scheduled_keeping_its_try(
     assert f"{ESCAPED}/r1/a" in text
     # A running task is cleared too: its try is told to stop, and the next waits for it.
     worker = await scene.store.register_worker("w2", 1, 4)
-    (claimed,), _ = await scene.store.claim_tasks(worker, 10)
+    (claimed,) = (await scene.store.claim_tasks(worker, 10)).claimed
     response = await acting.post(
         "/actions/clear", data=_task_form("a", token=TOKEN), allow_redirects=False
     )

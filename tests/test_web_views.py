@@ -18,9 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from engine import DAG
 from engine.store import Deferral, Store, TaskOutcome
-from engine.store.browse import GridCellCounts, GridRun
 from engine.store.logstore import TaskLogRow
-from engine.store.models import TriggererHealth
+from engine.store.models import GridCellCounts, GridRun, TriggererHealth
 from engine.store.session import TriggererSession
 from engine.web.app import make_app
 from engine.web.views.grid import build_grid
@@ -90,7 +89,7 @@ async def views(store: Store) -> Views:
     # r1 and r2: every task through; r3: the scene above.
     ids: dict[str, int] = {}
     while True:
-        claimed, _ = await store.claim_tasks(worker, 10)
+        claimed = (await store.claim_tasks(worker, 10)).claimed
         if not claimed:
             break
         outcomes = []
@@ -135,7 +134,7 @@ async def views(store: Store) -> Views:
         ]
     )
     triggerer = await store.register_triggerer("trig-host", 9, 50, 60.0)
-    assert len(await store.claim_triggers(triggerer, 10)) == 1
+    assert len((await store.claim_triggers(triggerer, 10)).claimed) == 1
     return Views(store, worker, triggerer, ids)
 
 
@@ -428,7 +427,7 @@ async def test_an_earlier_trys_rendered_fields_and_error_are_shown_masked(store:
     await store.upsert_dag("secret", "secret.py", dag.serialize_tasks(), None)
     await store.create_dag_run("secret", "r1", logical_date=DAY)
     worker = await store.register_worker("mask-host", 8, 4)
-    (first,), _ = await store.claim_tasks(worker, 1)
+    (first,) = (await store.claim_tasks(worker, 1)).claimed
     rendered = {"password": "hunter2-field", "dsn": "postgresql://u:hunter2-url@db/x"}
     assert await store.set_rendered_fields(first.id, worker, 1, rendered)
     await store.finish_tasks(
@@ -442,7 +441,7 @@ async def test_an_earlier_trys_rendered_fields_and_error_are_shown_masked(store:
             )
         ]
     )
-    (second,), _ = await store.claim_tasks(worker, 1)
+    (second,) = (await store.claim_tasks(worker, 1)).claimed
     assert second.try_number == 2
     async with TestClient(TestServer(make_app(store))) as client:
         text = await get(client, "/task", dag_id="secret", run_id="r1", task_id="t", **{"try": "1"})

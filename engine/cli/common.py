@@ -13,17 +13,17 @@ from typing import Any, NoReturn, TypeVar
 import asyncpg
 import click
 import msgspec
-from rich.console import Console
 from rich.markup import escape
 
+from engine.cli.pipes import PipeConsole, is_closed_pipe
 from engine.config import ConfigError, Settings
 from engine.masking import redact_text
 from engine.runtime.runner import run_async
 from engine.store.embedded import EmbeddedServerError
 
 T = TypeVar("T")
-console = Console()
-err_console = Console(stderr=True)
+console = PipeConsole()
+err_console = PipeConsole(stderr=True)
 log = logging.getLogger("engine.cli")
 
 
@@ -114,6 +114,8 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         err_console.print(f"[red]error[/]: {escape(redact_text(str(exc)))}", highlight=False)
         sys.exit(2)
     except (OSError, asyncpg.PostgresError, EmbeddedServerError) as exc:
+        if is_closed_pipe(exc):
+            raise  # not the database's: the reader of the output left (engine.cli.pipes)
         where = (
             "DEFERRAL_DATABASE_URL"
             if settings is not None and settings.database_url

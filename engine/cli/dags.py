@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 from rich.markup import escape
-from rich.table import Table
 
 from engine.cli.common import (
     SECONDS,
     TEXT,
-    _json,
     _json_text_problem,
     _parse_dags_option,
     _run,
@@ -26,19 +24,15 @@ from engine.cli.common import (
 )
 from engine.cli.listing import (
     WAIT_EXIT,
-    cell,
     interrupted_wait,
-    print_table,
     show_outcome,
     wide_option,
 )
 from engine.dags.dagbag import DagBag
-from engine.dags.importerrors import error_summary
 from engine.store import DuplicateRun
 
 if TYPE_CHECKING:
     from engine.client.runs import RunOutcome
-    from engine.store.models import DagSummary
 
 
 class _IsoTime(click.ParamType):  # type: ignore[type-arg]
@@ -70,63 +64,6 @@ def _when(value: dt.datetime | None) -> str:
 @click.group()
 def dags() -> None:
     """List, trigger, pause and backfill DAGs."""
-
-
-@dags.command("list")
-@_parse_dags_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
-@wide_option
-@click.pass_context
-def dags_list(ctx: click.Context, dags_folder: str | None, as_json: bool, wide: bool) -> None:
-    """List the DAGs known to the database (parsing --dags first, if given)."""
-    settings = _settings(ctx).replace(dags_folder=dags_folder)
-    check_dags_folder(settings)
-
-    async def main() -> tuple[list[DagSummary], dict[str, str]]:
-        from engine.scheduler.dagsync import sync_dags
-        from engine.store import open_store
-
-        store = await open_store(settings)
-        try:
-            errors: dict[str, str] = {}
-            if settings.dags_folder:
-                bag = DagBag(
-                    settings.dags_folder,
-                    processor_timeout_s=settings.dag_file_processor_timeout_s,
-                )
-                await sync_dags(store, bag)
-                errors = dict(bag.import_errors)
-            return await store.list_dags(), errors
-        finally:
-            await store.close()
-
-    rows, errors = _run(main)
-    if as_json:
-        _json(rows)
-    else:
-        table = Table(
-            "dag_id", "paused", "schedule", "next run", "tasks", "last run", "state", "file"
-        )
-        for row in rows:
-            table.add_row(
-                cell(row.dag_id),
-                "yes" if row.is_paused else "no",
-                row.schedule or "None",
-                _when(row.next_dagrun) if row.is_active else "none: file gone",
-                str(row.tasks),
-                cell(row.last_run_id or ""),
-                cell(row.last_run_state or ""),
-                cell(row.fileloc),
-            )
-        print_table(table, wide=wide)
-    for path, error in errors.items():
-        err_console.print(
-            f"[red]DAG file {escape(path)} failed to import[/]: {escape(error_summary(error))}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if errors:
-        sys.exit(1)
 
 
 @dags.command("trigger")

@@ -6,15 +6,15 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from engine.cli.common import _run
+from engine.cli.pipes import PipeConsole
 from engine.config import Settings
 from engine.security.keys import generate_key, write_key_file
 
 __all__ = ["keys"]
 
-err_console = Console(stderr=True)
+err_console = PipeConsole(stderr=True)
 
 
 @click.group()

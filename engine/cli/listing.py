@@ -24,6 +24,7 @@ from rich.text import Text
 
 from engine import masking
 from engine.cli.common import console, decode_result, err_console
+from engine.cli.pipes import PipeConsole
 from engine.states import RUN_STATES, STATES
 
 if TYPE_CHECKING:
@@ -97,17 +98,23 @@ def _print_records(table: Table, out: Console) -> None:
                 )
 
 
-def print_table(table: Table, *, wide: bool, out: Console | None = None) -> None:
+def print_table(
+    table: Table, *, wide: bool, out: Console | None = None, empty: str | None = None
+) -> None:
     """Print a table without cutting any cell: one line a row with ``wide`` or when the output
     is not a terminal; in a terminal, folded to its width, or, when even folded it would not
-    fit (an 80-column terminal and long run ids), one block of lines per row."""
+    fit (an 80-column terminal and long run ids), one block of lines per row. A table without
+    rows is ``empty``, one sentence (``no waiting triggers``), when given."""
     out = console if out is None else out
+    if empty is not None and not table.row_count:
+        out.print(empty, markup=False, highlight=False, soft_wrap=True)
+        return
     if wide or not out.is_terminal:
         for column in table.columns:
             column.no_wrap = True
             column.overflow = "ignore"
         if out is console:
-            out = Console(width=1_000_000, highlight=False, soft_wrap=False)
+            out = PipeConsole(width=1_000_000, highlight=False, soft_wrap=False)
         out.print(table, width=1_000_000, highlight=False, soft_wrap=False)
         return
     if table.row_count and not _fits(table, out.width):
@@ -254,6 +261,17 @@ def listed_task(
         waiting_reason=waiting_reason,
         xcom=xcom,
     )
+
+
+def filtered(what: str, **filters: object) -> str:
+    """The sentence an empty listing prints: ``no runs of DAG x in state failed``."""
+    words = {
+        "dag_id": "of DAG {!r}",
+        "run_id": "in run {!r}",
+        "state": "in state {}",
+    }
+    said = [words[name].format(value) for name, value in filters.items() if value is not None]
+    return " ".join([f"no {what}", *said])
 
 
 def state_cell(task: ListedTask) -> str:

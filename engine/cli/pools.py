@@ -165,7 +165,7 @@ def pools_list(ctx: click.Context, as_json: bool, wide: bool) -> None:
             cell(_yes_no(p.include_deferred)),
             cell(p.description),
         )
-    print_table(table, wide=wide)
+    print_table(table, wide=wide, empty="no pools")
 
 
 @pools.command("delete")

@@ -8,35 +8,48 @@ from pathlib import Path
 from typing import Any
 
 import click
+import msgspec
 from rich.markup import escape
 
 from engine.cli.common import (
     _dags_option,
     _run,
     _settings,
+    _usage_exit,
     console,
     log,
     migrate,
     require_dags_folder,
 )
-from engine.config import STANDALONE_METRICS_PORT
+from engine.config import STANDALONE_METRICS_PORT, ConfigError, Settings
 from engine.runtime import logs
 
 
 def _metrics_port_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option(
+        "--no-metrics",
+        is_flag=True,
+        help="No metrics server, whatever the setting metrics_port says.",
+    )(fn)
     return click.option(
         "--metrics-port",
         type=click.IntRange(0, 65535),
         help="Serve /metrics, /livez and /readyz on this port (setting metrics_port; "
-        "default: none, 0: none).",
+        "default: none; 0: a free port, which `deferral status` shows).",
     )(fn)
+
+
+def _with_metrics(settings: Settings, no_metrics: bool) -> Settings:
+    return msgspec.structs.replace(settings, metrics_port=None) if no_metrics else settings
 
 
 @click.command()
 @_dags_option
 @_metrics_port_option
 @click.pass_context
-def scheduler(ctx: click.Context, dags_folder: str | None, metrics_port: int | None) -> None:
+def scheduler(
+    ctx: click.Context, dags_folder: str | None, metrics_port: int | None, no_metrics: bool
+) -> None:
     """Run the scheduler: ends runs, resolves dependencies, reaps dead workers.
 
     It also records the DAGs of the DAGs folder, scanned every dag_rescan_interval_s (and at
@@ -45,6 +58,7 @@ def scheduler(ctx: click.Context, dags_folder: str | None, metrics_port: int | N
 
     logs.set_process_name("scheduler")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(dags_folder=dags_folder, metrics_port=metrics_port)
+    settings = _with_metrics(settings, no_metrics)
     require_dags_folder(settings, "scheduler")
     _run(run_component, "scheduler", settings)
 
@@ -81,6 +95,7 @@ def worker(
     slots: int | None,
     queues: tuple[str, ...] | None,
     metrics_port: int | None,
+    no_metrics: bool,
 ) -> None:
     """Run a worker: claims and runs task instances in SLOTS slots, those of its QUEUES."""
     from engine.launch.app import run_component
@@ -89,6 +104,7 @@ def worker(
     settings = _settings(ctx).replace(
         dags_folder=dags_folder, worker_slots=slots, worker_queues=queues, metrics_port=metrics_port
     )
+    settings = _with_metrics(settings, no_metrics)
     require_dags_folder(settings, "worker")
     _run(run_component, "worker", settings)
 
@@ -107,6 +123,7 @@ def triggerer(
     capacity: int | None,
     queues: tuple[str, ...] | None,
     metrics_port: int | None,
+    no_metrics: bool,
 ) -> None:
     """Run a triggerer: one event loop running up to CAPACITY trigger coroutines.
 
@@ -121,6 +138,7 @@ def triggerer(
         triggerer_queues=queues,
         metrics_port=metrics_port,
     )
+    settings = _with_metrics(settings, no_metrics)
     if not settings.dags_folder:
         log.warning(
             "triggerer: no DAGs folder (--dags or DEFERRAL_DAGS_FOLDER): only triggers "
@@ -140,13 +158,15 @@ def triggerer(
     "--metrics-port",
     type=click.IntRange(0, 65533),
     help="First of the three metrics ports: the scheduler's, the worker's (+1) and the "
-    f"triggerer's (+2) (default: setting metrics_port, else {STANDALONE_METRICS_PORT}; 0: none).",
+    f"triggerer's (+2) (default: setting metrics_port, else {STANDALONE_METRICS_PORT}; "
+    "0: three free ports).",
 )
+@click.option("--no-metrics", is_flag=True, help="No metrics servers.")
 @click.option(
     "--webserver-port",
-    type=click.IntRange(min=1, max=65535),
-    help="Port of the status page (default 8793, setting webserver_port; it listens on "
-    "webserver_host, 127.0.0.1 by default).",
+    type=click.IntRange(min=0, max=65535),
+    help="Port of the status page (default 8793, setting webserver_port; 0: a free port; it "
+    "listens on webserver_host, 127.0.0.1 by default).",
 )
 @click.option("--no-webserver", is_flag=True, help="Do not start the status page.")
 @click.pass_context
@@ -158,17 +178,18 @@ def standalone(
     webserver_port: int | None,
     no_webserver: bool,
     metrics_port: int | None,
+    no_metrics: bool,
 ) -> None:
     """Scheduler, worker and triggerer (one process each) on one machine, and the status
     page (read-only; `deferral webserver` for actions) as a fourth process.
 
+    The ports are bound before anything starts: a port another process holds is an error
+    (exit 2) naming the flag to change, and the addresses printed are the ones served.
+
     Ctrl-C (or SIGTERM) once: stop gracefully (running tasks finish within
     worker_shutdown_grace_s, triggers are released); twice: cancel; three times: kill.
     """
-    from engine.launch.standalone import metrics_ports, run_standalone
-    from engine.web.server import status_url
-
-    logs.set_process_name("standalone")
+    from engine.launch.standalone import bind_listeners, run_standalone
 
     logs.set_process_name("standalone")  # every line names its process, the first ones too
     settings = _settings(ctx).replace(
@@ -178,28 +199,37 @@ def standalone(
         webserver_port=webserver_port,
         metrics_port=metrics_port,
     )
-    ports = metrics_ports(settings)
     require_dags_folder(settings, "standalone")
-    _run(migrate, settings)
-    console.print(
-        f"[bold]deferral standalone[/]: scheduler, worker ({settings.worker_slots} slots), "
-        f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
-        f"{escape(str(Path(str(settings.dags_folder)).expanduser().resolve()))}. "
-        "Ctrl-C: stop gracefully; twice: cancel.",
-        soft_wrap=True,
-        highlight=False,
-    )
-    if ports:
-        host = settings.metrics_host
+    try:
+        listeners = bind_listeners(settings, webserver=not no_webserver, metrics=not no_metrics)
+    except ConfigError as exc:
+        _usage_exit(str(exc))
+    try:
+        _run(migrate, settings)
+        page, metrics = listeners.urls(settings)
         console.print(
-            "metrics and health: "
-            + ", ".join(f"{kind} http://{host}:{port}/metrics" for kind, port in ports.items()),
-            highlight=False,
+            f"[bold]deferral standalone[/]: scheduler, worker ({settings.worker_slots} slots), "
+            f"triggerer (capacity {settings.triggerer_capacity}); DAGs from "
+            f"{escape(str(Path(str(settings.dags_folder)).expanduser().resolve()))}. "
+            "Ctrl-C: stop gracefully; twice: cancel.",
             soft_wrap=True,
+            highlight=False,
         )
-    if not no_webserver:
-        url = status_url(settings.webserver_host, settings.webserver_port)
-        console.print(f"[bold]status page[/]: {url}", highlight=False, soft_wrap=True)
-    sys.exit(
-        run_standalone(settings, config_file=ctx.obj["loaded"].file, webserver=not no_webserver)
-    )
+        if metrics:
+            console.print(
+                "metrics and health: "
+                + ", ".join(f"{kind} {url}" for kind, url in metrics.items()),
+                highlight=False,
+                soft_wrap=True,
+            )
+        if page is not None:
+            console.print(f"[bold]status page[/]: {page}", highlight=False, soft_wrap=True)
+        code = run_standalone(
+            settings,
+            config_file=ctx.obj["loaded"].file,
+            webserver=not no_webserver,
+            listeners=listeners,
+        )
+    finally:
+        listeners.close()
+    sys.exit(code)

@@ -3,12 +3,14 @@ its own in this package and is added here."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
 
 from engine.cli.common import PATH_TEXT, TEXT
-from engine.config import ConfigError, load, register_setting_secrets
+from engine.cli.pipes import EXIT_CLOSED_PIPE, is_closed_pipe, silence_stdout
+from engine.config import DEFAULT_SOURCE, ConfigError, Loaded, load, register_setting_secrets
 from engine.dags import defaults as dag_defaults
 from engine.masking import register_environment
 from engine.runtime import logs
@@ -16,6 +18,12 @@ from engine.version import __version__
 from triggers.base import import_object
 
 _COMMANDLINE = click.core.ParameterSource.COMMANDLINE
+
+#: The commands that run the engine's processes: their log lines (INFO by default) are their
+#: output. Every other command logs warnings and errors only unless asked (``-v``).
+PROCESS_COMMANDS = frozenset(
+    {"scheduler", "worker", "triggerer", "standalone", "webserver", "demo", "bench"}
+)
 
 
 class _LazyGroup(click.Group):
@@ -40,6 +48,33 @@ class _LazyGroup(click.Group):
             )
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        """(``--help`` and ``--version`` print while the arguments are parsed.)"""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except Exception as exc:
+            if not is_closed_pipe(exc):
+                raise
+        silence_stdout()
+        raise click.exceptions.Exit(EXIT_CLOSED_PIPE)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a closed pipe (``deferral ... | head -1``) ends it quietly: no
+        message, exit 141 (as a process killed by SIGPIPE), whichever command it was."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if not is_closed_pipe(exc):
+                raise
+        silence_stdout()
+        ctx.exit(EXIT_CLOSED_PIPE)
 
 
 @click.group(
@@ -69,6 +104,13 @@ class _LazyGroup(click.Group):
 )
 @click.option("--log-format", envvar="DEFERRAL_LOG_FORMAT", type=click.Choice(["text", "json"]))
 @click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Show the engine's INFO lines (starting the embedded server, migrations, ...); -vv: "
+    "DEBUG. Commands other than the processes log warnings and errors only by default.",
+)
+@click.option(
     "--insecure-dev",
     is_flag=True,
     default=None,
@@ -82,6 +124,7 @@ def cli(
     home: str | None,
     log_level: str | None,
     log_format: str | None,
+    verbose: int,
     insecure_dev: bool | None,
 ) -> None:
     """deferral: tasks that wait hand their wait to a triggerer and free their worker slot."""
@@ -111,7 +154,7 @@ def cli(
     # starts are commands too, and register their own).
     register_environment()
     register_setting_secrets(settings)
-    logs.configure_logging(settings.log_level, settings.log_format)
+    logs.configure_logging(_log_level(loaded, verbose, ctx.invoked_subcommand), settings.log_format)
     # DAG files this command reads are declared with its settings (default_timezone, ...).
     try:
         dag_defaults.configure(settings)
@@ -120,11 +163,24 @@ def cli(
     ctx.obj = {"settings": settings, "loaded": loaded}
 
 
+def _log_level(loaded: Loaded, verbose: int, command: str | None) -> str:
+    """The level this command logs at: ``-v`` INFO, ``-vv`` DEBUG; else the setting
+    ``log_level`` when it was set (flag, variable, file), or its default (INFO) for the
+    engine's processes and WARNING for every other command: a listing prints what it lists,
+    not that the embedded server started and stopped."""
+    if verbose:
+        return "DEBUG" if verbose > 1 else "INFO"
+    if loaded.sources.get("log_level", DEFAULT_SOURCE) != DEFAULT_SOURCE:
+        return loaded.settings.log_level
+    return loaded.settings.log_level if command in PROCESS_COMMANDS else "WARNING"
+
+
 def _add_commands() -> None:
     from engine.cli import (
         config,
         connections,
         dags,
+        dags_list,
         db,
         demo,
         health,
@@ -132,6 +188,7 @@ def _add_commands() -> None:
         pools,
         processes,
         runs,
+        status,
         tasks,
         tasks_logs,
         tasks_test,
@@ -141,7 +198,7 @@ def _add_commands() -> None:
         webserver,
     )
 
-    del tasks_logs  # (imported for its command, which it adds to the tasks group)
+    del dags_list, tasks_logs  # (imported for their commands, added to dags and tasks)
     tasks.tasks.add_command(tasks_test.tasks_test)
     tasks.tasks.add_command(tasks_xcom.tasks_xcom)
 
@@ -163,6 +220,7 @@ def _add_commands() -> None:
         webserver.webserver,
         config.config,
         health.health,
+        status.status,
     ):
         cli.add_command(command)
 
@@ -171,4 +229,19 @@ _add_commands()
 
 
 def main() -> None:
-    cli(prog_name="deferral")
+    try:
+        cli(prog_name="deferral")
+    except SystemExit as exc:
+        code = exc.code
+    else:  # (click's standalone mode always exits)
+        code = 0
+    # What is still buffered is written now, while a closed pipe can still be met quietly
+    # (at the interpreter's exit it would print "Exception ignored ... BrokenPipeError").
+    try:
+        sys.stdout.flush()
+    except Exception as exc:
+        if not is_closed_pipe(exc):
+            raise
+        silence_stdout()
+        code = EXIT_CLOSED_PIPE
+    sys.exit(code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from engine.cli.listing import (
     RUN_STATE,
     WAIT_EXIT,
     cell,
+    filtered,
     fmt_time,
     interrupted_wait,
     mask_secrets,
@@ -21,9 +23,11 @@ from engine.cli.listing import (
     show_outcome,
     wide_option,
 )
+from engine.client.runsel import resolve_run
 
 if TYPE_CHECKING:
     from engine.store.models import DagRunSummary
+    from engine.store.runselect import SelectedRun
 
 
 @click.group()
@@ -87,34 +91,45 @@ def runs_list(
             cell(fmt_time(row.ended_at)),
             cell(counts),
         )
-    print_table(table, wide=wide)
+    print_table(table, wide=wide, empty=filtered("runs", dag_id=dag_id, state=state))
 
 
 @runs.command("wait")
-@click.argument("ids", nargs=-1, type=TEXT, metavar="[DAG_ID] RUN_ID")
+@click.argument("ids", nargs=-1, type=TEXT, metavar="[DAG_ID] RUN")
 @click.option("--timeout", type=SECONDS, help="Give up after this many seconds (exit 3).")
 @wide_option
 @click.pass_context
 def runs_wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, wide: bool) -> None:
-    """Wait for run RUN_ID (of DAG_ID) to end, then show its tasks (as `dags trigger --wait`
-    does). DAG_ID may be left out when only one DAG has a run called RUN_ID. Ctrl-C stops only
-    the wait: the run goes on.
+    """Wait for run RUN (of DAG_ID) to end, then show its tasks (as `dags trigger --wait`
+    does). RUN is a run id, a unique prefix of one, a logical date (2026-11-20,
+    2026-11-20T06:00) or `latest`; DAG_ID may be left out when RUN names the run of one DAG
+    only. Ctrl-C stops only the wait: the run goes on.
 
     Exit codes: 0 the run succeeded, 1 it failed, 2 no such run, 3 --timeout passed first,
     130 interrupted.
     """
     if not 1 <= len(ids) <= 2:
-        raise click.UsageError(
-            f"expected RUN_ID or DAG_ID RUN_ID, got {len(ids)} argument(s)", ctx=ctx
-        )
+        raise click.UsageError(f"expected RUN or DAG_ID RUN, got {len(ids)} argument(s)", ctx=ctx)
     settings = _settings(ctx)
-    from engine.client.runs import dag_of_run, wait_run
+    from engine.client.runs import wait_run
 
-    run_id = ids[-1]
+    selector = ids[-1]
     dag_id = ids[0] if len(ids) == 2 else None
+
+    async def find() -> SelectedRun:
+        from engine.store import open_store
+
+        store = await open_store(settings)
+        try:
+            again = f"deferral runs wait DAG_ID {shlex.quote(selector)}"
+            return await resolve_run(store, dag_id, selector, with_dag=again)
+        finally:
+            await store.close()
+
+    run_id = selector
     try:
-        if dag_id is None:
-            dag_id = _run(dag_of_run, settings, run_id)
+        run = _run(find)
+        dag_id, run_id = run.dag_id, run.run_id
         outcome = _run(wait_run, settings, dag_id, run_id, timeout)
     except LookupError as exc:
         _usage_exit(str(exc.args[0] if exc.args else exc))

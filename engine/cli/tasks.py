@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from engine.cli.common import TEXT, _json, _run, _settings, _usage_exit, console
-from engine.cli.listing import TASK_STATE, listed_task, print_table, task_table, wide_option
+from engine.cli.listing import (
+    TASK_STATE,
+    filtered,
+    listed_task,
+    print_table,
+    task_table,
+    wide_option,
+)
+from engine.client.runsel import SELECTOR_HELP, resolve_run, resolve_runs
 
 if TYPE_CHECKING:
     from engine.store.models import TaskInstance
@@ -20,7 +28,13 @@ def tasks() -> None:
 
 @tasks.command("list")
 @click.option("--dag", "dag_id", type=TEXT, help="Only this DAG.")
-@click.option("--run", "run_id", type=TEXT, help="Only this run id.")
+@click.option(
+    "--run",
+    "run_id",
+    type=TEXT,
+    metavar="RUN",
+    help=f"Only this run: {SELECTOR_HELP} (with --dag: of that DAG).",
+)
 @click.option("--state", type=TASK_STATE, help="Only this state.")
 @click.option("--limit", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
@@ -55,8 +69,11 @@ def tasks_list(
 
         store = await open_store(settings)
         try:
+            run = run_id
+            if run_id is not None:
+                run = (await resolve_runs(store, dag_id, run_id))[0].run_id
             rows = await store.list_task_instances(
-                dag_id=dag_id, run_id=run_id, state=state, limit=limit
+                dag_id=dag_id, run_id=run, state=state, limit=limit
             )
             # One statement for all the waiting ones, and only with --json (the table has no
             # column for it); one more for the XComs of them all.
@@ -67,14 +84,21 @@ def tasks_list(
         finally:
             await store.close()
 
-    rows, reasons, xcoms = _run(main)
+    try:
+        rows, reasons, xcoms = _run(main)
+    except LookupError as exc:  # (a RUN that names no run, or several)
+        _usage_exit(str(exc))
     listed = [
         listed_task(row, waiting_reason=reasons.get(row.id), xcom=xcoms.get(row.id)) for row in rows
     ]
     if as_json:
         _json(listed)
         return
-    print_table(task_table(listed, with_run=True, wide=wide), wide=wide)
+    print_table(
+        task_table(listed, with_run=True, wide=wide),
+        wide=wide,
+        empty=filtered("task instances", dag_id=dag_id, run_id=run_id, state=state),
+    )
 
 
 @tasks.command("why")
@@ -90,24 +114,27 @@ def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> Non
     triggerer, since when, its next deadline) or no triggerer taking that trigger; else it
     waits for a free worker slot. For a task that runs or has ended: its state.
 
-    The answer starts with a label naming the reason (`pool full:`, `retry not due:`, ...).
+    RUN is a run id, a unique prefix of one, a logical date (2026-11-20, 2026-11-20T06:00) or
+    `latest`. The answer starts with a label naming the reason (`pool full:`, `retry not
+    due:`, ...).
     The parallelism compared with is this command's setting (give it the workers' value).
     Exit code 2: no such run or task.
     """
     settings = _settings(ctx)
-    from engine.client.why import NoSuchTask, why_not_running
+    from engine.client.why import why_not_running
 
     async def main() -> str:
         from engine.store import open_store
 
         store = await open_store(settings)
         try:
-            return await why_not_running(store, dag_id, run_id, task_id, settings)
+            run = await resolve_run(store, dag_id, run_id)
+            return await why_not_running(store, dag_id, run.run_id, task_id, settings)
         finally:
             await store.close()
 
     try:
         answer = _run(main)
-    except NoSuchTask as exc:
+    except LookupError as exc:  # (no such run or task: NoSuchTask, NoSuchRun, ...)
         _usage_exit(str(exc))
     console.print(answer, markup=False, highlight=False, soft_wrap=True)

@@ -10,6 +10,7 @@ import click
 from engine.cli.common import TEXT, _settings, _usage_exit, err_console
 from engine.cli.logview import POLL_S, follow_pages, run_following
 from engine.cli.tasks import tasks
+from engine.client.runsel import resolve_run
 
 if TYPE_CHECKING:
     from engine.store import Store, TaskLogs
@@ -46,7 +47,10 @@ def tasks_logs(
     as_json: bool,
 ) -> None:
     """Print what a task try logged and printed (its execute and resumed methods, on the
-    workers), and the ids of the logging triggers it waited on (see: triggers logs ID)."""
+    workers), and the ids of the logging triggers it waited on (see: triggers logs ID).
+
+    RUN is a run id, a unique prefix of one, a logical date (2026-11-20, 2026-11-20T06:00) or
+    `latest`."""
     settings = _settings(ctx)
 
     async def main() -> TaskLogs | str:
@@ -54,7 +58,11 @@ def tasks_logs(
 
         store = await open_store(settings)
         try:
-            return await _show(store, dag_id, run_id, task_id, try_number, follow, as_json)
+            try:
+                run = (await resolve_run(store, dag_id, run_id)).run_id
+            except LookupError as exc:
+                return str(exc)
+            return await _show(store, dag_id, run, task_id, try_number, follow, as_json)
         finally:
             with anyio.move_on_after(5, shield=True):
                 await store.close()

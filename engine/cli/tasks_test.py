@@ -54,7 +54,7 @@ def _parse_logical_date(value: str | None) -> dt.datetime | None:
             f"{value!r} is not an ISO 8601 date or time (2026-01-31, 2026-01-31T06:00:00+00:00)",
             param_hint="--logical-date",
         ) from None
-    return when if when.utcoffset() is not None else when.replace(tzinfo=dt.UTC)
+    return when  # (naive: in the DAG's time zone, as `dags trigger --logical-date` reads it)
 
 
 def _parse_conf(value: str | None) -> dict[str, Any]:
@@ -98,7 +98,8 @@ def _load(folder: str, dag_id: str, task_id: str, timeout_s: float) -> DagBag:
 @click.option(
     "--logical-date",
     type=TEXT,
-    help="ISO 8601 date or time of the run (UTC when no offset is given); default: now.",
+    help="ISO 8601 date or time of the run (naive: in the DAG's time zone); default: now. "
+    "Its data interval is inferred from the schedule, as `dags trigger` infers it.",
 )
 @click.option("--conf", type=TEXT, help="JSON object handed to the task as context['conf'].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: log, deferrals, outcome.")

@@ -22,24 +22,30 @@ def tasks_xcom(
     """Print the XComs of a task instance's current try in full: its return value (key
     return_value) and what it pushed, each key on a line of its own followed by the value as
     indented JSON (with --key, the value alone). Secrets are masked, as everywhere values are
-    shown. --json: one object, key -> value (with --key, the value alone).
+    shown. --json: one object, key -> value (with --key, the value alone). RUN: a run id, a
+    logical date, a unique prefix of a run id, or latest.
 
     Exit code 2: no such task instance, or no XCom under --key.
     """
     settings = _settings(ctx)
 
-    async def main() -> dict[str, bytes] | None:
+    async def main() -> tuple[str, dict[str, bytes] | None]:
+        from engine.client.runsel import resolve_run
         from engine.store import open_store
 
         store = await open_store(settings)
         try:
-            return await store.xcom_of_task(dag_id, run_id, task_id)
+            run = (await resolve_run(store, dag_id, run_id)).run_id
+            return run, await store.xcom_of_task(dag_id, run, task_id)
         finally:
             await store.close()
 
     from engine.client.xcoms import full_json, shown
 
-    found = _run(main)
+    try:
+        run_id, found = _run(main)
+    except LookupError as exc:  # (a RUN that names no run, or several)
+        _usage_exit(str(exc))
     if found is None:
         _usage_exit(f"no task {task_id!r} in run {run_id!r} of DAG {dag_id!r}")
     values: dict[str, Any] = {k: shown(k, v) for k, v in sorted(found.items())}

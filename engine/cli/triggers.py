@@ -147,7 +147,7 @@ def triggers_list(ctx: click.Context, limit: int, as_json: bool, wide: bool) -> 
             cell(named),
             cell(fmt_time(t.timeout_at)),
         )
-    print_table(table, wide=wide)
+    print_table(table, wide=wide, empty="no waiting triggers")
     summary = Table("triggerer", "host", "pid", "capacity", "held", "lease")
     for r in triggerers_:
         summary.add_row(
@@ -158,7 +158,7 @@ def triggers_list(ctx: click.Context, limit: int, as_json: bool, wide: bool) -> 
             cell(r.held),
             "expired" if r.expired else "live",
         )
-    print_table(summary, wide=wide)
+    print_table(summary, wide=wide, empty="no triggerer running")
 
 
 @triggers.command("show")
@@ -231,7 +231,7 @@ def triggers_show(ctx: click.Context, trigger_id: int, as_json: bool) -> None:
     table = Table("dag_id", "run_id", "task_id")
     for task in shown.tasks:
         table.add_row(cell(task.dag_id), cell(task.run_id), cell(task.task_id))
-    print_table(table, wide=False)
+    print_table(table, wide=False, empty="no task waits on it")
 
 
 @triggers.command("logs")

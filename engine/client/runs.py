@@ -14,7 +14,7 @@ from engine.runtime.wakeup import Wakeup
 from engine.scheduler.dagruns import manual_data_interval
 from engine.scheduler.dagsync import request_rescan, sync_dags
 from engine.store import CHANNEL_RUNS, Store, TaskInstance, UnknownDag, open_store
-from engine.store.schedules import NewRun
+from engine.store.models import NewRun
 
 __all__ = ["RunOutcome", "trigger_dag", "wait_for_run", "wait_run"]
 
@@ -142,24 +142,6 @@ async def wait_run(
         return await _wait_outcome(store, dag_id, run_id, timeout_s)
     finally:
         await store.close()
-
-
-async def dag_of_run(settings: Settings, run_id: str) -> str:
-    """The DAG of the run called ``run_id``. Raises LookupError when no DAG has such a run, or
-    when several have one (a run id is unique within its DAG only)."""
-    store = await open_store(settings)
-    try:
-        dag_ids = await store.dags_of_run_id(run_id)
-    finally:
-        await store.close()
-    if not dag_ids:
-        raise LookupError(f"no run {run_id!r} (deferral runs list shows the runs and their ids)")
-    if len(dag_ids) > 1:
-        raise LookupError(
-            f"run id {run_id!r} names a run of {len(dag_ids)} DAGs ({', '.join(dag_ids)}): "
-            f"name the DAG too: deferral runs wait DAG_ID {run_id}"
-        )
-    return dag_ids[0]
 
 
 async def _wait_outcome(

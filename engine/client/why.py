@@ -28,7 +28,7 @@ from engine.states import TERMINAL_STATES
 if TYPE_CHECKING:
     from engine.config import Settings
     from engine.store import Store
-    from engine.store.why import RunWait, TaskWait
+    from engine.store.models import RunWait, TaskWait
 
 __all__ = [
     "LISTED_UPSTREAM",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,14 @@ from engine.dags.dagbag import DagBag, add_to_sys_path
 from engine.dags.timetables.custom import allow_custom_timetables
 from engine.runtime import logs
 from engine.runtime.health import Check, HealthServer, WithHealth, database_check
+from engine.runtime.listen import (
+    LISTEN_FD_ENV,
+    ListenError,
+    bound_port,
+    inherited_socket,
+    listen,
+    listen_url,
+)
 from engine.runtime.metrics import Metrics
 from engine.runtime.metrics import use as use_metrics
 from engine.runtime.runner import (
@@ -29,18 +38,23 @@ from engine.runtime.runner import (
     serve,
     supervisor_fd,
 )
+from engine.scheduler.config import SchedulerConfig
 from engine.scheduler.scheduler import Scheduler
 from engine.security.allow import TriggerAllowList
 from engine.security.keys import child_key_env
 from engine.store import Store, database_url, open_store
+from engine.store.endpoints import advertised
 from engine.triggerer import Triggerer
-from engine.usercode.logsink import LogLimits
+from engine.triggerer.config import TriggererConfig
+from engine.usercode.loglimits import LogLimits
 from engine.usercode.variables import bind_store
+from engine.worker.config import WorkerConfig
 from engine.worker.worker import Worker
 from triggers.connections import DEFAULT_DEFERRAL_CONN_ID, connection_defaults
 
 __all__ = [
     "Child",
+    "dag_bag",
     "engine_connections",
     "log_limits",
     "make_scheduler",
@@ -57,56 +71,31 @@ log = logging.getLogger(__name__)
 
 def trigger_allow_list(settings: Settings) -> TriggerAllowList:
     """The allow-list the setting ``trigger_allow`` gives (its default when unset)."""
-    return TriggerAllowList.from_setting(settings.trigger_allow, settings.dags_folder)
+    return TriggerAllowList.from_settings(settings)
 
 
 def log_limits(settings: Settings) -> LogLimits:
     """The bounds of the stored logs the settings log_* give."""
-    return LogLimits(
-        max_lines_per_s=settings.log_max_lines_per_s,
-        max_try_bytes=settings.log_max_try_bytes,
-        max_trigger_bytes=settings.log_max_trigger_bytes,
-        max_line_bytes=settings.log_max_line_bytes,
-        buffer_bytes=settings.log_buffer_bytes,
-    )
+    return LogLimits.from_settings(settings)
+
+
+def dag_bag(settings: Settings) -> DagBag:
+    """The DAGs of the settings' folder (setting ``dags_folder``), each file imported first
+    in a child process (``dag_file_processor_timeout_s``)."""
+    return DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s)
+
+
+# Each process is given its config, built from the settings in one place (its config's
+# ``from_settings``), and its collaborators: the store, the DAG bag, the metrics.
 
 
 def make_worker(store: Store, settings: Settings, metrics: Metrics | None = None) -> Worker:
-    return Worker(
-        store,
-        DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s),
-        slots=settings.worker_slots,
-        queues=settings.worker_queues,
-        parallelism=settings.parallelism,
-        poll_interval_s=settings.worker_poll_interval_s,
-        heartbeat_s=settings.worker_heartbeat_s,
-        shutdown_grace_s=settings.worker_shutdown_grace_s,
-        allow=trigger_allow_list(settings),
-        default_deferrable=settings.default_deferrable,
-        metrics=metrics,
-        log_limits=log_limits(settings),
-        xcom_max_bytes=settings.xcom_max_bytes,
-    )
+    return Worker(store, dag_bag(settings), WorkerConfig.from_settings(settings), metrics=metrics)
 
 
 def make_triggerer(store: Store, settings: Settings, metrics: Metrics | None = None) -> Triggerer:
     add_to_sys_path(settings.dags_folder)
-    return Triggerer(
-        store,
-        capacity=settings.triggerer_capacity,
-        lease_s=settings.triggerer_lease_s,
-        poll_interval_s=settings.triggerer_poll_interval_s,
-        claim_batch=settings.triggerer_claim_batch,
-        blocked_loop_s=settings.triggerer_blocked_loop_s,
-        cleanup_timeout_s=settings.triggerer_cleanup_timeout_s,
-        cancel_blocking_after=settings.triggerer_cancel_blocking_after,
-        max_block_s=settings.triggerer_max_block_s,
-        allow=trigger_allow_list(settings),
-        dags_folder=settings.dags_folder,
-        metrics=metrics,
-        queues=settings.triggerer_queues,
-        log_limits=log_limits(settings),
-    )
+    return Triggerer(store, TriggererConfig.from_settings(settings), metrics=metrics)
 
 
 def make_scheduler(store: Store, settings: Settings, metrics: Metrics | None = None) -> Scheduler:
@@ -114,17 +103,9 @@ def make_scheduler(store: Store, settings: Settings, metrics: Metrics | None = N
     allow_custom_timetables(trigger_allow_list(settings))
     return Scheduler(
         store,
-        (
-            DagBag(settings.dags_folder, processor_timeout_s=settings.dag_file_processor_timeout_s)
-            if settings.dags_folder
-            else None
-        ),
-        interval_s=settings.scheduler_interval_s,
-        zombie_threshold_s=settings.zombie_threshold_s,
-        timeout_backstop_grace_s=settings.timeout_backstop_grace_s,
-        dag_rescan_interval_s=settings.dag_rescan_interval_s,
+        dag_bag(settings) if settings.dags_folder else None,
+        SchedulerConfig.from_settings(settings),
         metrics=metrics,
-        log_retention_days=settings.log_retention_days,
     )
 
 
@@ -155,27 +136,46 @@ async def run_component(kind: str, settings: Settings) -> None:
     ``spawn``, until its supervisor asks)."""
     logs.set_process_name(kind)
     supervisor = supervisor_fd()
-    metrics = use_metrics(Metrics(max_series=settings.metrics_max_series))
+    sock = inherited_socket() or _metrics_socket(settings)
+    metrics = use_metrics(Metrics(max_series=settings.metrics_max_series, kind=kind))
     store = await open_store(settings)
     try:
         made = _MAKERS[kind](store, settings, metrics)
         component: Component = made
-        if settings.metrics_port:
+        where: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+        if sock is not None:
             checks = {"database": database_check(store.now), **made.health_checks()}
+            port = bound_port(sock)
             server = HealthServer(
-                metrics, host=settings.metrics_host, port=settings.metrics_port, checks=checks
+                metrics, host=settings.metrics_host, port=port, checks=checks, sock=sock
             )
             component = WithHealth(made, server)
+            # (`deferral status` says where it listens.)
+            url = listen_url(settings.metrics_host, port, "/metrics")
+            where = advertised(store, "metrics", kind, url)
         # The connection id "deferral" (TaskStateTrigger, ExternalTaskSensor) is this database,
         # also when it is the embedded server, whose URL is known only now. (Operators read
         # default_deferrable from their context: the worker puts it there.)
         with engine_connections(store):
-            cancelled = await serve([component], supervisor=supervisor)
+            async with where:
+                cancelled = await serve([component], supervisor=supervisor)
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()
     if cancelled:
         exit_without_threads()
+
+
+def _metrics_socket(settings: Settings) -> socket.socket | None:
+    """The metrics server's socket when the settings ask for one (``metrics_port``; 0: a free
+    port). A port that cannot be bound is logged: the process runs on without metrics."""
+    if settings.metrics_port is None:
+        return None
+    try:
+        return listen(settings.metrics_host, settings.metrics_port)
+    except ListenError as exc:
+        log.error("cannot serve metrics: %s; running without them", exc.strerror)
+        return None
 
 
 class Child(subprocess.Popen[bytes]):
@@ -212,12 +212,14 @@ def spawn(
     *extra: str,
     env: dict[str, str] | None = None,
     stderr: IO[bytes] | None = None,
+    sock: socket.socket | None = None,
 ) -> Child:
     """Start ``deferral <kind>`` as a child process on the same database and DAGs folder.
 
     The child runs in a new session (a terminal's SIGINT goes to the caller only) and is
     stopped through a pipe (``Child.ask``, ``stop_children``); it stops gracefully by itself
-    when the caller dies and the pipe closes."""
+    when the caller dies and the pipe closes. ``sock``: a listening socket the child serves
+    on (its metrics server, or the status page), bound here already."""
     child_env = {**os.environ, **(env or {})}
     child_env["DEFERRAL_DATABASE_URL"] = database_url(settings)
     # Handed the URL, the child sees an external database: it needs this process's keys.
@@ -231,13 +233,17 @@ def spawn(
         child_env["DEFERRAL_TRIGGER_ALLOW"] = ",".join(settings.trigger_allow)
     read_end, write_end = os.pipe()
     child_env[SUPERVISOR_FD_ENV] = str(read_end)
+    passed = [read_end]
+    if sock is not None:
+        child_env[LISTEN_FD_ENV] = str(sock.fileno())
+        passed.append(sock.fileno())
     try:
         child = Child(
             [sys.executable, "-m", "engine", kind, *extra],
             env=child_env,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
-            pass_fds=(read_end,),
+            pass_fds=tuple(passed),
             start_new_session=True,
         )
     except BaseException:

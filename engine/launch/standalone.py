@@ -23,18 +23,27 @@ import logging
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from engine.config import STANDALONE_METRICS_PORT, Settings
+from engine.config import STANDALONE_METRICS_PORT, ConfigError, Settings
 from engine.launch.app import Child, spawn
 from engine.runtime import logs
+from engine.runtime.listen import ListenError, bound_port, listen, listen_url
 from engine.runtime.runner import CANCEL, STOP
 
-__all__ = ["KINDS", "Supervisor", "metrics_ports", "run_standalone"]
+__all__ = [
+    "KINDS",
+    "Listeners",
+    "Supervisor",
+    "bind_listeners",
+    "metrics_ports",
+    "run_standalone",
+]
 
 log = logging.getLogger(__name__)
 
@@ -167,18 +176,85 @@ class Supervisor:
 
 def metrics_ports(settings: Settings) -> dict[str, int]:
     """Each child's metrics port: ``metrics_port`` (else 9464) and the next two, in the order
-    of ``KINDS``; none when it is 0."""
+    of ``KINDS``; with 0, each takes a free port (0)."""
     base = STANDALONE_METRICS_PORT if settings.metrics_port is None else settings.metrics_port
-    if base == 0:
-        return {}
-    return {kind: base + i for i, kind in enumerate(KINDS)}
+    return {kind: base + i if base else 0 for i, kind in enumerate(KINDS)}
+
+
+class Listeners:
+    """The sockets of ``deferral standalone``, bound before any child starts: the status
+    page's and each child's metrics server's. Closed here once the children hold them."""
+
+    def __init__(self) -> None:
+        self.webserver: socket.socket | None = None
+        self.metrics: dict[str, socket.socket] = {}
+
+    def urls(self, settings: Settings) -> tuple[str | None, dict[str, str]]:
+        """The status page's address and each child's /metrics, as bound."""
+        page = None
+        if self.webserver is not None:
+            page = listen_url(settings.webserver_host, bound_port(self.webserver))
+        metrics = {
+            kind: listen_url(settings.metrics_host, bound_port(sock), "/metrics")
+            for kind, sock in self.metrics.items()
+        }
+        return page, metrics
+
+    def close(self) -> None:
+        for sock in [self.webserver, *self.metrics.values()]:
+            if sock is not None:
+                sock.close()
+
+
+def bind_listeners(settings: Settings, *, webserver: bool, metrics: bool) -> Listeners:
+    """Bind the status page's port (``webserver_port``) and the metrics ports
+    (:func:`metrics_ports`); port 0 takes a free one. Raises ConfigError naming the flag to
+    change when one is taken (or the host cannot be listened on)."""
+    bound = Listeners()
+    try:
+        if webserver:
+            bound.webserver = _listen(
+                settings.webserver_host,
+                settings.webserver_port,
+                "--webserver-port (setting webserver_port)",
+                "setting webserver_host",
+            )
+        if metrics:
+            for kind, port in metrics_ports(settings).items():
+                bound.metrics[kind] = _listen(
+                    settings.metrics_host,
+                    port,
+                    "--metrics-port (setting metrics_port: the first of three ports)",
+                    "setting metrics_host",
+                )
+    except BaseException:
+        bound.close()
+        raise
+    return bound
+
+
+def _listen(host: str, port: int, port_flag: str, host_setting: str) -> socket.socket:
+    try:
+        return listen(host, port)
+    except ListenError as exc:
+        hint = (
+            f"choose another address ({host_setting})"
+            if exc.bad_host
+            else f"choose another port with {port_flag}, or 0 for a free one"
+        )
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.reason}): {hint}") from None
 
 
 def run_standalone(
-    settings: Settings, *, config_file: str | None = None, webserver: bool = True
+    settings: Settings,
+    *,
+    config_file: str | None = None,
+    webserver: bool = True,
+    listeners: Listeners | None = None,
 ) -> int:
-    """Start the three children (and the webserver, on the settings' host and port) and
-    supervise them; the exit code (0: all stopped cleanly when asked). ``config_file``: the
+    """Start the three children (and the webserver, unless ``webserver`` is false) and
+    supervise them; the exit code (0: all stopped cleanly when asked). ``listeners``: the
+    sockets bound for them (:func:`bind_listeners`; None: bound here). ``config_file``: the
     settings file this process read, which the children read too."""
     logs.set_process_name("standalone")
     extra: dict[str, list[str]] = {
@@ -187,15 +263,21 @@ def run_standalone(
         "triggerer": ["--capacity", str(settings.triggerer_capacity)],
     }
     env = {"DEFERRAL_CONFIG": str(Path(config_file).resolve())} if config_file else None
-    ports = metrics_ports(settings)
+    if listeners is None:
+        listeners = bind_listeners(settings, webserver=webserver, metrics=True)
     for kind in KINDS:
-        extra[kind] += ["--metrics-port", str(ports.get(kind, 0))]
+        sock = listeners.metrics.get(kind)
+        extra[kind] += (
+            ["--no-metrics"] if sock is None else ["--metrics-port", str(bound_port(sock))]
+        )
     supervisor = Supervisor(drain_s=settings.worker_shutdown_grace_s + STOP_MARGIN_S)
     supervisor.install()
     try:
         for kind in KINDS:
-            supervisor.add(spawn(kind, settings, *extra[kind], env=env))
-        if webserver:
+            supervisor.add(
+                spawn(kind, settings, *extra[kind], env=env, sock=listeners.metrics.get(kind))
+            )
+        if listeners.webserver is not None:
             supervisor.optional.add(WEBSERVER)
             # Read-only (no --enable-actions): `deferral webserver` serves the actions.
             supervisor.add(
@@ -205,10 +287,12 @@ def run_standalone(
                     "--host",
                     settings.webserver_host,
                     "--port",
-                    str(settings.webserver_port),
+                    str(bound_port(listeners.webserver)),
                     env=env,
+                    sock=listeners.webserver,
                 )
             )
+        listeners.close()  # (the children hold them now)
         log.info(
             "started %s (process group %d)",
             ", ".join(c.label for c in supervisor.children.values()),
@@ -216,6 +300,7 @@ def run_standalone(
         )
         return supervisor.run()
     finally:
+        listeners.close()
         supervisor.uninstall()
         for child in supervisor.children.values():
             if child.poll() is None:

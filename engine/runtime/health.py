@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -71,7 +72,8 @@ class HealthServer:
     """Serves the metrics port until ``stop()``; a component of ``engine.runtime.runner.serve``.
 
     A port that cannot be bound (taken) is logged as an error and the process runs on
-    without it: metrics are not a reason to stop tasks and triggers."""
+    without it: metrics are not a reason to stop tasks and triggers. ``sock``: a socket
+    already listening, served as it is."""
 
     def __init__(
         self,
@@ -80,8 +82,12 @@ class HealthServer:
         port: int,
         host: str = "127.0.0.1",
         checks: dict[str, Check] | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.metrics = metrics
+        #: A socket already listening (bound by the process's parent, or by its launcher):
+        #: served instead of binding ``host:port``.
+        self.sock = sock
         self.host = host
         self.port = port
         self.checks = dict(checks or {})
@@ -104,7 +110,11 @@ class HealthServer:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port)
+            site: web.BaseSite = (
+                web.TCPSite(runner, self.host, self.port)
+                if self.sock is None
+                else web.SockSite(runner, self.sock)
+            )
             try:
                 await site.start()
             except OSError as exc:

@@ -46,6 +46,8 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#: Seconds of runs and tasks: from a tenth of a second to a day.
+_RUN_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
 #: The label value that sums the classes not labelled by their own: refused by the allow-list,
 #: or past a family's cap.
@@ -89,6 +91,7 @@ class Metrics:
         *,
         max_series: int = DEFAULT_MAX_SERIES,
         admit_class: Callable[[str], bool] | None = None,
+        kind: str | None = None,
     ) -> None:
         if max_series < 1:
             raise ValueError(f"max_series must be >= 1, got {max_series!r}")
@@ -98,6 +101,14 @@ class Metrics:
         #: Per family (its name), the classes it labels by their own value.
         self._classes: dict[str, set[str]] = {}
         self.registry = registry = registry if registry is not None else CollectorRegistry()
+        #: The process these metrics are of (scheduler, worker, triggerer): its registry holds
+        #: only the families that are its own (a triggerer exports no worker slots). None: all
+        #: (a test, an engine in one process). The others exist, unexported.
+        self.kind = kind
+
+        def own(*kinds: str) -> CollectorRegistry | None:
+            return registry if kind is None or kind in kinds else None
+
         r = registry
         self.build_info = Gauge(
             "deferral_build_info",
@@ -109,41 +120,45 @@ class Metrics:
 
         # -- triggerer -----------------------------------------------------------------------
         self.triggers_running = Gauge(
-            "deferral_triggers_running", "Triggers this triggerer runs now.", registry=r
+            "deferral_triggers_running",
+            "Triggers this triggerer runs now.",
+            registry=own("triggerer"),
         )
         self.triggers_capacity = Gauge(
-            "deferral_triggers_capacity", "Triggers this triggerer may run at once.", registry=r
+            "deferral_triggers_capacity",
+            "Triggers this triggerer may run at once.",
+            registry=own("triggerer"),
         )
         self.trigger_starts = Counter(
             "deferral_trigger_starts",
             "Triggers started, by class.",
             ["trigger_class"],
-            registry=r,
+            registry=own("triggerer"),
         )
         self.trigger_events = Counter(
             "deferral_trigger_events",
             "Trigger events produced (resume or end the waiting tasks), by class.",
             ["trigger_class"],
-            registry=r,
+            registry=own("triggerer"),
         )
         self.trigger_failures = Counter(
             "deferral_trigger_failures",
             "Triggers that failed (raised, yielded nothing usable, blocked too long), by class.",
             ["trigger_class"],
-            registry=r,
+            registry=own("triggerer"),
         )
         self.trigger_timeouts = Counter(
             "deferral_trigger_timeouts",
             "Deferrals that reached their deadline on a triggerer, by trigger class.",
             ["trigger_class"],
-            registry=r,
+            registry=own("triggerer"),
         )
         self.loop_blocked = Counter(
             "deferral_loop_blocked_seconds",
             "Seconds the triggerer's event loop was blocked, by the class of the trigger that "
             "blocked it ('unknown': not one trigger).",
             ["trigger_class"],
-            registry=r,
+            registry=own("triggerer"),
         )
 
         # -- every process -------------------------------------------------------------------
@@ -165,21 +180,21 @@ class Metrics:
             "deferral_resume_latency_seconds",
             "From a trigger event's write to a worker claiming the task to resume it.",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
+            registry=own("worker"),
         )
         self.worker_slots_used = Gauge(
             "deferral_worker_slots_used",
             "Slots of this worker taken by running tries.",
-            registry=r,
+            registry=own("worker"),
         )
         self.worker_slots = Gauge(
-            "deferral_worker_slots", "Slots of this worker in all.", registry=r
+            "deferral_worker_slots", "Slots of this worker in all.", registry=own("worker")
         )
         self.task_outcomes = Counter(
             "deferral_task_outcomes",
             "Tries ended by this worker, by the state they ended in.",
             ["state"],
-            registry=r,
+            registry=own("worker"),
         )
 
         # -- claims and writes ---------------------------------------------------------------
@@ -188,28 +203,28 @@ class Metrics:
             "Rows one claim took (claim: tasks or triggers).",
             ["claim"],
             buckets=_SIZE_BUCKETS,
-            registry=r,
+            registry=own("worker", "triggerer"),
         )
         self.claim_duration = Histogram(
             "deferral_claim_duration_seconds",
             "How long one claim statement took (claim: tasks or triggers).",
             ["claim"],
             buckets=_DURATION_BUCKETS,
-            registry=r,
+            registry=own("worker", "triggerer"),
         )
         self.write_batch = Histogram(
             "deferral_write_batch_size",
             "Outcomes one batched write stored (write: task_outcomes or trigger_events).",
             ["write"],
             buckets=_SIZE_BUCKETS,
-            registry=r,
+            registry=own("worker", "triggerer"),
         )
         self.write_duration = Histogram(
             "deferral_write_duration_seconds",
             "How long one batched write took, retries included.",
             ["write"],
             buckets=_DURATION_BUCKETS,
-            registry=r,
+            registry=own("worker", "triggerer"),
         )
 
         # -- fleet (the scheduler exports them) ----------------------------------------------
@@ -217,12 +232,64 @@ class Metrics:
             "deferral_tasks",
             "Task instances by state, across the fleet (the scheduler exports it).",
             ["state"],
-            registry=r,
+            registry=own("scheduler"),
         )
         self.triggers_unassigned = Gauge(
             "deferral_triggers_unassigned",
             "Triggers no triggerer runs, across the fleet (the scheduler exports it).",
-            registry=r,
+            registry=own("scheduler"),
+        )
+        self.pool_open_slots = Gauge(
+            "deferral_pool_open_slots",
+            "Slots a pool has left (negative: shrunk below what runs in it).",
+            ["pool"],
+            registry=own("scheduler"),
+        )
+        self.pool_queued_slots = Gauge(
+            "deferral_pool_queued_slots",
+            "Slots asked for by the pool's due tasks that wait to be admitted.",
+            ["pool"],
+            registry=own("scheduler"),
+        )
+        self.pool_running_slots = Gauge(
+            "deferral_pool_running_slots", "Slots of a pool held by running tries.", ["pool"],
+            registry=own("scheduler"),
+        )  # fmt: skip
+        self.pool_deferred_slots = Gauge(
+            "deferral_pool_deferred_slots",
+            "Slots of a pool's deferred tasks (held only where the pool includes deferred).",
+            ["pool"],
+            registry=own("scheduler"),
+        )
+        self.dag_runs = Gauge(
+            "deferral_dag_runs",
+            "Runs queued or running, by DAG and state.",
+            ["dag_id", "state"],
+            registry=own("scheduler"),
+        )
+        self.dag_run_duration = Histogram(
+            "deferral_dag_run_duration_seconds",
+            "How long the runs the scheduler ended took, from their start, by DAG and the state "
+            "they ended in (its _count: the runs ended).",
+            ["dag_id", "state"],
+            buckets=_RUN_BUCKETS,
+            registry=own("scheduler"),
+        )
+        self.scheduling_delay = Histogram(
+            "deferral_scheduling_delay_seconds",
+            "How long after its data interval ended a scheduled run started, by DAG (observed "
+            "when the run ends).",
+            ["dag_id"],
+            buckets=_RUN_BUCKETS,
+            registry=own("scheduler"),
+        )
+        self.task_duration = Histogram(
+            "deferral_task_duration_seconds",
+            "How long the task instances of ended runs took, from their first try's start to "
+            "their end (deferrals and retries included), by the state they ended in.",
+            ["state"],
+            buckets=_RUN_BUCKETS,
+            registry=own("scheduler"),
         )
 
     # -- helpers the engine calls ----------------------------------------------------------
@@ -235,18 +302,29 @@ class Metrics:
     def class_label(self, family: Counter, trigger_class: str) -> str:
         """The label value ``trigger_class`` is counted under in ``family``: itself when the
         allow-list admits it and the family has room (or has it already), else OTHER."""
-        if trigger_class in _OWN_VALUES:
-            return trigger_class
+        return self.bounded_label(family, trigger_class, admit=self._admit_class)
+
+    def bounded_label(
+        self,
+        family: Counter | Gauge | Histogram,
+        value: str,
+        *,
+        admit: Callable[[str], bool] | None = None,
+    ) -> str:
+        """The label value ``value`` (a trigger class, a DAG id, a pool: names a user writes
+        to the database) is counted under in ``family``: itself while the family labels fewer
+        than ``max_series`` values (or has it already) and ``admit`` admits it, else OTHER."""
+        if value in _OWN_VALUES:
+            return value
         seen = self._classes.setdefault(family._name, set())
-        if trigger_class in seen:
-            return trigger_class
-        if len(seen) >= self.max_series or not isinstance(trigger_class, str):
+        if value in seen:
+            return value
+        if len(seen) >= self.max_series or not isinstance(value, str):
             return OTHER
-        admit = self._admit_class
-        if admit is not None and not admit(trigger_class):
+        if admit is not None and not admit(value):
             return OTHER
-        seen.add(trigger_class)
-        return trigger_class
+        seen.add(value)
+        return value
 
     def count_by_class(self, counter: Counter, classes: Iterable[str]) -> None:
         """Add one per item to ``counter``, by trigger class: one increment per label value."""

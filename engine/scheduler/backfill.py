@@ -21,8 +21,7 @@ from engine.dags.timetables import DagRunInfo, load_timetable, stored_timezone, 
 from engine.runtime.wakeup import Wakeup
 from engine.scheduler.dagruns import run_id_for
 from engine.store import CHANNEL_RUNS, Store, UnknownDag
-from engine.store.models import RunRow
-from engine.store.schedules import NewRun
+from engine.store.models import NewRun, RunRow
 
 __all__ = ["REPROCESS", "BackfillProgress", "backfill"]
 

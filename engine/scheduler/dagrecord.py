@@ -24,7 +24,7 @@ import msgspec
 from engine.dags.timetables import DataInterval
 from engine.runtime.retry import REFUSED_DATA_ERRORS
 from engine.scheduler.dagruns import next_run
-from engine.store.schedules import NextRun
+from engine.store.models import NextRun
 
 if TYPE_CHECKING:
     from engine.dags.dag import DAG

@@ -22,10 +22,10 @@ from engine.dags.timetables import (
     DataInterval,
     Timetable,
     load_timetable,
+    manual_run_interval,
     stored_timezone,
-    to_aware,
 )
-from engine.store.schedules import NewRun, NextRun
+from engine.store.models import NewRun, NextRun
 
 if TYPE_CHECKING:
     from engine.store import Store
@@ -176,8 +176,9 @@ async def manual_data_interval(
     interval before it, for a cron schedule)."""
     dag = await store.get_dag(dag_id)
     stored = dag.timetable if dag is not None else None
-    when = to_aware(logical_date, stored_timezone(stored))
-    interval = load_timetable(stored).infer_manual_data_interval(when)
+    when, interval = manual_run_interval(
+        load_timetable(stored), stored_timezone(stored), logical_date
+    )
     return when, interval.start, interval.end
 
 

@@ -82,6 +82,10 @@ async def sync_dags(
         # The files that failed to import (dagbag.import_errors) and those still importing
         # keep their DAGs as they were.
         kept = [*dagbag.import_errors.keys(), *map(str, dagbag.slow_imports)]
+        # (Shown by `dags list` and the status page until the file imports again or is gone.)
+        await store.record_import_errors(
+            str(dagbag.folder), dagbag.import_errors, map(str, dagbag.slow_imports)
+        )
         gone = await store.deactivate_missing_dags(str(dagbag.folder), dags.keys(), kept)
         for dag_id in gone:
             log.warning(

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from engine.runtime import metrics as _metrics
 from engine.scheduler.contact import Contact
-from engine.states import STATES
+from engine.scheduler.fleetmetrics import export_fleet as fleet_gauges
 from engine.store import Store
 from engine.store.downstream import resolve_all_pending, settle
 
@@ -196,11 +196,9 @@ async def heartbeat(h: Housekeeper) -> int:
 
 
 async def export_fleet(h: Housekeeper) -> int:
-    """Set the fleet gauges: task instances by state, triggers no triggerer runs."""
-    counts = await h.store.count_task_states()
-    for state in sorted(STATES):
-        h.metrics.tasks.labels(state).set(counts.get(state, 0))
-    h.metrics.triggers_unassigned.set(await h.store.count_unowned_triggers())
+    """Set the fleet gauges: task instances by state, triggers no triggerer runs, the pools'
+    slots, runs by DAG and state (engine/scheduler/fleetmetrics.py)."""
+    await fleet_gauges(h.store, h.metrics)
     return 0
 
 

@@ -25,6 +25,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -32,13 +33,16 @@ from anyio.abc import TaskStatus
 from engine.dags.dagbag import DagBag
 from engine.runtime import metrics as _metrics
 from engine.runtime.health import Check, freshness
+from engine.runtime.overrides import overridden
 from engine.runtime.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.runtime.wakeup import Wakeup
+from engine.scheduler.config import SchedulerConfig
 from engine.scheduler.contact import Contact, max_gap_s, probe_interval_s
 from engine.scheduler.dagrecord import DagRecorder
 from engine.scheduler.dagruns import create_due_runs
 from engine.scheduler.dagsync import CHANNEL_DAG_RESCAN, DagScan
 from engine.scheduler.duties import DutyLoop, log_started
+from engine.scheduler.fleetmetrics import observe_ended_runs
 from engine.store import CHANNEL_FINISHED, Listener, Store
 
 __all__ = ["MIN_WAIT_S", "Scheduler"]
@@ -55,25 +59,29 @@ class Scheduler:
         self,
         store: Store,
         dagbag: DagBag | None = None,
+        config: SchedulerConfig | None = None,
         *,
-        interval_s: float = 1.0,
-        zombie_threshold_s: float = 30.0,
-        timeout_backstop_grace_s: float = 5.0,
-        dag_rescan_interval_s: float = 10.0,
         metrics: _metrics.Metrics | None = None,
-        log_retention_days: float = 30.0,
+        **overrides: Any,
     ) -> None:
+        """``config``: how it runs (:class:`SchedulerConfig`, its defaults when None); keyword
+        arguments named like its fields override them (``Scheduler(store, None,
+        interval_s=0.1)``), any other name is a TypeError. ``dagbag``: its DAGs folder (None:
+        no folder to scan)."""
+        self.config = config = overridden(
+            SchedulerConfig() if config is None else config, overrides, "Scheduler"
+        )
         self.store = store
         self.dagbag = dagbag
         #: Seconds between two passes at most, and between two rounds of the duties run every
         #: pass (setting ``scheduler_interval_s``).
-        self.interval_s = interval_s
-        self.zombie_threshold_s = zombie_threshold_s
-        self.timeout_backstop_grace_s = timeout_backstop_grace_s
+        self.interval_s = config.interval_s
+        self.zombie_threshold_s = config.zombie_threshold_s
+        self.timeout_backstop_grace_s = config.timeout_backstop_grace_s
         #: Seconds between two scans of the DAGs folder (setting ``dag_rescan_interval_s``).
-        self.dag_rescan_interval_s = dag_rescan_interval_s
+        self.dag_rescan_interval_s = config.dag_rescan_interval_s
         #: Setting ``log_retention_days`` (0: log lines are kept forever).
-        self.log_retention_days = log_retention_days
+        self.log_retention_days = config.log_retention_days
         self.metrics = metrics if metrics is not None else _metrics.current()
         #: When this scheduler could reach the database (engine/scheduler/contact.py): heartbeats
         #: are counted as missed only over its current unbroken contact.
@@ -84,7 +92,7 @@ class Scheduler:
         self.dag_scan = (
             None
             if dagbag is None
-            else DagScan(store, dagbag, self.recorder, interval_s=dag_rescan_interval_s)
+            else DagScan(store, dagbag, self.recorder, interval_s=config.dag_rescan_interval_s)
         )
         #: The housekeeping (engine/scheduler/duties.py), run by the scheduling loop.
         self.duties = DutyLoop()
@@ -214,6 +222,7 @@ class Scheduler:
         ended = await self.store.finish_dag_runs()
         for run in ended:
             log.info("DAG run %s/%s ended: %s", run.dag_id, run.run_id, run.state)
+        await observe_ended_runs(self.store, self.metrics, ended)
         if ended:
             log_started(await self.store.start_queued_runs(sorted({r.dag_id for r in ended})))
 

@@ -22,9 +22,12 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triggers.base import BaseTrigger, import_path_kwargs, import_trigger_class
+
+if TYPE_CHECKING:
+    from engine.config import Settings
 
 __all__ = [
     "BUILTIN_PATTERNS",
@@ -126,6 +129,11 @@ class TriggerAllowList:
         if patterns is None:
             return cls(BUILTIN_PATTERNS, dags_folder=dags_folder)
         return cls(patterns)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TriggerAllowList:
+        """The list the settings ``trigger_allow`` and ``dags_folder`` give."""
+        return cls.from_setting(settings.trigger_allow, settings.dags_folder)
 
     def __call__(self, name: str) -> bool:
         if not isinstance(name, str):

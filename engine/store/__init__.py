@@ -1,4 +1,28 @@
-"""PostgreSQL, through asyncpg: the one coordination point of every process."""
+"""PostgreSQL, through asyncpg: the one coordination point of every process.
+
+Where things live in this package:
+
+* **SQL** only in .sql files: the named queries in ``queries.sql``, the schema in
+  ``schema.sql`` (what ``migrations/`` build, applied in order).
+* **Connections apart from queries**: ``connection.py`` makes the pool, applies the
+  migrations and listens (``Listener``); ``core.py`` is what every reader shares.
+* **Queries by reader**: one class per part of the engine, each holding the methods of its
+  named queries: ``tasks.py`` (workers and their tries), ``triggers.py`` (triggerers and their
+  triggers), ``runs.py`` (DAGs, runs, task instances), ``schedules.py``, ``pools.py``,
+  ``overrides.py`` (mark, clear), ``status.py`` (the status page), ``logstore.py``, ``why.py``,
+  ``rotation.py``. :class:`Store` (``store.py``) derives from them all and is the one public
+  class. A statement that another connection runs too (the triggerer's lease connection,
+  ``session.py``) is a function taking the connection, in its reader's module.
+* **Row structs**: every struct a store method takes or returns is in
+  ``models/<reader>.py``, for the reader of that name (``models/downstream.py``: the rows a
+  write moved); reader modules define none. Import them from ``engine.store.models`` (the
+  public ones from here).
+* **Settling** (``downstream.py``): the store's writes and claims settle nothing; the process
+  that wrote them settles what they moved. A claim returns what it took that cannot run
+  (``refused``) unwritten, for the worker or triggerer to write through its outbox like every
+  outcome. (Only a mark or a clear, ``overrides.py``, settles what it changed before it
+  returns: a person's action, with no process of its own behind it.)
+"""
 
 from __future__ import annotations
 
@@ -7,6 +31,15 @@ import anyio
 from engine.config import Settings
 from engine.masking import register_url_password
 from engine.security.keys import keyring_from_settings
+from engine.store.connection import (
+    CHANNEL_DEADLINES,
+    CHANNEL_FINISHED,
+    CHANNEL_RUNS,
+    CHANNEL_STOP,
+    CHANNEL_TASKS,
+    CHANNEL_TRIGGERS,
+    Listener,
+)
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
 from engine.store.models import (
     ClaimedTask,
@@ -22,11 +55,14 @@ from engine.store.models import (
     LoggedTry,
     LogLine,
     MovedTask,
+    Override,
+    TaskClaim,
     TaskInstance,
     TaskLogs,
     TaskOutcome,
     TaskTry,
     TimedOutTask,
+    TriggerClaim,
     TriggererRow,
     TriggerLogs,
     TriggerOutcome,
@@ -35,22 +71,11 @@ from engine.store.models import (
     WaitingTask,
     WorkLeft,
 )
-from engine.store.overrides import MARK_STATES, VIA_PAGE, Override
-from engine.store.store import (
-    CHANNEL_DEADLINES,
-    CHANNEL_FINISHED,
-    CHANNEL_RUNS,
-    CHANNEL_STOP,
-    CHANNEL_TASKS,
-    CHANNEL_TRIGGERS,
-    DagRunNotFound,
-    DuplicateRun,
-    Listener,
-    PoolInUse,
-    PoolNotFound,
-    Store,
-    UnknownDag,
-)
+from engine.store.overrides import MARK_STATES, VIA_PAGE
+from engine.store.pools import PoolInUse, PoolNotFound
+from engine.store.runs import DagRunNotFound, UnknownDag
+from engine.store.schedules import DuplicateRun
+from engine.store.store import Store
 
 __all__ = [
     "CHANNEL_DEADLINES",
@@ -82,11 +107,13 @@ __all__ = [
     "PoolInUse",
     "PoolNotFound",
     "Store",
+    "TaskClaim",
     "TaskInstance",
     "TaskLogs",
     "TaskOutcome",
     "TaskTry",
     "TimedOutTask",
+    "TriggerClaim",
     "TriggerLogs",
     "TriggerOutcome",
     "TriggerRow",

@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import asyncpg
 
 from engine.states import TERMINAL_STATES
 from engine.store.models import MovedTask
-
-if TYPE_CHECKING:
-    from engine.store.store import Store
+from engine.store.runs import RunQueries
 
 __all__ = ["resolve_all_pending", "settle"]
 
 log = logging.getLogger(__name__)
 
 
-async def settle(store: Store, moved: Sequence[MovedTask], *, woke: bool = False) -> None:
+async def settle(store: RunQueries, moved: Sequence[MovedTask], *, woke: bool = False) -> None:
     """After task instances changed state (committed): resolve their downstreams, cascading,
     and signal workers and the scheduler. ``woke``: the statement that moved them already
     woke the workers.
@@ -51,7 +48,7 @@ async def settle(store: Store, moved: Sequence[MovedTask], *, woke: bool = False
         )
 
 
-async def resolve_all_pending(store: Store) -> int:
+async def resolve_all_pending(store: RunQueries) -> int:
     """The scheduler's backstop: resolve every run that still has pending task instances (and
     settle what that moved); returns how many moved first."""
     run_ids = await store.runs_with_pending()
@@ -62,7 +59,7 @@ async def resolve_all_pending(store: Store) -> int:
     return len(moved)
 
 
-async def _resolve_and_signal(store: Store, rows: Sequence[MovedTask], woke: bool) -> None:
+async def _resolve_and_signal(store: RunQueries, rows: Sequence[MovedTask], woke: bool) -> None:
     runnable = False
     leaf_runs: set[int] = set()
     first = True

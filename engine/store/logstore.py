@@ -1,6 +1,5 @@
 """The store's log methods: writing batches of trigger and task log lines, reading them page
-by page, and the retention's deletes. A mixin of :class:`engine.store.Store` (kept apart so
-that store.py stays about the engine's coordination)."""
+by page, and the retention's deletes. A reader of :class:`engine.store.Store`."""
 
 from __future__ import annotations
 
@@ -11,54 +10,19 @@ import msgspec
 
 from engine.masking import redact_text
 from engine.states import TERMINAL_STATES, TRY_OUTCOME_STATES
-from engine.store.models import LoggedTry, LogLine, TaskLogs, TriggerLogs
+from engine.store.core import StoreCore, storable, structs
+from engine.store.models import LoggedTry, LogLine, TaskLogRow, TaskLogs, TriggerLogRow, TriggerLogs
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["DEFAULT_PAGE_LINES", "LogStore", "TaskLogRow", "TriggerLogRow", "storable"]
+__all__ = ["DEFAULT_PAGE_LINES", "LogQueries"]
 
 #: Lines a read returns at most, unless told otherwise.
 DEFAULT_PAGE_LINES = 1000
 
 #: States after which a try has ended (a later try may have started since).
 _ENDED_STATES = frozenset(TERMINAL_STATES | TRY_OUTCOME_STATES)
-
-
-def storable(text: str) -> str:
-    """PostgreSQL text holds neither NUL characters nor lone surrogates; a line may carry
-    both (a task prints anything). Escaped rather than refused."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
-class TriggerLogRow(msgspec.Struct, frozen=True, array_like=True):
-    """A trigger log line waiting to be written."""
-
-    trigger_id: int
-    at: float
-    level: str
-    logger: str
-    message: str
-
-
-class TaskLogRow(msgspec.Struct, frozen=True, array_like=True):
-    """A task log line waiting to be written."""
-
-    dag_id: str
-    run_id: str
-    task_id: str
-    try_number: int
-    at: float
-    level: str
-    stream: str
-    logger: str
-    message: str
 
 
 def _lines(rows: Sequence[asyncpg.Record], *, stream: bool) -> list[LogLine]:
@@ -69,11 +33,8 @@ def _lines(rows: Sequence[asyncpg.Record], *, stream: bool) -> list[LogLine]:
     return msgspec.convert(lines, list[LogLine])
 
 
-class LogStore:
-    """Log methods of the store (``self._pool`` and ``self._q`` are the store's)."""
-
-    _pool: asyncpg.Pool
-    _q: dict[str, str]
+class LogQueries(StoreCore):
+    """The statements of log lines."""
 
     # -- writing (engine/usercode/logsink.py) ------------------------------------------------------
 
@@ -141,7 +102,7 @@ class LogStore:
             classpath=rows[0]["classpath"],
             lines=lines,
             next_seq=lines[-1].seq if lines else after_seq,
-            tasks=msgspec.convert(list(map(dict, tasks)), list[LoggedTry]),
+            tasks=structs(tasks, LoggedTry),
         )
 
     async def task_logs(

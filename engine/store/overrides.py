@@ -1,5 +1,5 @@
 """Marking and clearing task instances: the one implementation behind the status page's actions
-(and the command line's). A mixin of :class:`engine.store.Store`.
+(and the command line's). A reader of :class:`engine.store.Store`.
 
 A mark ends task instances in a state whatever they were doing; a clear makes them run again
 (their next claim is a new try). Either way, in one transaction:
@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, get_args
+from typing import get_args
 
 import asyncpg
 import msgspec
 
 from engine.states import TaskOutcomeKind
+from engine.store.core import structs
 from engine.store.downstream import settle
-from engine.store.models import MovedTask
+from engine.store.models import MovedTask, Override
+from engine.store.runs import RunQueries
 
-if TYPE_CHECKING:
-    from engine.store.store import Store
-
-__all__ = ["MARK_STATES", "VIA_PAGE", "Override", "TaskOverrides"]
+__all__ = ["MARK_STATES", "VIA_PAGE", "OverrideQueries"]
 
 log = logging.getLogger(__name__)
 
@@ -47,34 +46,9 @@ MARK_STATES: frozenset[str] = frozenset(get_args(TaskOutcomeKind))
 VIA_PAGE = "the status page"
 
 
-class Override(msgspec.Struct, frozen=True, kw_only=True):
-    """A task instance a mark or a clear changed."""
-
-    id: int
-    dag_run_id: int
-    dag_id: str
-    run_id: str
-    task_id: str
-    #: Its state after (a cleared task with upstreams: as its trigger rule resolved it,
-    #: ``pending`` while its upstreams have not ended).
-    state: str
-    #: Its state before.
-    was: str
-    #: Its latest try then (a cleared task's next try is this plus one).
-    try_number: int
-    is_leaf: bool
-    #: The worker told to stop the try that was running (None: no try was running).
-    stopping_worker_id: int | None
-    #: The trigger it was waiting on and left (None: it was not deferred).
-    left_trigger_id: int | None
-
-
-class TaskOverrides:
-    """Store methods that mark and clear task instances. Expects the Store's pool and
-    queries."""
-
-    _pool: asyncpg.Pool
-    _q: dict[str, str]
+class OverrideQueries(RunQueries):
+    """The statements that mark and clear task instances (they settle what they moved, with
+    the runs reader's statements)."""
 
     async def mark_tasks(
         self, ti_ids: Sequence[int], state: str, *, who: str, via: str = VIA_PAGE
@@ -118,11 +92,11 @@ class TaskOverrides:
             rows = await conn.fetch(self._q[query], ids, *args)
             if left:
                 await conn.fetch(self._q["delete_orphan_triggers"], left)
-        done = msgspec.convert([dict(r) for r in rows], list[Override])
-        return await _settle(self, done)  # type: ignore[arg-type]
+        done = structs(rows, Override)
+        return await _settle(self, done)
 
 
-async def _settle(store: Store, done: list[Override]) -> list[Override]:
+async def _settle(store: RunQueries, done: list[Override]) -> list[Override]:
     """Resolve what the change lets move: the cleared tasks with upstreams by their trigger
     rules (their state as resolved is returned), the downstream tasks of the marked ones;
     wake the workers and the scheduler."""

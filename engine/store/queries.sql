@@ -212,25 +212,10 @@ WITH free AS (
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
         trigger_queue, max_active_tis_per_dag)
-    SELECT run.id, run.dag_id, run.run_id, t.task_id,
-           CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
-                THEN 'scheduled' ELSE 'pending' END,
-           COALESCE((run.tries_before ->> t.task_id)::integer, 0),
-           t.retries + COALESCE((run.tries_before ->> t.task_id)::integer, 0), t.retry_delay_s,
-           t.retry_exponential_backoff, t.max_retry_delay_s,
-           t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
-           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false),
-           COALESCE(t.pool_slots, 1), COALESCE(t.queue, 'default'),
-           COALESCE(t.trigger_queue, 'default'), t.max_active_tis_per_dag
+    SELECT run.id, run.dag_id, run.run_id, t.*
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
-    CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
-        task_id text, upstream text[], trigger_rule text, retries integer,
-        retry_delay_s double precision, retry_exponential_backoff boolean,
-        max_retry_delay_s double precision, execution_timeout_s double precision,
-        soft_fail boolean, is_leaf boolean, priority integer, pool text,
-        no_retry_on_timeout boolean, pool_slots integer, queue text, trigger_queue text,
-        max_active_tis_per_dag integer)
+    CROSS JOIN LATERAL deferral_task_rows(d.tasks, run.tries_before) t
     RETURNING 1
 )
 SELECT run.id, run.dag_id, run.run_id, (SELECT count(*) FROM tis) AS task_count FROM run;
@@ -307,8 +292,8 @@ SELECT dag_id, fileloc, tasks, description, timetable, schedule, start_date, end
 FROM deferral_dags WHERE dag_id = $1;
 
 -- name: create_dag_run
--- Create a run of a stored DAG and all its task instances in one statement: tasks without
--- upstreams (or whose rule is 'always') start scheduled, the others pending. Returns nothing
+-- Create a run of a stored DAG and all its task instances in one statement (their rows:
+-- deferral_task_rows, schema.sql; the ones start_queued_runs inserts too). Returns nothing
 -- if the DAG is unknown. (Not held back by max_active_runs: the engine's API for tests and
 -- benchmarks; insert_runs and start_queued_runs admit runs.)
 WITH run AS (
@@ -320,27 +305,14 @@ WITH run AS (
     RETURNING id, dag_id, run_id
 ), tis AS (
     INSERT INTO deferral_task_instances (
-        dag_run_id, dag_id, run_id, task_id, state, retries, retry_delay_s,
+        dag_run_id, dag_id, run_id, task_id, state, try_number, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
         trigger_queue, max_active_tis_per_dag)
-    SELECT run.id, run.dag_id, run.run_id, t.task_id,
-           CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
-                THEN 'scheduled' ELSE 'pending' END,
-           t.retries, t.retry_delay_s, t.retry_exponential_backoff, t.max_retry_delay_s,
-           t.execution_timeout_s, t.soft_fail, t.trigger_rule, t.upstream, t.is_leaf,
-           t.priority, t.pool, COALESCE(t.no_retry_on_timeout, false),
-           COALESCE(t.pool_slots, 1), COALESCE(t.queue, 'default'),
-           COALESCE(t.trigger_queue, 'default'), t.max_active_tis_per_dag
+    SELECT run.id, run.dag_id, run.run_id, t.*
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
-    CROSS JOIN LATERAL jsonb_to_recordset(d.tasks) AS t(
-        task_id text, upstream text[], trigger_rule text, retries integer,
-        retry_delay_s double precision, retry_exponential_backoff boolean,
-        max_retry_delay_s double precision, execution_timeout_s double precision,
-        soft_fail boolean, is_leaf boolean, priority integer, pool text,
-        no_retry_on_timeout boolean, pool_slots integer, queue text, trigger_queue text,
-        max_active_tis_per_dag integer)
+    CROSS JOIN LATERAL deferral_task_rows(d.tasks, NULL) t
     RETURNING 1
 )
 SELECT run.id, (SELECT count(*) FROM tis) AS task_count FROM run;
@@ -2082,6 +2054,158 @@ SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active
 FROM deferral_dag_runs r
 LEFT JOIN deferral_dags d ON d.dag_id = r.dag_id
 WHERE r.dag_id = $1 AND r.run_id = $2;
+
+-- -- The CLI's and the operators' reads: import errors, endpoints, run selectors, fleet
+-- -- metrics (engine/store/importerrors.py, endpoints.py, runselect.py, fleetstats.py).
+
+-- name: record_import_errors
+-- The import errors of DAGs folder $1 (a path ending in '/') as a scan found them: $2 the files
+-- that failed, $3 their errors; $4 the files whose import goes on (their rows stay as they
+-- were). A row is written only when its error is new or changed; the rows of the folder's
+-- other files go. Nothing is written when nothing changed (a scan every few seconds).
+WITH found AS (
+    SELECT f.fileloc, f.error FROM unnest($2::text[], $3::text[]) AS f (fileloc, error)
+    WHERE NOT EXISTS (SELECT 1 FROM deferral_import_errors e
+                      WHERE e.fileloc = f.fileloc AND e.error = f.error AND e.folder = $1)
+), written AS (
+    INSERT INTO deferral_import_errors (fileloc, folder, error)
+    SELECT fileloc, $1, error FROM found
+    ON CONFLICT (fileloc) DO UPDATE
+        SET folder = EXCLUDED.folder, error = EXCLUDED.error, since = now()
+    RETURNING fileloc
+), gone AS (
+    DELETE FROM deferral_import_errors e
+    WHERE e.folder = $1 AND e.fileloc <> ALL ($2::text[]) AND e.fileloc <> ALL ($4::text[])
+    RETURNING fileloc
+)
+SELECT (SELECT count(*) FROM written)::int AS written, (SELECT count(*) FROM gone)::int AS gone;
+
+-- name: list_import_errors
+-- The DAG files that failed to import, by path (at most $1).
+SELECT fileloc, folder, error, since FROM deferral_import_errors ORDER BY fileloc LIMIT $1;
+
+-- name: register_endpoint
+-- A process listens: its row ($1 kind, $2 process, $3 hostname, $4 pid, $5 version, $6 url),
+-- replacing any row of the same kind left by a process of the same host and pid (pids are
+-- reused) and dropping the rows silent for an hour (processes that died). Returns its id.
+WITH gone AS (
+    DELETE FROM deferral_endpoints
+    WHERE (hostname = $3 AND pid = $4 AND kind = $1) OR heartbeat_at < now() - interval '1 hour'
+)
+INSERT INTO deferral_endpoints (kind, process, hostname, pid, version, url)
+VALUES ($1, $2, $3, $4, $5, $6) RETURNING id;
+
+-- name: heartbeat_endpoint
+-- Keep endpoint $1's row; no row back: it was removed (the process registers again).
+UPDATE deferral_endpoints SET heartbeat_at = now() WHERE id = $1 RETURNING id;
+
+-- name: unregister_endpoint
+-- A process stops listening.
+DELETE FROM deferral_endpoints WHERE id = $1;
+
+-- name: list_endpoints
+-- Where the processes listen: the rows whose heartbeat is at most $1 seconds old (on the
+-- database clock), with its age.
+SELECT id, kind, process, hostname, pid, version, url, started_at, heartbeat_at,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_s
+FROM deferral_endpoints
+WHERE heartbeat_at >= now() - make_interval(secs => $1)
+ORDER BY process, hostname, pid, id;
+
+-- name: select_runs_exact
+-- The runs called $2, of DAG $1 (null: of every DAG), for a run selector.
+SELECT dag_id, run_id, logical_date, run_type, state FROM deferral_dag_runs
+WHERE ($1::text IS NULL OR dag_id = $1) AND run_id = $2
+ORDER BY dag_id;
+
+-- name: select_runs_latest
+-- The newest run (the first that `deferral runs list` shows) of DAG $1 (null: of every DAG).
+SELECT dag_id, run_id, logical_date, run_type, state FROM deferral_dag_runs
+WHERE ($1::text IS NULL OR dag_id = $1)
+ORDER BY id DESC LIMIT 1;
+
+-- name: select_runs_dated
+-- Runs of DAG $1 (null: of every DAG) whose logical date lies in [$2, $3), newest first, at
+-- most $4.
+SELECT dag_id, run_id, logical_date, run_type, state FROM deferral_dag_runs
+WHERE ($1::text IS NULL OR dag_id = $1) AND logical_date >= $2 AND logical_date < $3
+ORDER BY logical_date DESC, id DESC LIMIT $4;
+
+-- name: select_runs_prefixed
+-- Runs of DAG $1 (null: of every DAG) whose id starts with $2, newest first, at most $3.
+SELECT dag_id, run_id, logical_date, run_type, state FROM deferral_dag_runs
+WHERE ($1::text IS NULL OR dag_id = $1) AND starts_with(run_id, $2)
+ORDER BY id DESC LIMIT $3;
+
+-- name: recent_run_ids
+-- The ids of the newest $2 runs of DAG $1 (null: of every DAG): what a run selector that
+-- named none is compared with, to suggest the closest.
+SELECT dag_id, run_id, logical_date, run_type, state FROM deferral_dag_runs
+WHERE ($1::text IS NULL OR dag_id = $1)
+ORDER BY id DESC LIMIT $2;
+
+-- name: active_runs_by_dag
+-- Runs queued or running, by DAG and state (the scheduler's gauges).
+SELECT dag_id, state, count(*)::int AS n FROM deferral_dag_runs
+WHERE state IN ('queued', 'running')
+GROUP BY dag_id, state;
+
+-- name: ended_run_facts
+-- The runs $1 (just ended, by this scheduler): how long each took (from its start; a run that
+-- never waited as queued: from its creation), how long after its data interval ended a
+-- scheduled run started, and how long each of its task instances that ran took (from its first
+-- try's start to its end, across deferrals and retries), by the state it ended in.
+SELECT r.dag_id, r.state, r.run_type,
+       extract(epoch FROM r.ended_at - COALESCE(r.started_at, r.created_at))::float8
+           AS duration_s,
+       CASE WHEN r.run_type = 'scheduled' AND r.data_interval_end IS NOT NULL
+            THEN extract(epoch FROM COALESCE(r.started_at, r.created_at) - r.data_interval_end)
+       END::float8 AS delay_s,
+       COALESCE((SELECT jsonb_agg(jsonb_build_array(
+                            ti.state, extract(epoch FROM ti.ended_at - ti.first_try_at)))
+                 FROM deferral_task_instances ti
+                 WHERE ti.dag_run_id = r.id AND ti.first_try_at IS NOT NULL
+                   AND ti.ended_at IS NOT NULL), '[]'::jsonb) AS tasks
+FROM deferral_dag_runs r
+WHERE r.id = ANY ($1::bigint[]) AND r.ended_at IS NOT NULL;
+
+-- name: backlog_groups
+-- The runnable task instances no worker has claimed, by pool, DAG, task and slots, with the
+-- room their pool, DAG (max_active_tasks) and task (max_active_tis_per_dag) have left, counted
+-- as deferral_claim_tasks counts it (pool_room null: no such pool; dag_room, task_room null: no
+-- limit). resuming: how many are deferred tasks resuming in a pool that includes deferred
+-- ones (their slot is theirs already).
+WITH runnable AS (
+    SELECT ti.pool, ti.dag_id, ti.task_id, ti.pool_slots, ti.max_active_tis_per_dag,
+           count(*)::int AS n, count(*) FILTER (WHERE ti.next_method IS NOT NULL)::int AS resumes
+    FROM deferral_task_instances ti
+    WHERE ti.state IN ('scheduled', 'up_for_retry', 'up_for_reschedule') AND ti.run_after <= now()
+    GROUP BY ti.pool, ti.dag_id, ti.task_id, ti.pool_slots, ti.max_active_tis_per_dag
+), busy AS MATERIALIZED (
+    SELECT b.pool, b.dag_id, b.task_id, b.pool_slots
+    FROM deferral_task_instances b WHERE b.state IN ('running', 'queued')
+    UNION ALL
+    SELECT s.pool, s.dag_id, s.task_id, s.pool_slots FROM deferral_stopping_tries s
+)
+SELECT r.pool, r.dag_id, r.task_id, r.pool_slots, r.n,
+       CASE WHEN p.include_deferred THEN r.resumes ELSE 0 END AS resuming,
+       (p.slots
+        - COALESCE((SELECT sum(b.pool_slots) FROM busy b WHERE b.pool = r.pool), 0)
+        - CASE WHEN p.include_deferred
+               THEN COALESCE((SELECT sum(d.pool_slots) FROM deferral_task_instances d
+                              WHERE (d.state = 'deferred'
+                                     OR (d.state = 'scheduled' AND d.next_method IS NOT NULL))
+                                AND d.pool = r.pool), 0)
+               ELSE 0 END)::int AS pool_room,
+       (d.max_active_tasks - (SELECT count(*) FROM busy b WHERE b.dag_id = r.dag_id))::int
+           AS dag_room,
+       (r.max_active_tis_per_dag
+        - (SELECT count(*) FROM busy b WHERE b.dag_id = r.dag_id AND b.task_id = r.task_id))::int
+           AS task_room
+FROM runnable r
+LEFT JOIN deferral_pools p ON p.name = r.pool
+LEFT JOIN deferral_dags d ON d.dag_id = r.dag_id
+ORDER BY r.pool, r.dag_id, r.task_id;
 
 -- ---------------------------------------------------------------------------------------------
 -- Variables, Connections and the previous successful run: what task code and templates read

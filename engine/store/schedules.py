@@ -1,4 +1,4 @@
-"""The store's statements for schedules and run admission (a part of :class:`Store`).
+"""The statements of schedules and run admission. A reader of :class:`engine.store.Store`.
 
 Runs made by the scheduler, ``dags trigger`` and ``dags backfill`` are inserted as ``queued``
 and started by ``start_queued_runs`` while the DAG's ``max_active_runs`` lets them: right
@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import msgspec
+from engine.store.connection import CHANNEL_TASKS
+from engine.store.core import StoreCore, structs
+from engine.store.models import DueDag, NewRun, NextRun, RunRow, StartedRun
 
-from engine.store.models import DueDag, RunRow
+__all__ = ["DuplicateRun", "ScheduleQueries"]
 
 
 class DuplicateRun(ValueError):
@@ -24,53 +26,8 @@ class DuplicateRun(ValueError):
     that logical date)."""
 
 
-if TYPE_CHECKING:
-    import asyncpg
-
-__all__ = ["NewRun", "NextRun", "ScheduleStore", "StartedRun"]
-
-
-class NewRun(msgspec.Struct, frozen=True, kw_only=True):
-    """A run to insert (``queued``): scheduled, manual or backfill."""
-
-    dag_id: str
-    run_id: str
-    logical_date: dt.datetime
-    data_interval_start: dt.datetime
-    data_interval_end: dt.datetime
-    run_type: str
-    conf: dict[str, Any] = {}
-
-
-class StartedRun(msgspec.Struct, frozen=True, kw_only=True):
-    """A run ``start_queued_runs`` moved from queued to running."""
-
-    id: int
-    dag_id: str
-    run_id: str
-    task_count: int
-
-
-class NextRun(msgspec.Struct, frozen=True, kw_only=True):
-    """The next scheduled run of a DAG (all None: none)."""
-
-    dag_id: str
-    logical_date: dt.datetime | None
-    interval_end: dt.datetime | None
-    create_after: dt.datetime | None
-
-
-class ScheduleStore:
-    """Schedule and admission statements; mixed into :class:`engine.store.Store`."""
-
-    _pool: asyncpg.Pool
-    _q: dict[str, str]
-
-    def _tx(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        raise NotImplementedError
-
-    async def notify(self, channel: str, payload: str = "") -> None:
-        raise NotImplementedError
+class ScheduleQueries(StoreCore):
+    """The statements of schedules and run admission."""
 
     # -- the next run of each DAG ----------------------------------------------------------
 
@@ -100,7 +57,7 @@ class ScheduleStore:
         and sets their next run in it (``insert_runs``, ``set_next_dagruns`` with ``conn=``)."""
         async with self._tx() as conn:
             rows = await conn.fetch(self._q["due_dags"], limit)
-            yield conn, msgspec.convert([dict(r) for r in rows], list[DueDag])
+            yield conn, structs(rows, DueDag)
 
     # -- creating and starting runs --------------------------------------------------------
 
@@ -136,7 +93,7 @@ class ScheduleStore:
         await conn.execute(self._q["lock_dags"], sorted(set(dag_ids)))
         rows = await conn.fetch(self._q["start_queued_runs"], list(dag_ids))
         if any(r["task_count"] for r in rows):
-            await conn.execute(self._q["notify"], "deferral_tasks", "")
+            await conn.execute(self._q["notify"], CHANNEL_TASKS, "")
         return [StartedRun(**dict(r)) for r in rows]
 
     async def create_queued_run(self, run: NewRun) -> tuple[int, str] | None:
@@ -173,13 +130,13 @@ class ScheduleStore:
 
     async def runs_at(self, dag_id: str, logical_dates: Sequence[dt.datetime]) -> list[RunRow]:
         rows = await self._pool.fetch(self._q["runs_at"], dag_id, list(logical_dates))
-        return msgspec.convert([dict(r) for r in rows], list[RunRow])
+        return structs(rows, RunRow)
 
     async def list_runs(
         self, *, dag_id: str | None = None, state: str | None = None, limit: int = 10_000
     ) -> list[RunRow]:
         rows = await self._pool.fetch(self._q["list_runs"], dag_id, state, limit)
-        return msgspec.convert([dict(r) for r in rows], list[RunRow])
+        return structs(rows, RunRow)
 
     async def count_dags(self) -> int:
         n: int = await self._pool.fetchval(self._q["count_dags"])

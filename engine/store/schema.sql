@@ -294,6 +294,41 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN try_number <= retries THEN 'up_for_retry' ELSE 'failed' END
 $$;
 
+-- The task instances of a run, from its DAG's serialized tasks (deferral_dags.tasks): one row a
+-- task, its columns as deferral_task_instances names them. Tasks without upstreams (or whose
+-- rule is 'always') start scheduled, the others pending. tries_before ({task_id: try number};
+-- null: none) is what a run a backfill reprocessed had reached: its tries number on from there,
+-- and its retries count past them (as a clear does). create_dag_run and start_queued_runs
+-- insert these rows; a single SELECT in SQL, so the planner inlines it into their plans.
+-- Added by migration 0020.
+CREATE FUNCTION deferral_task_rows(tasks jsonb, tries_before jsonb)
+RETURNS TABLE (
+    task_id text, state text, try_number integer, retries integer,
+    retry_delay_s double precision, retry_exponential_backoff boolean,
+    max_retry_delay_s double precision, execution_timeout_s double precision, soft_fail boolean,
+    trigger_rule text, upstream text[], is_leaf boolean, priority integer, pool text,
+    no_retry_on_timeout boolean, pool_slots integer, queue text, trigger_queue text,
+    max_active_tis_per_dag integer
+) LANGUAGE sql STABLE AS $$
+    SELECT t.task_id,
+           CASE WHEN cardinality(t.upstream) = 0 OR t.trigger_rule = 'always'
+                THEN 'scheduled' ELSE 'pending' END,
+           COALESCE((tries_before ->> t.task_id)::integer, 0),
+           t.retries + COALESCE((tries_before ->> t.task_id)::integer, 0), t.retry_delay_s,
+           t.retry_exponential_backoff, t.max_retry_delay_s, t.execution_timeout_s, t.soft_fail,
+           t.trigger_rule, t.upstream, t.is_leaf, t.priority, t.pool,
+           COALESCE(t.no_retry_on_timeout, false), COALESCE(t.pool_slots, 1),
+           COALESCE(t.queue, 'default'), COALESCE(t.trigger_queue, 'default'),
+           t.max_active_tis_per_dag
+    FROM jsonb_to_recordset(tasks) AS t(
+        task_id text, upstream text[], trigger_rule text, retries integer,
+        retry_delay_s double precision, retry_exponential_backoff boolean,
+        max_retry_delay_s double precision, execution_timeout_s double precision,
+        soft_fail boolean, is_leaf boolean, priority integer, pool text,
+        no_retry_on_timeout boolean, pool_slots integer, queue text, trigger_queue text,
+        max_active_tis_per_dag integer)
+$$;
+
 -- A read-only view of the runs and the states of their tasks: the documented interface for
 -- code outside the engine that reads its tables (triggers.external_task, dashboards), so the
 -- tables underneath can change without breaking it. One row per DAG run; columns are listed
@@ -434,7 +469,7 @@ CREATE TABLE deferral_stopping_tries (
 );
 CREATE INDEX deferral_stopping_tries_worker ON deferral_stopping_tries (worker_id);
 
--- XComs pushed under keys of their own (context["ti"].xcom_push; added by 0018); a task's
+-- XComs pushed under keys of their own (context["ti"].xcom_push; added by 0021); a task's
 -- return value (key 'return_value') is its result column. A row belongs to the try that
 -- pushed it: readers compare try_number with the task instance's. value is encrypted at rest.
 CREATE TABLE deferral_xcom (
@@ -600,3 +635,29 @@ BEGIN
     LIMIT p_limit;
 END;
 $$;
+
+-- The DAG files that failed to import, as the latest scan of their folder found them (added by
+-- 0018): `deferral dags list` and the status page's banner show them until the file is fixed.
+CREATE TABLE deferral_import_errors (
+    fileloc text PRIMARY KEY,
+    -- the DAGs folder the file was found in (a path ending in '/')
+    folder  text NOT NULL,
+    error   text NOT NULL,
+    -- when this error (this text) was first recorded
+    since   timestamptz NOT NULL DEFAULT now()
+);
+
+-- Where the engine's processes listen (their metrics server; a webserver's status page), for
+-- `deferral status` (added by 0019): kept by a heartbeat, removed when the process stops.
+CREATE TABLE deferral_endpoints (
+    id           bigserial PRIMARY KEY,
+    kind         text NOT NULL CHECK (kind IN ('metrics', 'webserver')),
+    process      text NOT NULL,
+    hostname     text NOT NULL,
+    pid          integer NOT NULL,
+    version      text,
+    url          text NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX deferral_endpoints_process ON deferral_endpoints (hostname, pid);

@@ -12,11 +12,16 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from engine.security.keys import Keyring
 from engine.store.models import TriggererHealth, TriggerOutcome
 from engine.store.queries import load_queries
-from engine.store.store import _storable_text
-from engine.version import __version__
-from operators.base import DEFAULT_QUEUE
+from engine.store.triggers import (
+    reap_triggerers,
+    register_triggerer,
+    renew_triggerer_lease,
+    write_trigger_outcomes,
+)
+from operators.defaults import DEFAULT_QUEUE
 
 __all__ = ["TriggererSession"]
 
@@ -24,9 +29,11 @@ __all__ = ["TriggererSession"]
 class TriggererSession:
     """One dedicated connection; every call may raise a transient error (reconnect)."""
 
-    def __init__(self, url: str, *, timeout_s: float) -> None:
+    def __init__(self, url: str, *, timeout_s: float, keyring: Keyring | None = None) -> None:
         self._url = url
         self._q = load_queries()
+        #: Seals the payloads of the outcomes it writes (failures carry none).
+        self.keyring = keyring or Keyring()
         #: Bound on connecting and on each statement: a hung server must not stall the lease.
         self.timeout_s = timeout_s
         self._conn: asyncpg.Connection | None = None
@@ -63,18 +70,17 @@ class TriggererSession:
     ) -> int:
         """A new triggerer row whose session lock this connection holds; it claims the
         triggers of ``queues``."""
-        row = await self._c().fetchrow(
-            self._q["register_triggerer_locked"],
+        return await register_triggerer(
+            self._c(),
+            self._q,
             hostname,
             pid,
             capacity,
             lease_s,
-            __version__,
-            list(queues),
-            timeout=self.timeout_s,
+            queues,
+            locked=True,
+            timeout_s=self.timeout_s,
         )
-        assert row is not None
-        return int(row["id"])
 
     async def relock(self, triggerer_id: int) -> bool:
         """Take the lock of a triggerer registered before this connection; False if held."""
@@ -91,50 +97,21 @@ class TriggererSession:
     ) -> int | None:
         """Extend the lease (and record the loop's ``health`` for the status page, in the same
         statement); the triggers it owns, or None when the registration is gone."""
-        h = health or TriggererHealth()
-        row = await self._c().fetchrow(
-            self._q["renew_triggerer_lease"],
-            triggerer_id,
-            lease_s,
-            h.loop_lag_p99_ms,
-            None if health is None else h.blocked_loops,
-            h.worst_blocker,
-            h.worst_block_ms,
-            timeout=self.timeout_s,
+        return await renew_triggerer_lease(
+            self._c(), self._q, triggerer_id, lease_s, health, timeout_s=self.timeout_s
         )
-        return None if row is None else int(row["owned"])
 
     async def reap(self) -> tuple[int, int]:
         """Free the triggers of gone triggerers: ``(triggerers reaped, triggers freed)``."""
-        conn = self._c()
-        rows = await conn.fetch(self._q["reap_triggerers"], timeout=self.timeout_s)
-        if not rows:
-            return 0, 0
-        gone = [r["id"] for r in rows]
-        row = await conn.fetchrow(self._q["release_reaped_triggers"], gone, timeout=self.timeout_s)
-        assert row is not None
-        return len(gone), int(row["triggers"])
+        return await reap_triggerers(self._c(), self._q, timeout_s=self.timeout_s)
 
     async def fail_triggers(
         self, triggerer_id: int, outcomes: Sequence[TriggerOutcome]
     ) -> set[int]:
-        """Write failures through the same fenced statement as every outcome; returns the
-        triggers whose failure was accepted. (Downstream tasks are resolved by the
+        """Write failures as every outcome is written (:func:`write_trigger_outcomes`); returns
+        the triggers whose failure was accepted. (Downstream tasks are resolved by the
         scheduler's backstop: this connection only keeps the lease.)"""
-        conn = self._c()
-        ids = [o.trigger_id for o in outcomes]
-        async with conn.transaction():  # lock first: see Store.fire_triggers
-            await conn.execute(
-                self._q["lock_owned_triggers"], triggerer_id, ids, timeout=self.timeout_s
-            )
-            rows = await conn.fetch(
-                self._q["fire_triggers"],
-                triggerer_id,
-                ids,
-                [o.fence for o in outcomes],
-                [o.kind for o in outcomes],
-                [o.payload for o in outcomes],
-                [_storable_text(o.error) for o in outcomes],
-                timeout=self.timeout_s,
-            )
-        return {r["fired_id"] for r in rows if r["id"] is None}
+        fired = await write_trigger_outcomes(
+            self._c(), self._q, self.keyring, triggerer_id, outcomes, timeout_s=self.timeout_s
+        )
+        return set(fired.accepted)

@@ -1,8 +1,8 @@
 """The store's part for the status page (engine/web/) and the schedulers' registry: reads of
 the fleet, DAGs, runs, task tries and triggers, and the page's trigger cancel, written to the
-audit table (marks and clears: engine/store/overrides.py). Mixed into
-:class:`engine.store.store.Store`; none of it is on a hot path. The reads of the page's views
-(grid, Gantt, tries, searches): engine/store/browse.py."""
+audit table (marks and clears: engine/store/overrides.py). A reader of
+:class:`engine.store.Store`; none of it is on a hot path. The reads of the page's views (grid,
+Gantt, tries, searches): engine/store/browse.py."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 import msgspec
 
-from engine.security.keys import Keyring, UnreadableValue
+from engine.security.keys import UnreadableValue
 from engine.store.browse import BrowseReads
+from engine.store.core import structs
+from engine.store.fleetstats import read_backlog_split
 from engine.store.models import (
     AuditRow,
     Backlog,
@@ -33,23 +34,15 @@ from engine.store.models import (
 from engine.version import __version__
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    pass
 
-__all__ = ["StatusReads"]
+__all__ = ["StatusQueries"]
 
 log = logging.getLogger(__name__)
 
 
-def _rows(records: Sequence[asyncpg.Record], type_: type[Any]) -> list[Any]:
-    return msgspec.convert([dict(r) for r in records], list[type_])  # type: ignore[valid-type]
-
-
-class StatusReads(BrowseReads):
-    """Store methods for the status page. Expects the Store's pool, queries and keyring."""
-
-    _pool: asyncpg.Pool
-    _q: dict[str, str]
-    keyring: Keyring
+class StatusQueries(BrowseReads):
+    """The statements of the status page and the schedulers' registry."""
 
     # -- the schedulers' registry ----------------------------------------------------------
 
@@ -81,12 +74,13 @@ class StatusReads(BrowseReads):
             workers = await conn.fetch(self._q["fleet_workers"])
             triggerers = await conn.fetch(self._q["fleet_triggerers"])
             backlog = await conn.fetchrow(self._q["fleet_backlog"])
+            split = await read_backlog_split(conn, self._q)
         assert backlog is not None
         return Fleet(
-            schedulers=_rows(schedulers, SchedulerRow),
-            workers=_rows(workers, WorkerRow),
-            triggerers=_rows(triggerers, FleetTriggerer),
-            backlog=msgspec.convert(dict(backlog), Backlog),
+            schedulers=structs(schedulers, SchedulerRow),
+            workers=structs(workers, WorkerRow),
+            triggerers=structs(triggerers, FleetTriggerer),
+            backlog=msgspec.convert({**dict(backlog), **msgspec.to_builtins(split)}, Backlog),
         )
 
     async def dags_overview(
@@ -100,7 +94,7 @@ class StatusReads(BrowseReads):
         """Every DAG with its ``runs`` latest runs; those whose id holds ``name`` or with a tag
         ``name`` (any case), whose latest run is in ``state``, paused or not (None: all)."""
         rows = await self._pool.fetch(self._q["dags_overview"], runs, name, state, paused)
-        return _rows(rows, DagOverview)
+        return structs(rows, DagOverview)
 
     async def run_task_grid(
         self,
@@ -113,7 +107,7 @@ class StatusReads(BrowseReads):
         """The run's task instances in the order they were created (the DAG's), those in
         ``state`` only (None: all), ``limit`` of them (None: all) after skipping ``offset``."""
         rows = await self._pool.fetch(self._q["run_task_grid"], dag_run_pk, state, limit, offset)
-        return _rows(rows, GridCell)
+        return structs(rows, GridCell)
 
     async def run_task_counts(self, dag_run_pk: int) -> dict[str, int]:
         """How many of the run's task instances are in each state (states with none left out)."""
@@ -147,17 +141,17 @@ class StatusReads(BrowseReads):
         rows = await self._pool.fetch(
             self._q["triggers_page"], classpath, triggerer_id, min_age_s, limit
         )
-        return _rows(rows, TriggerListing)
+        return structs(rows, TriggerListing)
 
     async def triggerer_health(self) -> list[FleetTriggerer]:
         """Every registered triggerer with the triggers it holds and its loop's health."""
-        return _rows(await self._pool.fetch(self._q["fleet_triggerers"]), FleetTriggerer)
+        return structs(await self._pool.fetch(self._q["fleet_triggerers"]), FleetTriggerer)
 
     async def oldest_waits(self, limit: int = 20) -> list[OldestWait]:
-        return _rows(await self._pool.fetch(self._q["oldest_waits"], limit), OldestWait)
+        return structs(await self._pool.fetch(self._q["oldest_waits"], limit), OldestWait)
 
     async def list_audit(self, limit: int = 100) -> list[AuditRow]:
-        return _rows(await self._pool.fetch(self._q["list_audit"], limit), AuditRow)
+        return structs(await self._pool.fetch(self._q["list_audit"], limit), AuditRow)
 
     # -- the page's actions: each one and its audit row in one transaction ------------------
 
@@ -167,7 +161,7 @@ class StatusReads(BrowseReads):
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(self._q[query], *args)
             await conn.execute(self._q["record_audit"], who, action, target, detail)
-        return _rows(rows, MovedTask)
+        return structs(rows, MovedTask)
 
     async def cancel_trigger(self, trigger_id: int, *, who: str) -> list[MovedTask]:
         """Fail the task instances waiting on a trigger and drop it; audited."""

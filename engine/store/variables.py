@@ -11,22 +11,21 @@ rotate``).
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from engine.security.keys import Keyring, UnreadableValue
+from engine.security.keys import UnreadableValue
+from engine.store.core import StoreCore
+from engine.store.models.variables import PrevRun, StoredConnection, VariableRow
 from triggers.connections import Connection
-
-if TYPE_CHECKING:
-    import asyncpg
 
 __all__ = [
     "ConnectionExists",
     "PrevRun",
     "StoredConnection",
+    "VariableQueries",
     "VariableRow",
-    "VariableStore",
     "check_id",
 ]
 
@@ -36,54 +35,6 @@ MAX_ID_CHARS = 250
 
 class ConnectionExists(ValueError):
     """``add_connection`` for an id that is stored already."""
-
-
-class VariableRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A stored Variable (its value decrypted)."""
-
-    key: str
-    value: str
-    description: str | None
-    is_secret: bool
-    updated_at: dt.datetime
-
-
-class StoredConnection(msgspec.Struct, frozen=True, kw_only=True):
-    """A stored Connection's row (password and extra decrypted)."""
-
-    conn_id: str
-    conn_type: str | None
-    host: str | None
-    schema: str | None
-    login: str | None
-    port: int | None
-    password: str | None
-    extra: str | None
-    description: str | None
-    updated_at: dt.datetime
-
-    def connection(self) -> Connection:
-        return Connection(
-            conn_id=self.conn_id,
-            conn_type=self.conn_type,
-            description=self.description,
-            host=self.host,
-            login=self.login,
-            password=self.password,
-            schema=self.schema,
-            port=self.port,
-            extra=self.extra,
-        )
-
-
-class PrevRun(msgspec.Struct, frozen=True, kw_only=True):
-    """The latest successful run of a DAG before a logical date (the ``prev_*_success``
-    template variables)."""
-
-    data_interval_start: dt.datetime
-    data_interval_end: dt.datetime
-    start_date: dt.datetime | None
-    end_date: dt.datetime | None
 
 
 def check_id(value: str, what: str) -> str:
@@ -100,13 +51,9 @@ def check_id(value: str, what: str) -> str:
     return value
 
 
-class VariableStore:
-    """Variable, Connection and previous-run statements; mixed into
-    :class:`engine.store.Store`."""
-
-    _pool: asyncpg.Pool
-    _q: dict[str, str]
-    keyring: Keyring
+class VariableQueries(StoreCore):
+    """Variable, Connection and previous-run statements (a reader of
+    :class:`engine.store.Store`)."""
 
     # -- Variables -------------------------------------------------------------------------
 

@@ -1,126 +1,20 @@
 """The store's part of "why is this task not running?" (``deferral tasks why``, ``waiting_reason``
 in ``tasks list --json``, the status page's task try page): read-only facts about task
-instances and what holds them back, as structs; engine/client/why.py words the answer. Mixed into
-:class:`engine.store.store.Store`; not on a hot path (one statement for a whole listing)."""
+instances and what holds them back, as structs; engine/client/why.py words the answer. A reader of
+:class:`engine.store.Store`; not on a hot path (one statement for a whole listing)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 
-import asyncpg
-import msgspec
+from engine.store.core import StoreCore, struct, structs
+from engine.store.models import RunWait, TaskWait, WhyTask
 
-__all__ = ["RunWait", "TaskWait", "WhyReads", "WhyTask"]
-
-
-class TaskWait(msgspec.Struct, frozen=True, kw_only=True):
-    """One task instance with everything that may hold it back (query ``why_tasks``)."""
-
-    id: int
-    dag_id: str
-    run_id: str
-    task_id: str
-    state: str
-    try_number: int
-    retries: int
-    run_after: dt.datetime
-    try_started_at: dt.datetime | None
-    ended_at: dt.datetime | None
-    error: str | None
-    trigger_rule: str
-    #: The task's upstream task ids, in the DAG's order.
-    upstream: list[str]
-    #: Upstream task id -> its state; None unless the task is pending.
-    upstream_states: dict[str, str] | None
-    pool: str
-    pool_slots: int
-    pool_exists: bool
-    #: The pool's slots; None when it does not exist.
-    pool_total: int | None
-    include_deferred: bool
-    #: Slots of the pool held by running tries.
-    pool_running: int
-    #: Slots of the pool held by deferred tasks (counted against it only with include_deferred).
-    pool_deferred: int
-    max_active_tasks: int | None
-    #: Running tries of the task's DAG.
-    dag_running: int
-    max_active_tis_per_dag: int | None
-    #: Running tries of this task across the DAG's runs.
-    task_running: int
-    #: Running tries across all workers (against the ``parallelism`` setting).
-    fleet_running: int
-    queue: str
-    #: Live workers (recent heartbeat) that serve the task's queue.
-    live_workers: int
-    #: When a worker serving the queue was last seen (registered or heartbeating); None: never.
-    worker_last_seen: dt.datetime | None
-    #: The worker of a running try.
-    worker_id: int | None
-    worker_hostname: str | None
-    worker_pid: int | None
-    trigger_id: int | None
-    #: Whether a deferred task's trigger row is there (gone: it fired a moment ago).
-    trigger_found: bool
-    trigger_classpath: str | None
-    trigger_created_at: dt.datetime | None
-    #: The deferral's deadline and which one it is (engine/states.py DeadlineKind).
-    trigger_timeout_at: dt.datetime | None
-    deadline_kind: str | None
-    trigger_queue: str
-    triggerer_id: int | None
-    triggerer_hostname: str | None
-    triggerer_pid: int | None
-    #: A try of it told to stop (its task was marked or cleared) that its worker has not seen
-    #: end yet: the try, the worker, why and since when (None: none).
-    stopping_try: int | None = None
-    stopping_worker_id: int | None = None
-    stopping_reason: str | None = None
-    stopping_since: dt.datetime | None = None
-    #: Live triggerers (lease not expired) serving the trigger queue, and how many have room.
-    live_triggerers: int
-    triggerers_with_room: int
-    #: When a triggerer serving the trigger queue was last seen; None: never.
-    triggerer_last_seen: dt.datetime | None
-    db_now: dt.datetime
+__all__ = ["WhyQueries"]
 
 
-class RunWait(msgspec.Struct, frozen=True, kw_only=True):
-    """A run, as "why is a task of it not running?" sees it (query ``why_run``)."""
-
-    id: int
-    dag_id: str
-    run_id: str
-    state: str
-    run_type: str
-    created_at: dt.datetime
-    #: None when the DAG is no longer recorded.
-    max_active_runs: int | None
-    #: The DAG's runs counted against max_active_runs (running, not backfills).
-    active_runs: int
-    #: Queued runs of the DAG that start before this one.
-    queued_before: int
-    #: Whether the DAG has the task asked about.
-    has_task: bool
-    #: The task instance; None while the run is queued (created when it starts).
-    ti_id: int | None
-    db_now: dt.datetime
-
-
-class WhyTask(msgspec.Struct, frozen=True, kw_only=True):
-    """A run and, when it exists, the task instance asked about."""
-
-    run: RunWait
-    task: TaskWait | None
-
-
-class WhyReads:
-    """Store methods for "why is this task not running?". Expects the Store's pool and
-    queries."""
-
-    _pool: asyncpg.Pool
-    _q: dict[str, str]
+class WhyQueries(StoreCore):
+    """Store methods for "why is this task not running?"."""
 
     async def why_tasks(self, ti_ids: Sequence[int], *, worker_stale_s: float) -> list[TaskWait]:
         """What may hold back each of these task instances, in one statement (ordered by id;
@@ -129,7 +23,7 @@ class WhyReads:
         if not ti_ids:
             return []
         rows = await self._pool.fetch(self._q["why_tasks"], list(ti_ids), worker_stale_s)
-        return msgspec.convert([dict(r) for r in rows], list[TaskWait])
+        return structs(rows, TaskWait)
 
     async def why_task(
         self, dag_id: str, run_id: str, task_id: str, *, worker_stale_s: float
@@ -138,7 +32,7 @@ class WhyReads:
         record = await self._pool.fetchrow(self._q["why_run"], dag_id, run_id, task_id)
         if record is None:
             return None
-        run = msgspec.convert(dict(record), RunWait)
+        run = struct(record, RunWait)
         if run.ti_id is None:
             return WhyTask(run=run, task=None)
         tasks = await self.why_tasks([run.ti_id], worker_stale_s=worker_stale_s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -109,27 +109,34 @@ class XComStore:
 
     async def rotate_xcom_keys(self, counts: dict[str, int], *, batch_size: int = 500) -> None:
         """Re-encrypt the pushed XCom values with the primary key (see ``rotate_keys``)."""
-        last: tuple[int, str] = (0, "")
-        while True:
-            rows = await self._pool.fetch(self._q["rotation_xcom"], *last, batch_size)
-            if not rows:
-                return
-            last = (rows[-1]["ti_id"], rows[-1]["key"])
-            ids, keys, olds, news = [], [], [], []
-            for r in rows:
-                if self.keyring.is_current(r["value"]):
-                    counts["current"] += 1
-                    continue
-                try:
-                    new = self.keyring.reencrypt(r["value"])
-                except UnreadableValue:
-                    counts["unreadable"] += 1
-                    continue
-                ids.append(r["ti_id"])
-                keys.append(r["key"])
-                olds.append(r["value"])
-                news.append(new)
-            if ids:
-                done = await self._pool.fetch(self._q["rotate_xcom_values"], ids, keys, olds, news)
-                counts["rewritten"] += len(done)
-                counts["changed"] += len(ids) - len(done)
+        await rotate_xcom(self, counts, batch_size=batch_size)
+
+
+async def rotate_xcom(core: Any, counts: dict[str, int], *, batch_size: int = 500) -> None:
+    """Re-encrypt the pushed XCom values with the primary key, in batches, each write
+    conditional on the ciphertext read (``rotate_keys`` calls it; ``core``: the store)."""
+    pool, queries, keyring = core._pool, core._q, core.keyring
+    last: tuple[int, str] = (0, "")
+    while True:
+        rows = await pool.fetch(queries["rotation_xcom"], *last, batch_size)
+        if not rows:
+            return
+        last = (rows[-1]["ti_id"], rows[-1]["key"])
+        ids, keys, olds, news = [], [], [], []
+        for r in rows:
+            if keyring.is_current(r["value"]):
+                counts["current"] += 1
+                continue
+            try:
+                new = keyring.reencrypt(r["value"])
+            except UnreadableValue:
+                counts["unreadable"] += 1
+                continue
+            ids.append(r["ti_id"])
+            keys.append(r["key"])
+            olds.append(r["value"])
+            news.append(new)
+        if ids:
+            done = await pool.fetch(queries["rotate_xcom_values"], ids, keys, olds, news)
+            counts["rewritten"] += len(done)
+            counts["changed"] += len(ids) - len(done)

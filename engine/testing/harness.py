@@ -257,10 +257,12 @@ async def run_engine(
     ``dags`` (or a ready ``dagbag``) are what the worker runs. Tasks and triggers see the
     store's database as the connection ``deferral``, as in an engine process.
     ``trigger_allow`` is the trigger allow-list (a callable on classpaths; None admits all).
-    ``triggerer_options``: more keyword arguments of :class:`engine.triggerer.Triggerer`
-    (``claim_batch``, ``blocked_loop_s``, ``queues``, ...), over the ones above;
-    ``worker_options`` likewise for :class:`engine.worker.worker.Worker` (``queues``,
-    ``parallelism``, ...).
+    ``triggerer_options``: more keyword arguments of :class:`engine.triggerer.Triggerer`,
+    over the ones above: fields of its config,
+    :class:`engine.triggerer.config.TriggererConfig` (``claim_batch``, ``blocked_loop_s``,
+    ``queues``, ...), or ``metrics``; ``worker_options`` likewise for
+    :class:`engine.worker.worker.Worker` and
+    :class:`engine.worker.config.WorkerConfig` (``queues``, ``parallelism``, ...).
     """
     bag = dagbag if dagbag is not None else DagBag(None)
     worker_kwargs: dict[str, Any] = {

@@ -15,13 +15,15 @@ Trigger code is untrusted: whatever it raises (SystemExit, KeyboardInterrupt, a
 CancelledError of its own, ...) fails that trigger's tasks and nothing else. Every loop
 here survives any database error, backing off (jittered) and carrying on.
 
-One module per part: ``triggerer`` (``Triggerer``: wiring, ``run``/``stop``), ``state`` (the
-loop's state the parts share: registration, held set, log sink, stop flag), ``held`` (the set
-of held triggers and the invariant that ties it to the database), ``claims``, ``classes`` (trigger
-classes by classpath, imported again when their file in the DAGs folder changes), ``running``
-(one trigger's task and outcome), ``outcomes`` (the outcomes' writer), ``deadlines``,
-``ownership`` (the lease, as the loop sees it) and ``blocking`` (the blocked-loop policy); and
-its two threads, ``lease`` (the lease keeper) and ``watchdog`` (the blocked-loop watchdog).
+One module per part: ``triggerer`` (``Triggerer``: wiring, ``run``/``stop``), ``config``
+(``TriggererConfig``, built from the settings), ``state`` (the loop's state the parts share:
+registration, held set, log sink, stop flag), ``held`` (the set of held triggers and the
+invariant that ties it to the database), ``claims``, ``classes`` (trigger classes by
+classpath, imported again when their file in the DAGs folder changes), ``running`` (one
+trigger's task and outcome), ``outcomes`` (the outcomes' writer), ``deadlines``,
+``ownership`` (the lease, as the loop sees it) and ``blocking`` (the blocked-loop policy);
+and its two threads, ``lease`` (the lease keeper) and ``watchdog`` (the blocked-loop
+watchdog).
 """
 
 from engine.triggerer.triggerer import Triggerer

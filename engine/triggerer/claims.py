@@ -121,7 +121,14 @@ class Claimer:
 
     async def _claim(self, triggerer_id: int, limit: int) -> list[ClaimedTrigger]:
         started = time.perf_counter()
-        rows = await self._state.store.claim_triggers(triggerer_id, limit)
+        claim = await self._state.store.claim_triggers(triggerer_id, limit)
+        rows = claim.claimed
+        for refused in claim.refused:
+            # Cannot run here or anywhere with these keys: held until its failure is written,
+            # like a trigger that cannot be built.
+            outcome = refused.outcome
+            self._state.held.take(outcome.trigger_id, outcome.fence, refused.classpath)
+            self._outcomes.emit(outcome)
         metrics = self._state.metrics
         metrics.claim_duration.labels("triggers").observe(time.perf_counter() - started)
         if rows:

@@ -11,27 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
-from engine.config import (
-    DEFAULT_BLOCKED_LOOP_S,
-    DEFAULT_CLAIM_BATCH,
-    DEFAULT_POLL_INTERVAL_S,
-    DEFAULT_TRIGGERER_CAPACITY,
-    DEFAULT_TRIGGERER_LEASE_S,
-    DEFAULT_TRIGGERER_MAX_BLOCK_S,
-)
 from engine.runtime import metrics as _metrics
 from engine.runtime.health import Check, freshness
+from engine.runtime.overrides import overridden
 from engine.store import CHANNEL_DEADLINES, CHANNEL_TRIGGERS, Listener, Store
 from engine.triggerer.blocking import BlockPolicy
 from engine.triggerer.claims import Claimer
 from engine.triggerer.classes import TriggerClasses
+from engine.triggerer.config import TriggererConfig
 from engine.triggerer.deadlines import Deadlines
 from engine.triggerer.held import Held
 from engine.triggerer.lease import LeaseKeeper
@@ -41,8 +34,6 @@ from engine.triggerer.running import TriggerRunner
 from engine.triggerer.state import LoopState
 from engine.triggerer.watchdog import BlockReport, LoopWatchdog
 from engine.usercode import guard as usercode
-from engine.usercode.loglimits import LogLimits
-from operators.base import DEFAULT_QUEUE
 
 __all__ = ["Triggerer"]
 
@@ -52,49 +43,42 @@ log = logging.getLogger("engine.triggerer")
 class Triggerer:
     """Runs up to ``capacity`` trigger coroutines on one event loop; see the package docstring.
 
-    ``dags_folder``: trigger modules in it are imported again when their file changes
-    (:mod:`engine.triggerer.classes`); None watches nothing."""
+    Its config's ``dags_folder``: trigger modules in it are imported again when their file
+    changes (:mod:`engine.triggerer.classes`); None watches nothing."""
 
     def __init__(
         self,
         store: Store,
+        config: TriggererConfig | None = None,
         *,
-        capacity: int = DEFAULT_TRIGGERER_CAPACITY,
-        lease_s: float = DEFAULT_TRIGGERER_LEASE_S,
-        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
-        claim_batch: int = DEFAULT_CLAIM_BATCH,
-        blocked_loop_s: float = DEFAULT_BLOCKED_LOOP_S,
-        cleanup_timeout_s: float = 5.0,
-        cancel_blocking_after: int = 0,
-        max_block_s: float = DEFAULT_TRIGGERER_MAX_BLOCK_S,
-        allow: Callable[[str], bool] | None = None,
-        dags_folder: str | os.PathLike[str] | None = None,
         metrics: _metrics.Metrics | None = None,
-        queues: Sequence[str] = (DEFAULT_QUEUE,),
-        log_limits: LogLimits | None = None,
+        **overrides: Any,
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if not queues:
-            raise ValueError("queues must name at least one queue")
+        """``config``: how it runs (:class:`TriggererConfig`, its defaults when None); keyword
+        arguments named like its fields override them (``Triggerer(store, capacity=10)``),
+        any other name is a TypeError."""
+        self.config = config = overridden(
+            TriggererConfig() if config is None else config, overrides, "Triggerer"
+        )
+        capacity, allow, max_block_s = config.capacity, config.allow, config.max_block_s
         #: The trigger queues whose triggers this triggerer claims.
-        self.queues = tuple(queues)
+        self.queues = config.queues
         self.store = store
         self.capacity = capacity
-        self.lease_s = lease_s
-        self.blocked_loop_s = blocked_loop_s
-        self.cleanup_timeout_s = cleanup_timeout_s
+        self.lease_s = lease_s = config.lease_s
+        self.blocked_loop_s = config.blocked_loop_s
+        self.cleanup_timeout_s = config.cleanup_timeout_s
         #: A trigger that blocks the loop longer than this is failed (from another thread).
         self.max_block_s = max_block_s
         self.metrics = metrics if metrics is not None else _metrics.current()
         if allow is not None:
             # A class the allow-list refuses is counted, but not as a series of its own.
             self.metrics.admit_classes(allow)
-        self._state = state = LoopState(store, self.metrics, log_limits)
+        self._state = state = LoopState(store, self.metrics, config.log_limits)
         self._outcomes = outcomes = TriggerOutbox(state)
         self.metrics.watch_triggerer(lambda: len(state.held), capacity)
         self._lease: LeaseKeeper | None = None
-        self._runner = TriggerRunner(state, outcomes, cleanup_timeout_s=cleanup_timeout_s)
+        self._runner = TriggerRunner(state, outcomes, cleanup_timeout_s=config.cleanup_timeout_s)
         self._deadlines = Deadlines(state)
         self._claimer = Claimer(
             state,
@@ -102,10 +86,10 @@ class Triggerer:
             self._runner,
             self._deadlines,
             capacity=capacity,
-            claim_batch=claim_batch,
-            poll_interval_s=poll_interval_s,
+            claim_batch=config.claim_batch,
+            poll_interval_s=config.poll_interval_s,
             allow=allow,
-            classes=TriggerClasses(dags_folder),
+            classes=TriggerClasses(config.dags_folder),
         )
         self._ownership = Ownership(
             state,
@@ -117,7 +101,10 @@ class Triggerer:
             queues=self.queues,
         )
         self._blocking = BlockPolicy(
-            state, outcomes, cancel_blocking_after=cancel_blocking_after, max_block_s=max_block_s
+            state,
+            outcomes,
+            cancel_blocking_after=config.cancel_blocking_after,
+            max_block_s=max_block_s,
         )
 
     # -- what tests, benchmarks and the CLI read ---------------------------------------------

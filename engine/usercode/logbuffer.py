@@ -26,7 +26,7 @@ import time
 from collections.abc import Hashable, Iterable
 from typing import Any, Literal
 
-from engine.store.logstore import TaskLogRow, TriggerLogRow
+from engine.store.models import TaskLogRow, TriggerLogRow
 from engine.usercode.capture import Target
 from engine.usercode.loglimits import DEFAULT_FLUSH_INTERVAL_S, LINE_OVERHEAD, LogLimits
 from engine.usercode.loglines import NO_LINE, extend_line, size_text, stored_text

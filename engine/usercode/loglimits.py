@@ -1,11 +1,16 @@
 """The bounds of the log lines a process stores per trigger and per try (the settings
 ``log_*``), and their defaults: what a worker or a triggerer is given
-(engine/launch/app.py builds them from the settings) and its log buffer enforces
+(:meth:`LogLimits.from_settings`) and its log buffer enforces
 (engine/usercode/logbuffer.py)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
+
+if TYPE_CHECKING:
+    from engine.config import Settings
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
@@ -52,3 +57,15 @@ class LogLimits(msgspec.Struct, frozen=True, kw_only=True):
                 f"buffer_bytes must be at least max_line_bytes + 1024 ({least}), "
                 f"got {self.buffer_bytes}"
             )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LogLimits:
+        """The bounds the settings ``log_max_lines_per_s``, ``log_max_try_bytes``,
+        ``log_max_trigger_bytes``, ``log_max_line_bytes`` and ``log_buffer_bytes`` give."""
+        return cls(
+            max_lines_per_s=settings.log_max_lines_per_s,
+            max_try_bytes=settings.log_max_try_bytes,
+            max_trigger_bytes=settings.log_max_trigger_bytes,
+            max_line_bytes=settings.log_max_line_bytes,
+            buffer_bytes=settings.log_buffer_bytes,
+        )

@@ -10,7 +10,7 @@ stored is done here: the cut of a line over the length limit, the escapes Postgr
 
 from __future__ import annotations
 
-from engine.store.logstore import storable
+from engine.store.core import storable
 
 __all__ = ["NO_LINE", "cut_mark", "extend_line", "size_text", "stored_text", "utf8_len"]
 

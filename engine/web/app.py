@@ -12,6 +12,8 @@ import anyio
 import jinja2
 from aiohttp import web
 
+from engine.dags.importerrors import error_summary
+from engine.masking import redact_text
 from engine.runtime.retry import TRANSIENT_ERRORS
 from engine.states import RUN_STATES, STATES
 from engine.store import Store
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: How long a page or an action may wait on the database before it answers 503.
 DB_WAIT_S = 15.0
+#: The most files the import error banner names.
+BANNER_FILES = 20
 
 STORE: web.AppKey[Store] = web.AppKey("store", Store)
 ENV: web.AppKey[jinja2.Environment] = web.AppKey("env", jinja2.Environment)
@@ -45,6 +49,8 @@ def _render(
         "actions": TOKEN in app,
         "path": request.path_qs,
         "pools_offered": app.get(POOLS, False),
+        "import_errors": [],
+        "banner_files": BANNER_FILES,
         **context,
     }
     body = app[ENV].get_template(template).render(context)
@@ -73,11 +79,19 @@ def _refused(request: web.Request, exc: web.HTTPClientError) -> web.Response:
     return _render(request, "error.html", {"title": exc.reason, "message": message}, exc.status)
 
 
+async def import_error_banner(store: Store) -> list[tuple[str, str]]:
+    """The DAG files that fail to import (path, the error's last line, masked), for the banner
+    every page shows until they are fixed; at most BANNER_FILES and one more (to say so)."""
+    rows = await store.import_errors(limit=BANNER_FILES + 1)
+    return [(r.fileloc, redact_text(error_summary(r.error))) for r in rows]
+
+
 def _page(fn: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
             with anyio.fail_after(DB_WAIT_S):
                 template, context = await fn(request, request.app[STORE])
+                context["import_errors"] = await import_error_banner(request.app[STORE])
         except views.NotFound as exc:
             return _render(request, "error.html", {"title": "Not found", "message": str(exc)}, 404)
         except web.HTTPClientError as exc:

@@ -20,6 +20,7 @@ __all__ = [
     "set_dag_paused",
     "task_log_lines",
     "trigger_log_lines",
+    "try_trigger_logs",
     "try_xcoms",
     "why_not_running",
 ]
@@ -79,6 +80,21 @@ async def trigger_log_lines(store: Store, trigger_id: int) -> list[str] | None:
     ``LOG_PAGE_LINES``)."""
     logs = await store.trigger_logs(trigger_id, limit=LOG_PAGE_LINES)
     return [_line(line) for line in logs.lines]
+
+
+async def try_trigger_logs(
+    store: Store, ti: TaskTry, try_number: int, *, besides: int | None = None
+) -> list[tuple[int, list[str]]]:
+    """The lines of the triggers try ``try_number`` of the task waited on and that logged,
+    (trigger id, its lines) each, also after they fired; not trigger ``besides`` (the one the
+    page shows as the current wait)."""
+    logs = await store.task_logs(ti.dag_id, ti.run_id, ti.task_id, try_number, limit=0)
+    shown = []
+    for trigger_id in logs.trigger_ids:
+        if trigger_id != besides:
+            lines = await trigger_log_lines(store, trigger_id)
+            shown.append((trigger_id, lines or []))
+    return shown
 
 
 def _line(line: LogLine) -> str:

@@ -15,8 +15,10 @@ from anyio.abc import TaskStatus
 
 from engine.config import ConfigError, Settings
 from engine.runtime import logs
+from engine.runtime.listen import inherited_socket
 from engine.runtime.runner import exit_without_threads, serve, supervisor_fd
 from engine.store import Store, open_store
+from engine.store.endpoints import advertised
 from engine.web.app import make_app
 
 __all__ = ["WebServer", "run_webserver", "status_url"]
@@ -33,11 +35,21 @@ class WebServer:
     """The status page on ``store``, listening on ``host:port`` (port 0: any free one; the
     bound one is ``port`` once started)."""
 
-    def __init__(self, store: Store, *, host: str, port: int, token: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host: str,
+        port: int,
+        token: str | None = None,
+        sock: socket.socket | None = None,
+    ) -> None:
         self.store = store
         self.host = host
         self.port = port
         self.token = token
+        #: A socket already listening (``deferral standalone`` binds it): served as it is.
+        self.sock = sock
         self._stopped = anyio.Event()
         self._stopping = False
         self._runner: web.AppRunner | None = None
@@ -54,7 +66,12 @@ class WebServer:
         runner = web.AppRunner(make_app(self.store, token=self.token), access_log=None)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            site: web.BaseSite = (
+                web.TCPSite(runner, self.host, self.port)
+                if self.sock is None
+                else web.SockSite(runner, self.sock)
+            )
+            await site.start()
         except OSError as exc:
             await runner.cleanup()
             # An address this machine does not have (or a name that does not resolve) is the
@@ -97,10 +114,17 @@ async def run_webserver(settings: Settings, token: str | None) -> None:
     store = await open_store(settings)
     try:
         server = WebServer(
-            store, host=settings.webserver_host, port=settings.webserver_port, token=token
+            store,
+            host=settings.webserver_host,
+            port=settings.webserver_port,
+            token=token,
+            sock=inherited_socket(),
         )
         await server.start()
-        cancelled = await serve([server], supervisor=supervisor)
+        # (`deferral status` says where it listens.)
+        url = status_url(server.host, server.port)
+        async with advertised(store, "webserver", "webserver", url):
+            cancelled = await serve([server], supervisor=supervisor)
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()

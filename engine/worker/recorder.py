@@ -151,6 +151,13 @@ class Recorder:
         self._lost_if_not(ok, ti)
         if ok:
             self._metrics.task_outcomes.labels("deferred").inc()
+            TryLogs.deferred(
+                deferral.classpath,
+                decode_value(trigger.kwargs),
+                deferral.method_name,
+                deferral.timeout_s,
+                deferral.dedup_key is not None,
+            )
         log.info(
             "deferred to %s (resume at %s%s)",
             deferral.classpath,
@@ -229,6 +236,13 @@ class Recorder:
         self._outbox.put(queued)
         await queued.done.wait()
         return queued.state
+
+    def refuse_claimed(self, outcomes: list[TaskOutcome]) -> None:
+        """Claimed tries that cannot run (a resume no configured key opens, a pool that does
+        not exist) fail, written by the writer like every outcome."""
+        for outcome in outcomes:
+            log.error("task instance %s cannot run: %s", outcome.ti_id, outcome.error)
+            self._outbox.put(_Queued(outcome))
 
     def _new_outbox(self) -> Outbox[_Queued, tuple[int, int], str]:
         """Outcomes are written by one writer (engine/runtime/outbox.py), every try queued

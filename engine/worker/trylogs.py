@@ -10,6 +10,9 @@ line of its failure, and the output of an isolated task's child process.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import os
+import socket
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -18,10 +21,14 @@ from typing import Any
 
 import msgspec
 
+from engine.masking import redact
 from engine.store import ClaimedTask, Store
 from engine.usercode.logsink import NOT_STORED, LogLimits, LogSink, capture_line, capture_record
 
 __all__ = ["UNSTORED", "TryLogs"]
+
+#: Characters of a trigger's kwargs or event shown in a try's line about its deferral.
+SHOWN_CHARS = 2000
 
 #: The logger the worker's own lines about a try are stored under.
 LOGGER = "engine.worker"
@@ -82,6 +89,33 @@ class TryLogs:
         )
 
     @staticmethod
+    def deferred(
+        classpath: str, kwargs: Any, method: str, timeout_s: float | None, dedup: bool
+    ) -> None:
+        """The bound try deferred: its line says to which trigger (kwargs masked), where it
+        resumes and its timeout, as the try's log shows it."""
+        timeout = f"timeout {timeout_s:g}s" if timeout_s is not None else "no timeout"
+        shared = ", shared by its dedup key" if dedup else ""
+        _note(
+            f"deferred to trigger {classpath}{shared} ({timeout}); resumes at {method}; "
+            f"trigger kwargs: {_shown(kwargs)}"
+        )
+
+    @staticmethod
+    def resuming(ti: ClaimedTask, event: Any, worker_id: int) -> None:
+        """The bound try resumes after its trigger fired: when it fired (its event was
+        written), what it sent, and where the try resumes."""
+        fired = ti.run_after
+        when = "" if fired is None else f" at {fired.isoformat(timespec='milliseconds')}"
+        waited = ""
+        if fired is not None:
+            waited = f" ({max(0.0, (ti.db_now - fired).total_seconds()):.3f}s ago)"
+        _note(
+            f"trigger fired{when}{waited} with event {_shown(event)}; resuming at "
+            f"{ti.next_method} on worker {worker_id} ({_HOST}, pid {os.getpid()})"
+        )
+
+    @staticmethod
     def child_output(line: str, cut: int = 0) -> None:
         """A line a task's child process (isolation="process") wrote: one of its log lines
         (as JSON) or a print, stored with the lines of the try (bound in this context).
@@ -102,3 +136,29 @@ class TryLogs:
             stored = capture_line("stderr", line, cut=cut)
         if not stored and sys.__stderr__ is not None:
             sys.__stderr__.write(line + "\n")
+
+
+_HOST = socket.gethostname()
+
+
+def _note(message: str) -> None:
+    """One INFO line of the engine's own about the bound try, stored with the try's lines
+    (within the try's bounds: a flood keeps its cap)."""
+    capture_record(time.time(), "INFO", LOGGER, message)
+
+
+def _shown(value: Any) -> str:
+    """``value`` as a try's line shows it: secrets masked, at most :data:`SHOWN_CHARS`."""
+    try:
+        text = msgspec.json.encode(redact(value), enc_hook=_as_text).decode()
+    except Exception:  # an event the JSON encoder cannot take: its masked repr
+        text = repr(redact(value))
+    if len(text) > SHOWN_CHARS:
+        text = text[:SHOWN_CHARS] + f"... ({len(text) - SHOWN_CHARS} more characters)"
+    return text
+
+
+def _as_text(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return str(value)

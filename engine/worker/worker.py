@@ -11,31 +11,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
-from engine.config import DEFAULT_POLL_INTERVAL_S, DEFAULT_WORKER_SLOTS, DEFAULT_XCOM_MAX_BYTES
 from engine.dags.dagbag import DagBag
 from engine.runtime import logs
 from engine.runtime import metrics as _metrics
 from engine.runtime.crashpoints import crash_point
 from engine.runtime.health import Check, freshness
 from engine.runtime.keepalive import KeepAlive
+from engine.runtime.overrides import overridden
 from engine.runtime.retry import TRANSIENT_ERRORS, Backoff
 from engine.runtime.wakeup import Wakeup
 from engine.store import CHANNEL_STOP, CHANNEL_TASKS, ClaimedTask, Store
 from engine.usercode import guard as usercode
-from engine.usercode.logsink import LogLimits
 from engine.worker import registration
 from engine.worker.attempt import Attempts
-from engine.worker.isolation import DEFAULT_KILL_GRACE_S
+from engine.worker.config import WorkerConfig
 from engine.worker.outcomes import describe
 from engine.worker.recorder import Recorder
 from engine.worker.trylogs import TryLogs
-from operators.base import DEFAULT_QUEUE
 
 __all__ = ["Worker"]
 
@@ -49,34 +46,28 @@ class Worker:
         self,
         store: Store,
         dagbag: DagBag,
+        config: WorkerConfig | None = None,
         *,
-        slots: int = DEFAULT_WORKER_SLOTS,
-        queues: Sequence[str] = (DEFAULT_QUEUE,),
-        parallelism: int = 0,
-        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
-        heartbeat_s: float = 5.0,
-        shutdown_grace_s: float = 30.0,
-        allow: Callable[[str], bool] | None = None,
-        default_deferrable: bool = False,
-        isolation_kill_grace_s: float = DEFAULT_KILL_GRACE_S,
         metrics: _metrics.Metrics | None = None,
-        log_limits: LogLimits | None = None,
-        xcom_max_bytes: int = DEFAULT_XCOM_MAX_BYTES,
+        **overrides: Any,
     ) -> None:
-        if slots < 1:
-            raise ValueError(f"slots must be >= 1, got {slots}")
-        if not queues:
-            raise ValueError("queues must name at least one queue")
+        """``config``: how it runs (:class:`WorkerConfig`, its defaults when None); keyword
+        arguments named like its fields override them (``Worker(store, bag, slots=3)``), any
+        other name is a TypeError."""
+        self.config = config = overridden(
+            WorkerConfig() if config is None else config, overrides, "Worker"
+        )
+        slots = config.slots
         self.store = store
         self.dagbag = dagbag
         self.slots = slots
         #: The queues whose tasks this worker claims.
-        self.queues = tuple(queues)
+        self.queues = config.queues
         #: Running tasks across all workers at once (setting parallelism; 0: no limit).
-        self.parallelism = parallelism
-        self.poll_interval_s = poll_interval_s
-        self.heartbeat_s = heartbeat_s
-        self.shutdown_grace_s = shutdown_grace_s
+        self.parallelism = config.parallelism
+        self.poll_interval_s = config.poll_interval_s
+        self.heartbeat_s = config.heartbeat_s
+        self.shutdown_grace_s = config.shutdown_grace_s
         self.id: int | None = None
         self.running: dict[int, ClaimedTask] = {}
         self.peak_running = 0
@@ -97,22 +88,22 @@ class Worker:
         self._keepalive: KeepAlive | None = None
         self.metrics = metrics if metrics is not None else _metrics.current()
         #: What the tries log and print, stored per try within the bounds of ``log_limits``.
-        self.logs = TryLogs(store, log_limits)
+        self.logs = TryLogs(store, config.log_limits)
         #: Runs a try and says how it ended; threads still running past their try: ``lingering``.
         self.attempts = Attempts(
             store,
             dagbag,
             self.logs,
             slots=slots,
-            default_deferrable=default_deferrable,
-            kill_grace_s=isolation_kill_grace_s,
+            default_deferrable=config.default_deferrable,
+            kill_grace_s=config.isolation_kill_grace_s,
             stopping=self._leaving,
             freed=self._slot_freed,
-            xcom_max_bytes=xcom_max_bytes,
+            xcom_max_bytes=config.xcom_max_bytes,
         )
         #: Writes how each try ended (``allow``: the trigger allow-list, setting trigger_allow).
         self.recorder = Recorder(
-            store, self.logs, self.metrics, allow=allow, abandoned=self._abandoned
+            store, self.logs, self.metrics, allow=config.allow, abandoned=self._abandoned
         )
         self.metrics.watch_worker(self._busy, slots)
         #: When the registration or the last heartbeat was written (monotonic clock).
@@ -245,14 +236,16 @@ class Worker:
         # Until the reply arrives, the claim may commit with nobody to run what it took.
         self._claims_unsure = True
         started = time.perf_counter()
-        claimed, next_in = await self.store.claim_tasks(
+        claim = await self.store.claim_tasks(
             self.id, limit, queues=self.queues, parallelism=self.parallelism
         )
+        claimed = claim.claimed
         if claimed:
             crash_point("worker.claim.after_commit")
         self._claims_unsure = False
+        self.recorder.refuse_claimed(claim.refused)
         self._observe_claim(claimed, time.perf_counter() - started)
-        return claimed, next_in
+        return claimed, claim.next_in
 
     def _observe_claim(self, claimed: list[ClaimedTask], duration_s: float) -> None:
         m = self.metrics
@@ -270,8 +263,10 @@ class Worker:
         (else the task would sit unrun and unheartbeated until reaped, losing its try)."""
         assert self.id is not None
         known = [*self.running, *self._abandoned]
-        found = await self.store.unacknowledged_claims(self.id, known)
+        claim = await self.store.unacknowledged_claims(self.id, known)
+        found = claim.claimed
         self._claims_unsure = False
+        self.recorder.refuse_claimed(claim.refused)
         if found:
             log.warning(
                 "found %d claim(s) whose reply was lost with the connection (first: task "

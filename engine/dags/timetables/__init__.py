@@ -61,6 +61,7 @@ __all__ = [
     "dump_with_timezone",
     "load_timetable",
     "make_timetable",
+    "manual_run_interval",
     "parse_timezone",
     "stored_timezone",
     "to_aware",
@@ -110,6 +111,17 @@ def stored_timezone(data: dict[str, Any] | None) -> dt.tzinfo:
 def dump_with_timezone(timetable: Timetable, tz: dt.tzinfo) -> dict[str, Any]:
     """What the store keeps of a DAG's schedule: the timetable and the DAG's time zone."""
     return {**timetable.dump(), "timezone": tz_name(tz)}
+
+
+def manual_run_interval(
+    timetable: Timetable, tz: dt.tzinfo, logical_date: dt.datetime
+) -> tuple[dt.datetime, DataInterval]:
+    """A manual run's logical date (aware: a naive one is in the DAG's time zone ``tz``) and
+    its data interval, inferred from the schedule as Airflow does (a cron schedule: the last
+    complete interval before it). The one inference of ``deferral dags trigger`` and
+    ``deferral tasks test``."""
+    when = to_aware(logical_date, tz)
+    return when, timetable.infer_manual_data_interval(when)
 
 
 def load_timetable(data: dict[str, Any] | None) -> Timetable:

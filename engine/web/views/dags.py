@@ -41,7 +41,10 @@ def _last_runs(d: DagOverview) -> Squares:
 def _next_run(d: DagOverview) -> str:
     if not d.is_active:
         return "none: no longer in the DAGs folder"
-    return "" if d.is_paused else _when(d.next_dagrun)
+    if d.is_paused or d.next_dagrun is None:
+        return ""
+    # The logical date is the interval's start (past while it runs): say when it is created.
+    return f"{_when(d.next_dagrun)} (created at {_when(d.next_dagrun_create_after)})"
 
 
 DAG_COLUMNS: list[Column] = [

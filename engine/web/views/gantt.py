@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.store.browse import TryRecord
+from engine.store.models import TryRecord
 from engine.web.render import _age, _when
 from engine.web.views.tries import Span, latest_tries, spans, waiting_span
 

@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.store.browse import GridCellCounts, GridRun
+from engine.store.models import GridCellCounts, GridRun
 from engine.web.render import _when
 from engine.web.views.common import LEGEND, run_url, task_url
 

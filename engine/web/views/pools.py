@@ -7,7 +7,7 @@ from functools import partial
 from typing import Any
 
 from engine.store import Store
-from engine.store.browse import PoolTask
+from engine.store.models import PoolTask
 from engine.web import hooks
 from engine.web.paging import Pager
 from engine.web.render import _when

@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.states import RUN_STATES
 from engine.store import Store
-from engine.store.browse import GridRun, RunFilter
+from engine.store.models import GridRun, RunFilter
 from engine.web.paging import Pager
 from engine.web.render import _age, _when
 from engine.web.views.common import Column, Link, Table, dag_url, run_url, state_square, url

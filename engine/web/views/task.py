@@ -8,7 +8,7 @@ import datetime as dt
 from typing import Any
 
 from engine.store import Store, TaskTry
-from engine.store.browse import TryRecord
+from engine.store.models import TryRecord
 from engine.web import hooks
 from engine.web.paging import shortened
 from engine.web.render import _age, _when, decoded, masked, pretty
@@ -152,6 +152,9 @@ async def task_page(
             "trigger_lines": (
                 await hooks.trigger_log_lines(store, trigger_id) if trigger_id else None
             ),
+            "waited_triggers": await hooks.try_trigger_logs(
+                store, ti, ti.try_number, besides=trigger_id
+            ),
         }
     assert record is not None
     return context | {
@@ -163,4 +166,5 @@ async def task_page(
         "why": None,
         "log_lines": await hooks.task_log_lines(store, ti, try_number=shown),
         "trigger_lines": None,
+        "waited_triggers": await hooks.try_trigger_logs(store, ti, shown),
     }

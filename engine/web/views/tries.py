@@ -1,4 +1,4 @@
-"""A task instance's tries, from what the store keeps of each (:class:`engine.store.browse.
+"""A task instance's tries, from what the store keeps of each (:class:`engine.store.models.
 TryRecord`): which tries there are, and each one's spans in time (queued, running,
 deferred) for the Gantt view and its duration.
 
@@ -16,7 +16,7 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.store.browse import TryRecord
+from engine.store.models import TryRecord
 
 __all__ = ["SPAN_KINDS", "Span", "duration_s", "latest_tries", "spans", "waiting_span"]
 

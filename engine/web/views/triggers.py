@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.store import Store
-from engine.store.browse import TriggerGroup
-from engine.store.models import FleetTriggerer, OldestWait, TriggerListing
+from engine.store.models import FleetTriggerer, OldestWait, TriggerGroup, TriggerListing
 from engine.web.render import _age, _ms, _when
 from engine.web.views.common import Column, Link, Table, task_url, url
 from engine.web.views.fleet import blocked_loops

@@ -1,0 +1,247 @@
+"""The worker's statements: registration and heartbeats, claims, and what a try writes (its
+outcome, a deferral, a reschedule, its rendered fields). A reader of :class:`engine.store.Store`.
+
+The writes return what they moved and settle nothing: the worker settles it
+(engine/store/downstream.py). A claim returns the tries it took that cannot run (``refused``)
+unwritten: the worker writes them as it writes every outcome.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from engine.security.keys import UnreadableValue
+from engine.store.core import StoreCore, from_dicts, one, storable_opt, structs
+from engine.store.models import (
+    ClaimedTask,
+    Deferral,
+    FinishedTask,
+    Heartbeat,
+    StopRequest,
+    TaskClaim,
+    TaskOutcome,
+)
+from engine.version import __version__
+from operators.defaults import DEFAULT_QUEUE
+
+__all__ = ["TaskQueries"]
+
+
+def _missing_pools(rows: list[dict[str, Any]], worker_id: int) -> list[TaskOutcome]:
+    """The claimed tries whose pool does not exist, as failed outcomes (no retry: another
+    try would not find the pool either) naming the pool and how to make it."""
+    return [
+        TaskOutcome(
+            ti_id=row["id"],
+            worker_id=worker_id,
+            try_number=row["try_number"],
+            kind="failed",
+            no_retry=True,
+            error=(
+                f"pool {row['pool']!r} does not exist: create it (deferral pools set "
+                f"{row['pool']} --slots N) or set the task's pool to one `deferral pools list` "
+                "shows"
+            ),
+        )
+        for row in rows
+        if row.get("missing_pool")
+    ]
+
+
+class TaskQueries(StoreCore):
+    """The statements of workers and their tries."""
+
+    # -- workers ---------------------------------------------------------------------------
+
+    async def register_worker(
+        self, hostname: str, pid: int, slots: int, queues: Sequence[str] = (DEFAULT_QUEUE,)
+    ) -> int:
+        worker_id: int = await self._pool.fetchval(
+            self._q["register_worker"], hostname, pid, slots, __version__, list(queues)
+        )
+        return worker_id
+
+    async def unregister_worker(self, worker_id: int) -> None:
+        await self._pool.execute(self._q["unregister_worker"], worker_id)
+
+    async def heartbeat_worker(
+        self,
+        worker_id: int,
+        running: Sequence[tuple[int, int]],
+        *,
+        timeout_s: float | None = None,
+    ) -> Heartbeat:
+        """Keep the worker and the tries it runs (``running``: (task instance id, try number)
+        pairs, tries told to stop that still run included) alive; the tries it was told to
+        stop that it no longer runs are settled (their slots free), and those it still runs
+        come back for it to stop. ``alive`` is False if the worker was reaped.
+
+        With ``timeout_s``, the heartbeat goes on a connection of its own, and the call
+        (connecting included) is bounded: past it, TimeoutError, and that connection is dropped
+        (the next call makes a new one). A connection that hangs (a half-open socket, a stuck
+        backend), or a pool whose connections all wait on hung statements, must not keep the
+        worker silent while the scheduler, which reaches the database, counts the silence."""
+        args = (
+            worker_id,
+            [ti_id for ti_id, _ in running],
+            [try_number for _, try_number in running],
+        )
+        if timeout_s is None:
+            row = await one(self._pool, self._q["heartbeat_worker"], *args)
+        else:
+            async with self._heartbeat_lock:
+                deadline = time.monotonic() + timeout_s
+                try:
+                    conn = self._heartbeat_conn
+                    if conn is None or conn.is_closed():
+                        conn = await asyncpg.connect(self.url, timeout=timeout_s)
+                        self._heartbeat_conn = conn
+                    found = await conn.fetchrow(
+                        self._q["heartbeat_worker"],
+                        *args,
+                        timeout=max(deadline - time.monotonic(), 0.001),
+                    )
+                except BaseException:
+                    self._drop_heartbeat_connection()
+                    raise
+            assert found is not None
+            row = found
+        return Heartbeat(
+            alive=row["alive"],
+            stopped=row["stopped"],
+            stop=[
+                StopRequest(ti_id=i, try_number=n, reason=r)
+                for i, n, r in zip(
+                    row["stop_ids"], row["stop_tries"], row["stop_reasons"], strict=True
+                )
+            ],
+        )
+
+    # -- claims ----------------------------------------------------------------------------
+
+    async def claim_tasks(
+        self,
+        worker_id: int,
+        limit: int,
+        *,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+        parallelism: int = 0,
+    ) -> TaskClaim:
+        """Claim up to ``limit`` runnable task instances of ``queues`` that every limit admits
+        (pools, the DAG's max_active_tasks, the task's max_active_tis_per_dag, and
+        ``parallelism`` running tasks across all workers; 0: no limit). With none claimed,
+        also says in how many seconds the next waiting one becomes runnable (None: none waits
+        for a time). A claimed try that cannot run (its resume no configured key opens, its
+        pool does not exist) comes back refused, as the failed outcome to write, naming why."""
+        records = await self._pool.fetch(
+            self._q["claim_tasks"], worker_id, limit, list(queues), parallelism
+        )
+        rows, refused = self._open_resumes(records, worker_id)
+        refused += _missing_pools(rows, worker_id)
+        rows = [r for r in rows if not r.get("missing_pool")]
+        claimed = from_dicts([r for r in rows if r["id"] is not None], ClaimedTask)
+        next_in: float | None = rows[0]["next_in"] if not claimed and rows else None
+        if refused and not claimed:
+            next_in = 0.0  # once they are written, their slots are free: claim again
+        return TaskClaim(claimed=claimed, refused=refused, next_in=next_in)
+
+    def _open_resumes(
+        self, rows: list[asyncpg.Record], worker_id: int
+    ) -> tuple[list[dict[str, Any]], list[TaskOutcome]]:
+        """Decrypt the resume kwargs and events of claimed rows; the ones no configured key
+        opens come back as failed outcomes instead."""
+        opened: list[dict[str, Any]] = []
+        failed: list[TaskOutcome] = []
+        for r in rows:
+            row = dict(r)
+            if row["id"] is not None:
+                try:
+                    row["next_kwargs"] = self.keyring.decrypt_opt(row["next_kwargs"])
+                    row["next_event"] = self.keyring.decrypt_opt(row["next_event"])
+                except UnreadableValue as exc:
+                    failed.append(
+                        TaskOutcome(
+                            ti_id=row["id"],
+                            worker_id=worker_id,
+                            try_number=row["try_number"],
+                            kind="failed",
+                            error=f"cannot resume: {exc}",
+                        )
+                    )
+                    continue
+            opened.append(row)
+        return opened, failed
+
+    async def unacknowledged_claims(self, worker_id: int, running: Sequence[int]) -> TaskClaim:
+        """The task instances the database says worker ``worker_id`` runs, other than the ones
+        it knows it runs (``running``): claims whose reply it never received (the connection
+        was lost after the claim committed). Read only; the same try continues. Refused as a
+        claim refuses: what cannot run."""
+        records = await self._pool.fetch(self._q["unacknowledged_claims"], worker_id, list(running))
+        rows, refused = self._open_resumes(records, worker_id)
+        # (A claim's refusals are written by the worker after the reply: when the reply was
+        # lost, the task must not run here without its pool.)
+        refused += _missing_pools(rows, worker_id)
+        rows = [r for r in rows if not r.get("missing_pool")]
+        return TaskClaim(claimed=from_dicts(rows, ClaimedTask), refused=refused)
+
+    # -- what a try writes -----------------------------------------------------------------
+
+    async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> list[FinishedTask]:
+        """End running tries in one statement; returns the tries that changed, with their new
+        state (a missing one: its worker no longer held it). The caller settles them
+        (engine/store/downstream.py)."""
+        rows = await self._pool.fetch(
+            self._q["finish_tasks"],
+            [o.ti_id for o in outcomes],
+            [o.worker_id for o in outcomes],
+            [o.kind for o in outcomes],
+            [self.keyring.encrypt_opt(o.result) for o in outcomes],
+            [storable_opt(o.error) for o in outcomes],
+            [o.no_retry for o in outcomes],
+            [o.try_number for o in outcomes],
+        )
+        return structs(rows, FinishedTask)
+
+    async def reschedule_task(
+        self, ti_id: int, worker_id: int, at: dt.datetime, *, try_number: int
+    ) -> bool:
+        """Give try ``try_number``'s slot back until ``at``; False if the worker no longer
+        holds that try (nothing is written)."""
+        row = await self._pool.fetchrow(
+            self._q["reschedule_task"], ti_id, worker_id, at, try_number
+        )
+        return row is not None
+
+    async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:
+        """Store the trigger (or join an identical waiting one) and park the task on it, in one
+        statement. False if the worker no longer holds the task (nothing is written)."""
+        keyring = self.keyring
+        row = await self._pool.fetchrow(
+            self._q["defer_task"],
+            ti_id,
+            worker_id,
+            deferral.classpath,
+            keyring.encrypt(deferral.kwargs),
+            keyring.dedup_key(deferral.classpath, deferral.kwargs, deferral.dedup_key),
+            deferral.timeout_s,
+            deferral.method_name,
+            keyring.encrypt(deferral.method_kwargs),
+            deferral.try_number,
+        )
+        return row is not None
+
+    async def set_rendered_fields(
+        self, ti_id: int, worker_id: int, try_number: int, rendered: dict[str, Any]
+    ) -> bool:
+        """Keep what the templated fields of a running try rendered to (JSON-ready values);
+        False if the worker no longer holds that try (nothing is written)."""
+        row = await self._pool.fetchrow(
+            self._q["set_rendered_fields"], ti_id, worker_id, try_number, rendered
+        )
+        return row is not None
