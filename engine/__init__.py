@@ -2,7 +2,8 @@
 
 Public names: :class:`DAG`, :class:`Variable` and :class:`Connection` (what task code reads at
 run time: ``Variable.get("bucket")``, ``Connection.get("warehouse")``), :class:`Settings` and
-:func:`load_settings`. The processes
+:func:`load_settings`; TaskFlow's :data:`task` decorator, :func:`get_current_context` and
+:class:`XComArg`. The processes
 (``engine.worker.worker.Worker``, ``engine.triggerer.Triggerer``,
 ``engine.scheduler.scheduler.Scheduler``) and the store (``engine.store``) are importable from their
 modules.
@@ -14,6 +15,19 @@ from engine.config import Settings, load_settings
 from engine.dags.dag import DAG
 from engine.usercode.variables import Variable
 from engine.version import __version__
+from operators.taskflow import PokeReturnValue, task
+from operators.xcom import XComArg, get_current_context
 from triggers.connections import Connection
 
-__all__ = ["DAG", "Connection", "Settings", "Variable", "__version__", "load_settings"]
+__all__ = [
+    "DAG",
+    "Connection",
+    "PokeReturnValue",
+    "Settings",
+    "Variable",
+    "XComArg",
+    "__version__",
+    "get_current_context",
+    "load_settings",
+    "task",
+]

@@ -56,6 +56,8 @@ DEFAULT_LOG_MAX_LINES_PER_S = 1000
 DEFAULT_LOG_MAX_TOTAL_BYTES = 10 << 20
 DEFAULT_LOG_MAX_LINE_BYTES = 64 << 10
 DEFAULT_LOG_BUFFER_BYTES = 32 << 20
+#: The largest encoded XCom value (a return value or a push) a task may store.
+DEFAULT_XCOM_MAX_BYTES = 1 << 20
 
 
 #: Settings whose values are secrets: never shown, also not in an error about them.
@@ -275,6 +277,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: `schedule` whatever this says. See [schedules](../howto/schedules.md).
     create_cron_data_intervals: bool = True
 
+    #: The largest XCom value a task may store, in bytes once encoded: its return value and
+    #: each `xcom_push`. A larger one fails the task, naming the task, the key, the size and
+    #: this setting (nothing of it is written). For larger data, write it to object storage
+    #: and pass its path.
+    #: Default: `1048576` (1 MiB)
+    xcom_max_bytes: int = DEFAULT_XCOM_MAX_BYTES
+
     #: Patterns of the trigger classpaths, and of the import paths given to triggers
     #: (`PythonTrigger`'s `check`, `HttpTrigger`'s `response_check`), that workers accept at
     #: defer time and triggerers at start; full match, fnmatch syntax (`*` spans dots).
@@ -305,6 +314,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             "log_max_try_bytes": self.log_max_try_bytes,
             "log_max_trigger_bytes": self.log_max_trigger_bytes,
             "log_max_line_bytes": self.log_max_line_bytes,
+            "xcom_max_bytes": self.xcom_max_bytes,
         }
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(

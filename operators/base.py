@@ -15,7 +15,7 @@ import inspect
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypedDict
 
 from operators.copying import fresh_copy
@@ -31,6 +31,7 @@ from operators.defaults import (
     WEIGHT_RULES,
 )
 from operators.signals import FailTask, RescheduleRequested, SkipTask, TaskDeferred
+from operators.xcom import XComArg, find_refs
 from triggers.base import (
     BaseTrigger,
     TriggerSerializationError,
@@ -264,6 +265,19 @@ class BaseOperator:
             dag.add_task(self)
             self.dag = dag
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A reference to another task's XCom in a templated field makes that task upstream.
+        object.__setattr__(self, name, value)
+        if name in type(self).template_fields and "upstream_task_ids" in self.__dict__:
+            for ref in find_refs(value):
+                self.set_upstream(ref.operator)
+
+    @property
+    def output(self) -> XComArg:
+        """A reference to this task's return value (its ``return_value`` XCom), to pass to
+        another task; ``output["key"]`` refers to the XCom ``key``."""
+        return XComArg(self)
+
     # -- the work ------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
@@ -340,15 +354,19 @@ class BaseOperator:
 
     # -- the graph -----------------------------------------------------------------------
 
-    def set_downstream(self, other: BaseOperator | Iterable[BaseOperator]) -> None:
-        for task in [other] if isinstance(other, BaseOperator) else list(other):
+    def set_downstream(self, other: Any) -> None:
+        many = not isinstance(other, BaseOperator | XComArg)
+        for item in list(other) if many else [other]:
+            task = item.operator if isinstance(item, XComArg) else item
             if not isinstance(task, BaseOperator):
                 raise TypeError(f"cannot set {task!r} downstream of task {self.task_id}")
             self.downstream_task_ids.add(task.task_id)
             task.upstream_task_ids.add(self.task_id)
 
-    def set_upstream(self, other: BaseOperator | Iterable[BaseOperator]) -> None:
-        for task in [other] if isinstance(other, BaseOperator) else list(other):
+    def set_upstream(self, other: Any) -> None:
+        many = not isinstance(other, BaseOperator | XComArg)
+        for item in list(other) if many else [other]:
+            task = item.operator if isinstance(item, XComArg) else item
             if not isinstance(task, BaseOperator):
                 raise TypeError(f"cannot set {task!r} upstream of task {self.task_id}")
             task.set_downstream(self)

@@ -60,6 +60,7 @@ TASK_KEYS = {
     "duration_s",
     "previous_error",
     "waiting_reason",
+    "xcom",
 }
 TRIGGER_KEYS = {
     "id",

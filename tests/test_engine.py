@@ -794,7 +794,10 @@ async def test_unrecoverable_outcomes_fail_the_task_with_a_clear_error(store: St
         tis = await engine.run_dag(dag)
     assert tis["unstorable"]["state"] == "failed"
     assert tis["unstorable"]["try_number"] == 1  # no retry can fix the code
-    assert "cannot be stored as its result" in tis["unstorable"]["error"]
+    assert (
+        "XCom 'return_value' cannot be stored as its value: the value is a builtins.object"
+        in (tis["unstorable"]["error"])
+    )
 
 
 async def test_an_event_racing_the_deadline_moves_the_task_once(store: Store) -> None:

@@ -62,9 +62,10 @@ async def test_submit_and_wait_end_to_end(
     async with http_server(job_api.make_app()) as base:
         monkeypatch.setenv("DEFERRAL_CONN_JOBS_API", base)
         with DAG(dag_id="jobs") as dag:
-            submit_and_wait.SubmitJob(
+            train = submit_and_wait.SubmitJob(
                 task_id="train", command="train", duration_s=None, poll_interval=0.02
             )
+            submit_and_wait.report(train.output)
         async with run_engine(store, slots=1) as engine:
             await engine.start_run(dag)
 
@@ -90,6 +91,8 @@ async def test_submit_and_wait_end_to_end(
 
         assert train["state"] == "success"
         assert decode_value(train["result"]) == "train: ok"
+        # The TaskFlow task after it got the resumed method's return value.
+        assert decode_value(tis["report"]["result"]).endswith(": train: ok")
     else:
         assert train["state"] == "failed"
         assert "job job-1 failed" in train["error"]

@@ -168,6 +168,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     later = now + dt.timedelta(hours=1)
     assert await s.reschedule_task(by_name["d"].id, worker, later, try_number=1)
     assert await s.defer_task(by_name["c"].id, worker, _deferral(None))
+    assert await s.push_xcom(by_name["a"].id, worker, 1, [("k", encode_value(7))])
     done = TaskOutcome(ti_id=by_name["a"].id, worker_id=worker, try_number=1, kind="success")
     finished = await s.finish_tasks([done])
     assert [f.state for f in finished] == ["success"]
@@ -178,6 +179,12 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert (await s.work_left()).runnable == 1
     listed = await s.list_task_instances(dag_id="rows")
     assert len(listed) == 4
+    assert [x.task_id for x in await s.pull_xcom("rows", "r1", ["a"], "k")] == ["a"]
+    assert set((await s.xcom_of_tasks([by_name["a"].id]))[by_name["a"].id]) == {"k"}
+    assert set(await s.xcom_of_task("rows", "r1", "a") or {}) == {"k"}
+    counts = {"rewritten": 0, "current": 0, "changed": 0, "unreadable": 0}
+    await s.rotate_xcom_keys(counts)
+    assert counts["current"] == 1
     waits = await s.why_tasks([ti.id for ti in listed], worker_stale_s=60.0)
     assert {w.task_id: w.state for w in waits} == {ti.task_id: ti.state for ti in listed}
     found = await s.why_task("rows", "r1", "c", worker_stale_s=60.0)

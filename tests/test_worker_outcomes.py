@@ -138,7 +138,8 @@ def _recorded(ti: TaskInstance) -> dict[str, Any]:
         "state": ti.state,
         "try_number": ti.try_number,
         "result": ti.result,
-        "error": ti.error,
+        # (an error may name its task: each variant is a task of its own)
+        "error": None if ti.error is None else ti.error.replace(f".{ti.task_id}:", ".TASK:"),
         "next_method": ti.next_method,
         "trigger_id": ti.trigger_id,
         "retry_at": ti.retry_at,
@@ -239,4 +240,7 @@ async def test_an_invalid_deferral_is_refused_alike(
 async def test_an_unstorable_result_is_refused_alike(store: Store, tmp_path: Path) -> None:
     row = _same(await _run(store, tmp_path, "unstorable", "failed"))
     assert row["try_number"] == 1
-    assert row["error"].startswith("the task returned object, which cannot be stored")
+    assert row["error"].startswith(
+        "task outcome_unstorable.TASK: XCom 'return_value' cannot be stored as its value: the "
+        "value is a builtins.object"
+    )

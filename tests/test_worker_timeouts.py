@@ -363,7 +363,7 @@ async def test_an_isolated_task_returns_raises_defers_and_resumes_like_a_thread(
     assert _result(tis["environment"]) == []
     assert tis["unstorable"].state == "failed"
     assert tis["unstorable"].try_number == 1
-    assert "cannot be stored as its result" in tis["unstorable"].error
+    assert "XCom 'return_value' cannot be stored as its value" in tis["unstorable"].error
 
 
 def test_isolation_must_be_a_known_mode() -> None:

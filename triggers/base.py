@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Literal, cast
 
 import msgspec
 
+from triggers.values import decode_ext
+
 __all__ = [
     "BaseTrigger",
     "ImportPathError",
@@ -64,7 +66,8 @@ def _stdlib_time(value: Any) -> Any:
 
 
 _encoder = msgspec.msgpack.Encoder(order="sorted", enc_hook=_stdlib_time)
-_decoder = msgspec.msgpack.Decoder()
+# (Values stored by triggers.values.encode_data carry extensions for dates, UUIDs, decimals.)
+_decoder = msgspec.msgpack.Decoder(ext_hook=decode_ext)
 
 
 class TriggerSerializationError(ValueError):

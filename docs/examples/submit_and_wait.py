@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from engine import DAG
+from engine import DAG, task
 from operators.base import BaseOperator, Context
 from triggers.base import BaseTrigger, TaskFailedEvent, TriggerEvent
 from triggers.connections import resolve_url
@@ -92,6 +92,12 @@ class SubmitJob(BaseOperator):
         return str(event["output"])  # the task's result
 
 
-# -- the DAG -----------------------------------------------------------------------------------
+# -- the DAG: the job's output handed to a TaskFlow task ---------------------------------------
+@task
+def report(output: str, ds: str) -> str:
+    return f"{ds}: {output}"
+
+
 with DAG(dag_id="submit_and_wait") as dag:
-    SubmitJob(task_id="train", command="train --epochs 3")
+    train = SubmitJob(task_id="train", command="train --epochs 3")
+    report(train.output)  # runs after train, with its result

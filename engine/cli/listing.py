@@ -232,9 +232,14 @@ class ListedTask(msgspec.Struct, frozen=True, kw_only=True):
     #: Why a waiting task is not running (engine/client/why.py); None for one that runs or has ended
     #: (and where it was not asked for).
     waiting_reason: str | None = None
+    #: The XComs of the current try by key: ``{"bytes": n, "preview": "..."}`` (its return
+    #: value under ``return_value``); None where it was not asked for.
+    xcom: dict[str, Any] | None = None
 
 
-def listed_task(row: TaskInstance, *, waiting_reason: str | None = None) -> ListedTask:
+def listed_task(
+    row: TaskInstance, *, waiting_reason: str | None = None, xcom: dict[str, Any] | None = None
+) -> ListedTask:
     return ListedTask(
         dag_id=row.dag_id,
         run_id=row.run_id,
@@ -254,6 +259,7 @@ def listed_task(row: TaskInstance, *, waiting_reason: str | None = None) -> List
         ),
         rendered=mask_secrets(row.rendered_fields),
         waiting_reason=waiting_reason,
+        xcom=xcom,
     )
 
 

@@ -192,6 +192,7 @@ def _add_commands() -> None:
         tasks,
         tasks_logs,
         tasks_test,
+        tasks_xcom,
         triggers,
         variables,
         webserver,
@@ -199,6 +200,7 @@ def _add_commands() -> None:
 
     del dags_list, tasks_logs  # (imported for their commands, added to dags and tasks)
     tasks.tasks.add_command(tasks_test.tasks_test)
+    tasks.tasks.add_command(tasks_xcom.tasks_xcom)
 
     for command in (
         processes.scheduler,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -57,12 +57,14 @@ def tasks_list(
     deferrals and retries), ended_at, retry_at (null unless up_for_retry or
     up_for_reschedule), try_started_at, duration_s, previous_error (the try before's error),
     waiting_reason (why a waiting task is not running, as `tasks why` says it; null for a task
-    that runs or has ended).
+    that runs or has ended), xcom (the current try's XComs by key, each
+    {"bytes": n, "preview": "..."}; `tasks xcom` prints them in full).
     """
     settings = _settings(ctx)
 
-    async def main() -> tuple[list[TaskInstance], dict[int, str]]:
+    async def main() -> tuple[list[TaskInstance], dict[int, str], dict[int, Any]]:
         from engine.client.why import WAITING_STATES, waiting_reasons
+        from engine.client.xcoms import summaries
         from engine.store import open_store
 
         store = await open_store(settings)
@@ -74,18 +76,21 @@ def tasks_list(
                 dag_id=dag_id, run_id=run, state=state, limit=limit
             )
             # One statement for all the waiting ones, and only with --json (the table has no
-            # column for it).
+            # column for it); one more for the XComs of them all.
             waiting = [row.id for row in rows if row.state in WAITING_STATES]
             reasons = await waiting_reasons(store, waiting, settings) if as_json else {}
-            return rows, reasons
+            xcoms: dict[int, Any] = await summaries(store, rows) if as_json else {}
+            return rows, reasons, xcoms
         finally:
             await store.close()
 
     try:
-        rows, reasons = _run(main)
+        rows, reasons, xcoms = _run(main)
     except LookupError as exc:  # (a RUN that names no run, or several)
         _usage_exit(str(exc))
-    listed = [listed_task(row, waiting_reason=reasons.get(row.id)) for row in rows]
+    listed = [
+        listed_task(row, waiting_reason=reasons.get(row.id), xcom=xcoms.get(row.id)) for row in rows
+    ]
     if as_json:
         _json(listed)
         return

@@ -2316,3 +2316,80 @@ FROM deferral_dag_runs
 WHERE dag_id = $1 AND state = 'success' AND logical_date < $2
 ORDER BY logical_date DESC
 LIMIT 1;
+
+-- XComs (engine/store/xcom.py). A task's return value is its result column; the values it
+-- pushed under other keys are rows of deferral_xcom, each of the try that pushed it: a row of
+-- an earlier try is never read (x.try_number = ti.try_number). Values are encrypted.
+
+-- name: xcom_push
+-- Store the values try $3 of task instance $1 pushed ($4 keys, $5 values), if worker $2 still
+-- holds that try (else nothing is written: a late write of a reaped try cannot overwrite a
+-- later try's values). A key pushed again replaces its value; a row of an earlier try is
+-- replaced too. Returns one row per value written.
+INSERT INTO deferral_xcom (ti_id, key, try_number, value)
+SELECT ti.id, x.key, ti.try_number, x.value
+FROM deferral_task_instances ti, unnest($4::text[], $5::bytea[]) AS x(key, value)
+WHERE ti.id = $1 AND ti.worker_id = $2 AND ti.try_number = $3 AND ti.state = 'running'
+ON CONFLICT (ti_id, key) DO UPDATE
+SET try_number = EXCLUDED.try_number, value = EXCLUDED.value, pushed_at = now()
+RETURNING key;
+
+-- name: xcom_pull
+-- The values under key $4 of the tasks $3 (null: every task) of run $2 of DAG $1, from the
+-- current try of each task instance (the return value, key 'return_value', is its result, or
+-- what it pushed under that key). Only tasks that have one; the latest first.
+SELECT ti.task_id, v.value
+FROM deferral_dag_runs r
+JOIN deferral_task_instances ti ON ti.dag_run_id = r.id
+LEFT JOIN deferral_xcom x ON x.ti_id = ti.id AND x.key = $4 AND x.try_number = ti.try_number
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN $4 = 'return_value' THEN COALESCE(ti.result, x.value) ELSE x.value END
+        AS value
+) v
+WHERE r.dag_id = $1 AND r.run_id = $2
+  AND ($3::text[] IS NULL OR ti.task_id = ANY ($3::text[]))
+  AND v.value IS NOT NULL
+ORDER BY COALESCE(x.pushed_at, ti.ended_at) DESC NULLS LAST, ti.task_id;
+
+-- name: xcom_of_tasks
+-- The values task instances $1 pushed under keys of their own in their current tries (their
+-- return values are their results), by task instance and key.
+SELECT x.ti_id, x.key, x.value
+FROM deferral_xcom x
+JOIN deferral_task_instances ti ON ti.id = x.ti_id AND ti.try_number = x.try_number
+WHERE x.ti_id = ANY ($1::bigint[])
+ORDER BY x.ti_id, x.key;
+
+-- name: xcom_of_task
+-- Every XCom of one task instance (DAG $1, run $2, task $3) in its current try: its result
+-- under 'return_value' (over a value pushed under that key, as xcom_pull reads it) and the
+-- values it pushed, by key. No row: no such task instance; a row with a null key: it has none.
+SELECT ti.id AS ti_id, k.key, k.value
+FROM deferral_task_instances ti
+LEFT JOIN LATERAL (
+    SELECT x.key, x.value FROM deferral_xcom x
+    WHERE x.ti_id = ti.id AND x.try_number = ti.try_number
+      AND NOT (x.key = 'return_value' AND ti.result IS NOT NULL)
+    UNION ALL
+    SELECT 'return_value', ti.result WHERE ti.result IS NOT NULL
+) k ON true
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+ORDER BY k.key;
+
+-- name: rotation_xcom
+-- XCom values after (task instance, key) ($1, $2), in that order, $3 at a time, for key
+-- rotation.
+SELECT ti_id, key, value FROM deferral_xcom
+WHERE (ti_id, key) > ($1, $2)
+ORDER BY ti_id, key
+LIMIT $3;
+
+-- name: rotate_xcom_values
+-- Store re-encrypted XCom values ($1 task instances, $2 keys, $3 old values, $4 new ones),
+-- each only if it still holds the value that was read. Returns the rows rewritten.
+UPDATE deferral_xcom x
+SET value = o.new_value
+FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bytea[])
+    AS o(ti_id, key, old_value, new_value)
+WHERE x.ti_id = o.ti_id AND x.key = o.key AND x.value = o.old_value
+RETURNING x.ti_id;

@@ -8,6 +8,7 @@ from typing import Any
 from engine.runtime.crashpoints import crash_point
 from engine.security.keys import UnreadableValue
 from engine.store.core import StoreCore
+from engine.store.xcom import rotate_xcom
 
 __all__ = ["RotationQueries"]
 
@@ -66,6 +67,7 @@ class RotationQueries(StoreCore):
                 counts["rewritten"] += rewritten
                 counts["changed"] += wanted - rewritten
                 crash_point("keys.rotate.after_batch")
+        await rotate_xcom(self, counts, batch_size=batch_size)
         return counts
 
     def _rotated(self, value: bytes, counts: dict[str, int]) -> bytes | None:

@@ -469,6 +469,18 @@ CREATE TABLE deferral_stopping_tries (
 );
 CREATE INDEX deferral_stopping_tries_worker ON deferral_stopping_tries (worker_id);
 
+-- XComs pushed under keys of their own (context["ti"].xcom_push; added by 0021); a task's
+-- return value (key 'return_value') is its result column. A row belongs to the try that
+-- pushed it: readers compare try_number with the task instance's. value is encrypted at rest.
+CREATE TABLE deferral_xcom (
+    ti_id      bigint NOT NULL REFERENCES deferral_task_instances (id) ON DELETE CASCADE,
+    key        text NOT NULL CHECK (key <> ''),
+    try_number integer NOT NULL,
+    value      bytea NOT NULL,
+    pushed_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (ti_id, key)
+);
+
 -- Admit and claim up to p_limit runnable task instances of the queues p_queues for worker
 -- p_worker, highest priority first (ties: oldest run_after, then id), within every limit:
 -- the pool's slots (running tasks, tries told to stop that have not stopped yet, and deferred

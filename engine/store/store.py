@@ -26,6 +26,7 @@ from engine.store.tasks import TaskQueries
 from engine.store.triggers import TriggerQueries
 from engine.store.variables import VariableQueries
 from engine.store.why import WhyQueries
+from engine.store.xcom import XComStore
 
 __all__ = ["Store"]
 
@@ -46,6 +47,7 @@ class Store(
     Endpoints,
     RunSelection,
     FleetStats,
+    XComStore,
 ):
     """A pool of connections and one method per named query (or per transaction of them),
     each defined by the reader class of its part of the engine."""

@@ -2,7 +2,7 @@
 build has nothing to say; the page then leaves the field out (or says so).
 
 ``why_not_running`` and ``pools`` are filled in by admission (pools, ``tasks why``);
-``try_xcoms`` waits for XComs.
+``try_xcoms`` reads the XComs a try pushed.
 """
 
 from __future__ import annotations
@@ -54,10 +54,25 @@ async def task_log_lines(
 
 
 async def try_xcoms(store: Store, ti: TaskTry, try_number: int) -> list[tuple[str, str]] | None:
-    """The XComs try ``try_number`` of the task pushed, (key, value shown) each; None in this
-    build, which keeps a task's result only (shown as such): the page leaves the section
-    out."""
-    return None
+    """The XComs try ``try_number`` of the task pushed, (key, value shown as indented JSON,
+    secrets masked) each, by key; its return value is the result, shown as such. None for an
+    earlier try: a new try starts without the XComs of the one before, which are not kept (the
+    page leaves the section out)."""
+    from engine.client.xcoms import shown
+    from engine.security.keys import UnreadableValue
+    from engine.web.render import pretty
+
+    if try_number != ti.try_number:
+        return None
+    try:
+        found = await store.xcom_of_task(ti.dag_id, ti.run_id, ti.task_id)
+    except UnreadableValue as exc:
+        return [("(unreadable)", str(exc))]
+    return [
+        (key, pretty(shown(key, raw)))
+        for key, raw in sorted((found or {}).items())
+        if key != "return_value"
+    ]
 
 
 async def trigger_log_lines(store: Store, trigger_id: int) -> list[str] | None:

@@ -30,7 +30,7 @@ from engine.runtime.crashpoints import crash_point
 from engine.runtime.retry import with_db_retry
 from engine.store import ClaimedTask, Store
 from engine.usercode import guard as usercode
-from engine.worker import isolation, templating
+from engine.worker import isolation, templating, xcom
 from engine.worker.outcomes import (
     Raised,
     TryOutcome,
@@ -43,6 +43,7 @@ from engine.worker.outcomes import (
 )
 from engine.worker.trylogs import TryLogs
 from operators.base import BaseOperator, Context
+from operators.xcom import current_context
 from triggers.base import decode_value, encode_value
 
 __all__ = ["Attempts"]
@@ -80,6 +81,7 @@ class Attempts:
         kill_grace_s: float,
         stopping: Mapping[tuple[int, int], str],
         freed: Callable[[bool], None],
+        xcom_max_bytes: int,
     ) -> None:
         self._store = store
         self._dagbag = dagbag
@@ -88,6 +90,8 @@ class Attempts:
         self._kill_grace_s = kill_grace_s
         self._stopping = stopping
         self._freed = freed
+        #: Setting xcom_max_bytes: the largest return value or pushed XCom, encoded.
+        self._xcom_max_bytes = xcom_max_bytes
         self._limiter = anyio.CapacityLimiter(slots)
         self._dag_lock = anyio.Lock()
         #: Threads of tries failed at their execution_timeout (or told to stop) that still run
@@ -99,7 +103,9 @@ class Attempts:
         """Run one try of ``ti``; how it ended."""
         usercode.enter_user_code()  # tasks an async execute starts cannot end the process
         try:
-            return await self._run(ti, worker_id)
+            outcome = await self._run(ti, worker_id)
+            # (its size checked, what it pushed written before the outcome)
+            return await xcom.finish_try(self._store, ti, worker_id, outcome, self._xcom_max_bytes)
         except BaseException as exc:
             if worker_cancelled(exc):
                 raise  # the worker is cancelling this try (a stop)
@@ -118,10 +124,13 @@ class Attempts:
         if getattr(op, "isolation", "none") == "process":
             return await self._in_child(op, ti, context, kwargs, remaining)
         call = functools.partial(fn, context, **kwargs)
-        if not inspect.iscoroutinefunction(fn):
-            return await self._in_thread(ti, functools.partial(outcome_of_call, call), remaining)
-        with anyio.move_on_after(remaining):
-            return await outcome_of_coroutine(call)
+        task = f"{ti.dag_id}.{ti.task_id}"
+        with current_context(context):  # get_current_context(); threads get a copy
+            if not inspect.iscoroutinefunction(fn):
+                in_thread = functools.partial(outcome_of_call, call, task=task)
+                return await self._in_thread(ti, in_thread, remaining)
+            with anyio.move_on_after(remaining):
+                return await outcome_of_coroutine(call, task=task)
         return timed_out(ti)
 
     async def _operator(self, ti: ClaimedTask) -> BaseOperator:
@@ -136,9 +145,17 @@ class Attempts:
         ``execute`` and again before a resumed method, from the same values; what they
         rendered to is stored at the start of the try): the worker's one visit to
         ``templating``."""
+        loop = asyncio.get_running_loop()
+        rti = xcom.bind(ti, self._store, max_bytes=self._xcom_max_bytes, loop=loop)
         rendered = await templating.render_task(
-            ti, op, store=self._store, default_deferrable=self._default_deferrable
+            ti,
+            op,
+            store=self._store,
+            default_deferrable=self._default_deferrable,
+            task_instance=rti,
         )
+        # XComArgs in templated fields: their values (after rendering: values are not templates)
+        await xcom.resolve_refs(op, rti, rendered.fields)
         if rendered.fields is not None and not ti.next_method:
             await self._store_rendered(ti, worker_id, templating.jsonable(rendered.fields))
         return rendered.context  # type: ignore[return-value]
@@ -254,7 +271,7 @@ class Attempts:
             dag_id=ti.dag_id,
             task_id=ti.task_id,
             method=ti.next_method,
-            context=encode_value(templating.child_context(context)),
+            context=encode_value(templating.child_context(xcom.plain_context(context))),
             kwargs=encode_value(kwargs),
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             log_format="json",  # read back line by line and stored with the try's lines

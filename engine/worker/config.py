@@ -8,7 +8,12 @@ from collections.abc import Callable
 
 import msgspec
 
-from engine.config import DEFAULT_POLL_INTERVAL_S, DEFAULT_WORKER_SLOTS, Settings
+from engine.config import (
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_WORKER_SLOTS,
+    DEFAULT_XCOM_MAX_BYTES,
+    Settings,
+)
 from engine.security.allow import TriggerAllowList
 from engine.usercode.loglimits import LogLimits
 from engine.worker.isolation import DEFAULT_KILL_GRACE_S
@@ -43,6 +48,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     isolation_kill_grace_s: float = DEFAULT_KILL_GRACE_S
     #: The bounds of the stored log lines (settings ``log_*``); None: their defaults.
     log_limits: LogLimits | None = None
+    #: The largest return value or pushed XCom, encoded (setting ``xcom_max_bytes``).
+    xcom_max_bytes: int = DEFAULT_XCOM_MAX_BYTES
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -65,4 +72,5 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
             allow=TriggerAllowList.from_settings(settings),
             default_deferrable=settings.default_deferrable,
             log_limits=LogLimits.from_settings(settings),
+            xcom_max_bytes=settings.xcom_max_bytes,
         )

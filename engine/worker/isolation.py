@@ -284,7 +284,8 @@ def _call(request: Request) -> Any:
 def run_request(request: Request) -> TryOutcome:
     """Run the task in this process; how the try ended (finding the operator and rendering
     its fields included: what fails there fails the try as in the worker)."""
-    return outcome_of_call(functools.partial(_call, request))
+    task = f"{request.dag_id}.{request.task_id}"
+    return outcome_of_call(functools.partial(_call, request), task=task)
 
 
 def _end_with_parent(parent_pid: int) -> None:

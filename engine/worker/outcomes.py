@@ -27,7 +27,9 @@ import msgspec
 
 from engine.usercode.tracebacks import format_user_exception
 from operators.base import MAX_WAIT_S, FailTask, RescheduleRequested, SkipTask, TaskDeferred
-from triggers.base import MAX_PAYLOAD_BYTES, SerializedTrigger, encode_value
+from operators.xcom import RETURN_KEY, XComError
+from triggers.base import SerializedTrigger, encode_value
+from triggers.values import encode_data
 
 if TYPE_CHECKING:
     from engine.store import ClaimedTask
@@ -48,6 +50,8 @@ __all__ = [
     "outcome_of_error",
     "timed_out",
     "worker_cancelled",
+    "xcom_size_error",
+    "xcom_type_error",
 ]
 
 
@@ -60,7 +64,8 @@ class InvalidDeferral(ValueError):
 
 
 class Returned(msgspec.Struct, frozen=True, tag="returned"):
-    """The method returned: ``encode_value`` of its value (None for None)."""
+    """The method returned: ``triggers.values.encode_data`` of its value (None for None), its
+    ``return_value`` XCom (the worker checks its size against ``xcom_max_bytes``)."""
 
     result: bytes | None
 
@@ -104,17 +109,18 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
 TryOutcome = Returned | Raised | Deferred | Rescheduled | Skipped | Failed
 
 
-def outcome_of_call(call: Callable[[], Any]) -> TryOutcome:
+def outcome_of_call(call: Callable[[], Any], *, task: str = "") -> TryOutcome:
     """Run ``call`` (a task's method, its arguments bound) and say how the try ended. Whatever
-    the call raises is the try's, ``SystemExit`` and ``KeyboardInterrupt`` included."""
+    the call raises is the try's, ``SystemExit`` and ``KeyboardInterrupt`` included.
+    ``task``: ``dag_id.task_id``, for the error of a return value that cannot be stored."""
     try:
         value = call()
     except BaseException as exc:
         return outcome_of_error(exc)
-    return _returned(value)
+    return _returned(value, task)
 
 
-async def outcome_of_coroutine(call: Callable[[], Awaitable[Any]]) -> TryOutcome:
+async def outcome_of_coroutine(call: Callable[[], Awaitable[Any]], *, task: str = "") -> TryOutcome:
     """:func:`outcome_of_call` for an ``async def``, awaited on the running loop. The worker's
     own cancellation of the try (a stop, its timeout) passes through; a ``CancelledError`` of
     the task's own is its failure."""
@@ -124,7 +130,7 @@ async def outcome_of_coroutine(call: Callable[[], Awaitable[Any]]) -> TryOutcome
         if worker_cancelled(exc):
             raise
         return outcome_of_error(exc)
-    return _returned(value)
+    return _returned(value, task)
 
 
 def worker_cancelled(exc: BaseException) -> bool:
@@ -150,6 +156,8 @@ def outcome_of_error(exc: BaseException) -> TryOutcome:
         return Skipped(str(exc))
     if isinstance(exc, FailTask):
         return Failed(str(exc))
+    if isinstance(exc, XComError):  # a value the store cannot keep: it would fail again
+        return Raised(format_user_exception(exc), no_retry=True)
     return Raised(format_user_exception(exc))
 
 
@@ -168,24 +176,33 @@ def describe(ti: ClaimedTask) -> str:
     return f"{ti.dag_id}.{ti.task_id} (run {ti.run_id}, try {ti.try_number}, task instance {ti.id})"
 
 
-def _returned(value: Any) -> Returned | Raised:
+def xcom_type_error(task: str, key: str, exc: Exception) -> str:
+    """Why a value cannot be stored as XCom ``key`` of ``task``: its type (and where it sits)."""
+    return (
+        f"task {task}: XCom {key!r} cannot be stored as its value: {exc}; return or push "
+        "JSON-like data (None, bool, int, float, str, list, dict with str keys) or "
+        "datetime, date, time, timedelta, UUID, Decimal, bytes"
+    )
+
+
+def xcom_size_error(task: str, key: str, what: str, size: int, max_bytes: int) -> str:
+    """Why a value of ``size`` bytes encoded cannot be stored as XCom ``key`` of ``task``."""
+    return (
+        f"task {task}: XCom {key!r}: {what} encodes to {size} bytes, over the limit of "
+        f"{max_bytes} bytes (setting xcom_max_bytes); write large data to object storage and "
+        "pass its path instead"
+    )
+
+
+def _returned(value: Any, task: str) -> Returned | Raised:
+    """The return value as its ``return_value`` XCom, or why it cannot be stored (no
+    retry: the same value would be refused again)."""
     if value is None:
         return Returned(None)
     try:
-        payload = encode_value(value)
+        return Returned(encode_data(value))
     except (TypeError, ValueError, OverflowError) as exc:
-        return Raised(
-            f"the task returned {type(value).__name__}, which cannot be stored as its result "
-            f"({exc}); return plain data",
-            no_retry=True,
-        )
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        return Raised(
-            f"the task's result encodes to {len(payload)} bytes, over the limit of "
-            f"{MAX_PAYLOAD_BYTES}",
-            no_retry=True,
-        )
-    return Returned(payload)
+        return Raised(xcom_type_error(task or "?", RETURN_KEY, exc), no_retry=True)
 
 
 def _refused(what: str, exc: Exception) -> Raised:

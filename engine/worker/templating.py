@@ -91,7 +91,7 @@ __all__ = [
 ]
 
 #: Template variables that read the store when a template uses them (rendered off the loop).
-_READS_STORE = frozenset({"var", "conn"})
+_READS_STORE = frozenset({"var", "conn", "ti", "task_instance"})
 
 
 class RenderedTask(NamedTuple):
@@ -106,7 +106,12 @@ class RenderedTask(NamedTuple):
 
 
 async def render_task(
-    ti: ClaimedTask, op: BaseOperator, *, store: Store, default_deferrable: bool
+    ti: ClaimedTask,
+    op: BaseOperator,
+    *,
+    store: Store,
+    default_deferrable: bool,
+    task_instance: Any = None,
 ) -> RenderedTask:
     """Build the context of one call of ``op`` (``ti``'s try) and render its templated fields
     in place: the one entry point the worker calls, before ``execute`` and again before a
@@ -114,9 +119,14 @@ async def render_task(
 
     Template files are read, and templates that read Variables or Connections (or call the
     DAG's own macros) rendered, in a worker thread: off the event loop. Variables and stored
-    Connections are read through ``store`` for the rest of the call (task code too)."""
+    Connections are read through ``store`` for the rest of the call (task code too).
+    ``task_instance``: the ``ti`` (and ``task_instance``) of the context when given (the
+    worker's, with XCom: engine/worker/xcom.py); templates that read it are rendered in a
+    worker thread too (``ti.xcom_pull`` waits for the loop)."""
     bind_store_here(store)
     context = build_context(ti, op, op.dag, default_deferrable=default_deferrable)
+    if task_instance is not None:
+        context["ti"] = context["task_instance"] = task_instance
     if reads_files(op):
         prepared = await anyio.to_thread.run_sync(prepare, op)
     else:

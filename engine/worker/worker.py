@@ -99,6 +99,7 @@ class Worker:
             kill_grace_s=config.isolation_kill_grace_s,
             stopping=self._leaving,
             freed=self._slot_freed,
+            xcom_max_bytes=config.xcom_max_bytes,
         )
         #: Writes how each try ended (``allow``: the trigger allow-list, setting trigger_allow).
         self.recorder = Recorder(
