@@ -109,7 +109,7 @@ class TryLogs:
         when = "" if fired is None else f" at {fired.isoformat(timespec='milliseconds')}"
         waited = ""
         if fired is not None:
-            waited = f" ({max(0.0, (ti.db_now - fired).total_seconds()):.3f}s ago)"
+            waited = f" (claimed {max(0.0, (ti.db_now - fired).total_seconds()):.3f}s later)"
         _note(
             f"trigger fired{when}{waited} with event {_shown(event)}; resuming at "
             f"{ti.next_method} on worker {worker_id} ({_HOST}, pid {os.getpid()})"
