@@ -153,7 +153,7 @@ class Recorder:
             self._metrics.task_outcomes.labels("deferred").inc()
             TryLogs.deferred(
                 deferral.classpath,
-                decode_value(trigger.kwargs),
+                trigger.kwargs,
                 deferral.method_name,
                 deferral.timeout_s,
                 deferral.dedup_key is not None,

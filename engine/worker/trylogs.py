@@ -24,6 +24,7 @@ import msgspec
 from engine.masking import redact
 from engine.store import ClaimedTask, Store
 from engine.usercode.logsink import NOT_STORED, LogLimits, LogSink, capture_line, capture_record
+from triggers.base import decode_value
 
 __all__ = ["UNSTORED", "TryLogs"]
 
@@ -90,15 +91,20 @@ class TryLogs:
 
     @staticmethod
     def deferred(
-        classpath: str, kwargs: Any, method: str, timeout_s: float | None, dedup: bool
+        classpath: str, kwargs: bytes, method: str, timeout_s: float | None, dedup: bool
     ) -> None:
-        """The bound try deferred: its line says to which trigger (kwargs masked), where it
-        resumes and its timeout, as the try's log shows it."""
+        """The bound try deferred (its deferral is written): its line says to which trigger
+        (``kwargs`` as encoded, shown masked), where it resumes and its timeout. Never
+        raises: the deferral stands whatever its line can show."""
         timeout = f"timeout {timeout_s:g}s" if timeout_s is not None else "no timeout"
         shared = ", shared by its dedup key" if dedup else ""
+        try:
+            shown = _shown(decode_value(kwargs))
+        except Exception as exc:  # kwargs this process cannot read (a newer trigger's)
+            shown = f"(not shown: {type(exc).__name__})"
         _note(
             f"deferred to trigger {classpath}{shared} ({timeout}); resumes at {method}; "
-            f"trigger kwargs: {_shown(kwargs)}"
+            f"trigger kwargs: {shown}"
         )
 
     @staticmethod
