@@ -27,6 +27,9 @@ __all__ = [
 
 #: Lines of a task's or trigger's log shown on a page, from the first (the CLI shows them all).
 LOG_PAGE_LINES = 500
+#: Triggers a try waited on whose lines the task page shows (the latest ones; the CLI shows
+#: every one: ``deferral triggers logs ID``).
+TRIGGER_LOGS_SHOWN = 5
 
 
 async def why_not_running(store: Store, ti: TaskTry) -> str | None:
@@ -86,11 +89,12 @@ async def try_trigger_logs(
     store: Store, ti: TaskTry, try_number: int, *, besides: int | None = None
 ) -> list[tuple[int, list[str]]]:
     """The lines of the triggers try ``try_number`` of the task waited on and that logged,
-    (trigger id, its lines) each, also after they fired; not trigger ``besides`` (the one the
-    page shows as the current wait)."""
+    (trigger id, its lines) each, also after they fired, the latest :data:`TRIGGER_LOGS_SHOWN`
+    of them; not trigger ``besides`` (the one the page shows as the current wait)."""
     logs = await store.task_logs(ti.dag_id, ti.run_id, ti.task_id, try_number, limit=0)
     shown = []
-    for trigger_id in logs.trigger_ids:
+    # (The latest few: a try that deferred again and again would cost a read each.)
+    for trigger_id in logs.trigger_ids[-TRIGGER_LOGS_SHOWN:]:
         if trigger_id != besides:
             lines = await trigger_log_lines(store, trigger_id)
             shown.append((trigger_id, lines or []))
