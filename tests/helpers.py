@@ -97,6 +97,28 @@ def never_deferral(tag: str) -> Deferral:
     )
 
 
+def defer_args(
+    store: Store, worker: int, deferrals: list[tuple[int, Deferral]]
+) -> tuple[object, ...]:
+    """The arguments Store.defer_tasks gives the defer_tasks statement (kwargs encrypted, the
+    keyed dedup hash): for a test that runs it on a connection of its own (in a transaction it
+    holds open)."""
+    keys = store.keyring
+    ds = [d for _, d in deferrals]
+    return (
+        [ti_id for ti_id, _ in deferrals],
+        worker,
+        [d.classpath for d in ds],
+        [keys.encrypt(d.kwargs) for d in ds],
+        [keys.dedup_key(d.classpath, d.kwargs, d.dedup_key) for d in ds],
+        [d.timeout_s for d in ds],
+        [d.method_name for d in ds],
+        [keys.encrypt(d.method_kwargs) for d in ds],
+        [d.try_number for d in ds],
+        [d.line for d in ds],
+    )
+
+
 async def claimed_tasks(
     store: Store, n: int, prefix: str = "claimed"
 ) -> tuple[str, int, list[ClaimedTask]]:

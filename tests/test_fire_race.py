@@ -23,7 +23,7 @@ from engine.store import (
     TriggerOutcome,
 )
 from engine.store.queries import load_queries
-from tests.helpers import claimed_tasks, never_deferral, wait_until, waiting_on_locks
+from tests.helpers import claimed_tasks, defer_args, never_deferral, wait_until, waiting_on_locks
 from triggers.base import decode_value, encode_value
 
 pytestmark = pytest.mark.anyio
@@ -32,12 +32,8 @@ pytestmark = pytest.mark.anyio
 def _join_args(
     store: Store, ti: ClaimedTask, worker: int, deferral: Deferral
 ) -> tuple[object, ...]:
-    """The arguments Store.defer_task gives the defer_task statement (kwargs encrypted, the
-    keyed dedup hash)."""
-    d, keys = deferral, store.keyring
-    return (ti.id, worker, d.classpath, keys.encrypt(d.kwargs),
-            keys.dedup_key(d.classpath, d.kwargs, d.dedup_key), d.timeout_s, d.method_name,
-            keys.encrypt(d.method_kwargs), d.try_number, d.line)  # fmt: skip
+    """The arguments Store.defer_task gives the defer_tasks statement for one deferral."""
+    return defer_args(store, worker, [(ti.id, deferral)])
 
 
 async def _check_nothing_stranded(store: Store, dag_id: str) -> dict[str, TaskInstance]:
@@ -72,7 +68,7 @@ async def test_a_task_that_joins_a_trigger_while_it_fires_is_resumed(
         tx = join.transaction()
         await tx.start()
         row = await join.fetchrow(
-            load_queries()["defer_task"], *_join_args(store, joiner, worker, deferral)
+            load_queries()["defer_tasks"], *_join_args(store, joiner, worker, deferral)
         )
         assert row is not None
         assert row["trigger_id"] == claimed.id
@@ -193,7 +189,7 @@ async def test_every_task_waiting_when_the_fire_takes_the_trigger_gets_its_outco
         tx = holder.transaction()
         await tx.start()
         await holder.fetchrow(
-            load_queries()["defer_task"], *_join_args(store, join_now[0], worker, deferral)
+            load_queries()["defer_tasks"], *_join_args(store, join_now[0], worker, deferral)
         )
 
         async def fire() -> None:

@@ -157,16 +157,18 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
         "start_queued_runs": ([f"s{g}" for g in range(1, DUE + 1)],),
         "delete_old_trigger_logs": (86400.0, 1000, 0),
         "delete_old_task_logs": (86400.0, 1000, 0),
-        "defer_task": (
-            _FIRST_RUNNING,
+        # (a batch of deferrals, every other one sharing its trigger with the one before)
+        "defer_tasks": (
+            running,
             1,
-            "tests.triggers_for_tests.NeverTrigger",
-            b"\x80",
-            hashlib.sha256(b"new").hexdigest(),
-            3600.0,
-            "resume",
-            b"\x80",
-            1,
+            ["tests.triggers_for_tests.NeverTrigger"] * len(running),
+            [b"\x80"] * len(running),
+            [hashlib.sha256(f"new{i // 2}".encode()).hexdigest() for i in range(len(running))],
+            [3600.0] * len(running),
+            ["resume"] * len(running),
+            [b"\x80"] * len(running),
+            [1] * len(running),
+            ["deferred"] * len(running),
         ),
     }
 
@@ -181,7 +183,7 @@ INTENDED: dict[str, list[set[str]]] = {
     # By id, or by one read of the running tasks (the comment in finish_tasks): both are fine.
     # (deferral_ti_busy, of the running and queued tasks, is such a read too.)
     "finish_tasks": [{"deferral_task_instances_pkey", "deferral_ti_running", "deferral_ti_busy"}],
-    "defer_task": [{"deferral_task_instances_pkey"}],
+    "defer_tasks": [{"deferral_task_instances_pkey"}],
     "timeout_deferrals": [{"deferral_ti_trigger", "deferral_ti_deferral_deadline"}],
     "timeout_deferrals_backstop": [{"deferral_ti_deferral_deadline"}],
     # The logs: read by trigger or try (the CLI, the status page), deleted oldest first.

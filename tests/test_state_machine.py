@@ -93,8 +93,8 @@ def test_each_outcome_kind_is_handled_by_name_in_the_sql() -> None:
     assert _case_literals(q["fire_triggers"], "kind") == TRIGGER_OUTCOME_KINDS
     assert "deferral_task_outcome[]" in q["finish_tasks"]
     assert "deferral_trigger_outcome[]" in q["fire_triggers"]
-    # The deadline kinds: the ones defer_task stores are the ones timeout_deferrals names.
-    stored = set(re.findall(r"'([a-z]+_timeout)'", q["defer_task"]))
+    # The deadline kinds: the ones defer_tasks stores are the ones timeout_deferrals names.
+    stored = set(re.findall(r"'([a-z]+_timeout)'", q["defer_tasks"]))
     assert stored == DEADLINE_KINDS
     assert _case_literals(q["timeout_deferrals"], "deadline_kind") <= DEADLINE_KINDS
     # A task end event's state is a trigger outcome kind.

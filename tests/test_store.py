@@ -19,7 +19,7 @@ from engine.store.queries import load_queries, migrations, schema_sql
 from engine.worker.recorder import _Queued
 from engine.worker.worker import Worker
 from operators.python import PythonOperator
-from tests.helpers import wait_until
+from tests.helpers import defer_args, wait_until
 from tests.triggers_for_tests import NeverTrigger
 from triggers.base import encode_value, validate_trigger
 
@@ -358,19 +358,8 @@ async def test_a_trigger_joined_while_it_is_dropped_survives(
     try:
         tx = join.transaction()
         await tx.start()
-        joined = _deferral(None)
         row = await join.fetchrow(
-            queries["defer_task"],
-            b.id,
-            worker,
-            joined.classpath,
-            store.keyring.encrypt(joined.kwargs),
-            store.keyring.dedup_key(joined.classpath, joined.kwargs, joined.dedup_key),
-            joined.timeout_s,
-            joined.method_name,
-            store.keyring.encrypt(joined.method_kwargs),
-            joined.try_number,
-            None,
+            queries["defer_tasks"], *defer_args(store, worker, [(b.id, _deferral(None))])
         )
         assert row is not None
         assert row["trigger_id"] == claimed.id

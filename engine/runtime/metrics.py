@@ -214,7 +214,8 @@ class Metrics:
         )
         self.write_batch = Histogram(
             "deferral_write_batch_size",
-            "Outcomes one batched write stored (write: task_outcomes or trigger_events).",
+            "Items one batched write stored (write: task_outcomes, task_deferrals or "
+            "trigger_events).",
             ["write"],
             buckets=_SIZE_BUCKETS,
             registry=own("worker", "triggerer"),

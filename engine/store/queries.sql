@@ -1,7 +1,7 @@
 -- Named queries of the deferral store. Each block starts with "-- name: <name>", then comment
 -- lines that say what it does, then one statement. engine/store/queries.py parses this file;
 -- no SQL lives anywhere else. The plans of the hot statements (claim_tasks, claim_triggers,
--- lock_owned_triggers, fire_triggers, finish_tasks, defer_task, timeout_deferrals) are pinned
+-- lock_owned_triggers, fire_triggers, finish_tasks, defer_tasks, timeout_deferrals) are pinned
 -- at 100,000 waiting rows, with and without statistics, custom and generic, by
 -- tests/test_query_plans.py: a comment below about a plan is an assertion there.
 
@@ -515,74 +515,100 @@ SET state = 'up_for_reschedule', run_after = $3, worker_id = NULL
 WHERE id = $1 AND worker_id = $2 AND state = 'running' AND try_number = $4
 RETURNING id;
 
--- name: defer_task
--- The running try of task instance $1, held by worker $2 (try $9; null: whichever try it
--- holds), waits on a trigger: store the
--- trigger (or join the identical one already waiting: same classpath and kwargs, keeping the
--- earliest deadline) and park the task on it, in one statement. Nothing is written unless the
--- worker still holds the task. The deferral's deadline is the earliest of the trigger's ($6
--- seconds from now; null: none; a sensor's own timeout when the task is a sensor) and the
--- task's execution_timeout (counted from the start of the try, which may have run a while
--- before deferring), and deadline_kind records which one it is (engine/states.py
--- DeadlineKind; on a tie, execution_timeout). A new trigger row signals the triggerers;
--- joining a trigger a triggerer already runs with a deadline earlier than its others signals
--- that triggerer (the payload is the trigger id), whose timer was set for the later deadline.
--- $10: the try's log line about the deferral (null: none), written with it, so that it is
--- stored before the trigger can fire (the trigger's line follows it).
-WITH held AS (
-    SELECT id, no_retry_on_timeout, trigger_queue,
-           now() + make_interval(secs => $6::double precision) AS wait_until,
+-- name: defer_tasks
+-- Running tries wait on triggers, a batch of them in one statement (the worker writes every
+-- deferral queued while its last write was in flight together). Per deferral: $1 the task
+-- instance, held by worker $2 (try $9; null: whichever try it holds); nothing is written for
+-- a try the worker no longer holds, and the others are written all the same. Each stores its
+-- trigger (or joins the one already waiting with the same dedup key $5: identical classpath
+-- and kwargs, or the key the trigger was given, keeping the earliest deadline) and parks its
+-- task on it. Deferrals of one batch with the same key share one trigger row, with the
+-- earliest of their deadlines (the first of them gives its classpath $3 and kwargs $4; a row
+-- is inserted or joined once, as ON CONFLICT can touch a row only once per statement). A
+-- deferral's deadline is the earliest of the trigger's ($6 seconds from now; null: none; a
+-- sensor's own timeout when the task is a sensor) and the task's execution_timeout (counted
+-- from the start of the try, which may have run a while before deferring), and deadline_kind
+-- records which one it is (engine/states.py DeadlineKind; on a tie, execution_timeout). $7 and
+-- $8: where the task resumes and with what. A new trigger row signals the triggerers (once per
+-- batch); joining a trigger a triggerer already runs with a deadline earlier than its others
+-- signals that triggerer (the payload is the trigger id), whose timer was set for the later
+-- deadline. $10: each try's log line about its deferral (null: none), written with it, so
+-- that it is stored before the trigger can fire (the trigger's line follows it). Returns the
+-- task instances parked, each with its trigger.
+WITH d AS (
+    SELECT * FROM unnest($1::bigint[], $3::text[], $4::bytea[], $5::text[],
+                         $6::double precision[], $7::text[], $8::bytea[], $9::integer[],
+                         $10::text[]) WITH ORDINALITY
+        AS d(id, classpath, kwargs, dedup_key, timeout_s, method, method_kwargs, try_number,
+             line, ord)
+), held AS (
+    SELECT d.ord, ti.id, ti.no_retry_on_timeout, ti.trigger_queue, d.classpath, d.kwargs,
+           d.method, d.method_kwargs, d.line,
+           -- (a trigger runs in the task's trigger_queue: identical triggers of two queues are
+           -- two rows, so the default queue's keys are the keys as computed)
+           CASE WHEN ti.trigger_queue = 'default' THEN d.dedup_key
+                ELSE d.dedup_key || '@' || ti.trigger_queue END AS key,
+           now() + make_interval(secs => d.timeout_s) AS wait_until,
            -- (bounded: an execution_timeout of inf or a century makes no timestamp; LEAST
            -- skips nulls, so no execution_timeout is tested for first)
-           CASE WHEN execution_timeout_s IS NOT NULL
-                THEN try_started_at + make_interval(secs => LEAST(execution_timeout_s,
-                                                                  3153600000.0)) END
+           CASE WHEN ti.execution_timeout_s IS NOT NULL
+                THEN ti.try_started_at + make_interval(secs => LEAST(ti.execution_timeout_s,
+                                                                     3153600000.0)) END
                AS run_until
-    FROM deferral_task_instances
-    WHERE id = $1 AND worker_id = $2 AND state = 'running'
-      AND ($9::integer IS NULL OR try_number = $9)
-    FOR UPDATE
+    FROM d JOIN deferral_task_instances ti ON ti.id = d.id
+    WHERE ti.worker_id = $2 AND ti.state = 'running'
+      AND (d.try_number IS NULL OR ti.try_number = d.try_number)
+    ORDER BY ti.id
+    FOR UPDATE OF ti
 ), deadline AS (
-    SELECT LEAST(wait_until, run_until) AS at,
+    -- (one deferral per task: a task named twice in a batch is parked by the first)
+    SELECT DISTINCT ON (id) ord, id, key, classpath, kwargs, trigger_queue, method,
+           method_kwargs, line, LEAST(wait_until, run_until) AS at,
            CASE WHEN run_until IS NOT NULL AND (wait_until IS NULL OR run_until <= wait_until)
                 THEN 'execution_timeout'
                 WHEN wait_until IS NULL THEN NULL
                 WHEN no_retry_on_timeout THEN 'sensor_timeout'
                 ELSE 'trigger_timeout' END AS kind
     FROM held
+    ORDER BY id, ord
+), keyed AS (
+    -- One row per trigger: the batch's first deferral of the key, the earliest deadline of all.
+    SELECT DISTINCT ON (key) key, classpath, kwargs, trigger_queue,
+           min(at) OVER (PARTITION BY key) AS at
+    FROM deadline
+    ORDER BY key, ord
 ), trig AS (
-    -- (a trigger runs in the task's trigger_queue: identical triggers of two queues are two
-    -- rows, so the default queue's keys are the keys as computed)
+    -- (inserted in key order: two workers' batches sharing keys cannot deadlock on them)
     INSERT INTO deferral_triggers (classpath, kwargs, dedup_key, timeout_at, queue)
-    SELECT $3, $4,
-           CASE WHEN held.trigger_queue = 'default' THEN $5
-                ELSE $5 || '@' || held.trigger_queue END,
-           deadline.at, held.trigger_queue
-    FROM deadline, held
+    SELECT classpath, kwargs, key, at, trigger_queue FROM keyed ORDER BY key
     ON CONFLICT (dedup_key) DO UPDATE
     SET timeout_at = LEAST(deferral_triggers.timeout_at, EXCLUDED.timeout_at)
-    RETURNING id, (xmax = 0) AS inserted, triggerer_id, timeout_at
+    RETURNING id, dedup_key, (xmax = 0) AS inserted, triggerer_id, timeout_at
 ), parked AS (
     UPDATE deferral_task_instances ti
-    SET state = 'deferred', trigger_id = trig.id, trigger_timeout_at = deadline.at,
-        deadline_kind = deadline.kind, next_method = $7, next_kwargs = $8, next_event = NULL,
-        worker_id = NULL, deferred_at = now()
-    FROM trig, deadline
-    WHERE ti.id = $1
-    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number
+    SET state = 'deferred', trigger_id = trig.id, trigger_timeout_at = dl.at,
+        deadline_kind = dl.kind, next_method = dl.method, next_kwargs = dl.method_kwargs,
+        next_event = NULL, worker_id = NULL, deferred_at = now()
+    FROM deadline dl JOIN trig ON trig.dedup_key = dl.key
+    WHERE ti.id = dl.id
+    RETURNING ti.id, ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, dl.line
 ), logged AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
     SELECT p.dag_id, p.run_id, p.task_id, p.try_number, now(), 'INFO', 'log', 'engine.worker',
-           $10::text
+           p.line
     FROM parked p
-    WHERE $10::text IS NOT NULL
+    WHERE p.line IS NOT NULL
+), notified AS (
+    SELECT (SELECT pg_notify('deferral_triggers', '')
+            WHERE EXISTS (SELECT 1 FROM trig WHERE trig.inserted)) AS new_triggers,
+           (SELECT count(pg_notify('deferral_deadlines', trig.id::text))
+            FROM trig JOIN keyed k ON k.key = trig.dedup_key
+            WHERE NOT trig.inserted AND trig.triggerer_id IS NOT NULL
+              AND trig.timeout_at = k.at) AS earlier_deadlines
 )
-SELECT trig.id AS trigger_id,
-       CASE WHEN trig.inserted THEN pg_notify('deferral_triggers', '')
-            WHEN trig.triggerer_id IS NOT NULL AND trig.timeout_at = deadline.at
-            THEN pg_notify('deferral_deadlines', trig.id::text) END AS notified
-FROM trig, parked, deadline;
+SELECT p.id, p.trigger_id, n.new_triggers, n.earlier_deadlines
+FROM parked p CROSS JOIN notified n;
 
 -- name: resolve_pending
 -- Move pending task instances of the given runs on, by their trigger rule and the states of
@@ -1014,7 +1040,7 @@ SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FRO
 -- name: timeout_deferrals
 -- End the deferrals that passed their deadline: of the given triggers ($1), or of every
 -- trigger when $1 is null and the deadline passed more than $2 seconds ago (the scheduler's
--- backstop). The error names the deadline (deadline_kind, set by defer_task).
+-- backstop). The error names the deadline (deadline_kind, set by defer_tasks).
 -- execution_timeout applies the retry policy, as it does on a worker; otherwise soft_fail
 -- turns the timeout into skipped, a sensor (no_retry_on_timeout) fails without retries, and
 -- the retry policy applies to the rest. Returns what moved, with the trigger each task waited

@@ -221,21 +221,30 @@ class TaskQueries(StoreCore):
     async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:
         """Store the trigger (or join an identical waiting one) and park the task on it, in one
         statement. False if the worker no longer holds the task (nothing is written)."""
+        return ti_id in await self.defer_tasks(worker_id, [(ti_id, deferral)])
+
+    async def defer_tasks(
+        self, worker_id: int, deferrals: Sequence[tuple[int, Deferral]]
+    ) -> set[int]:
+        """Park tries of worker ``worker_id`` on their triggers, a batch in one statement: each
+        ``(task instance id, deferral)`` stores its trigger (or joins the one waiting with the
+        same dedup key) as :meth:`defer_task` does. Returns the task instances parked; one the
+        worker no longer holds (in that try) is left as it is, and the others are written."""
         keyring = self.keyring
-        row = await self._pool.fetchrow(
-            self._q["defer_task"],
-            ti_id,
+        rows = await self._pool.fetch(
+            self._q["defer_tasks"],
+            [ti_id for ti_id, _ in deferrals],
             worker_id,
-            deferral.classpath,
-            keyring.encrypt(deferral.kwargs),
-            keyring.dedup_key(deferral.classpath, deferral.kwargs, deferral.dedup_key),
-            deferral.timeout_s,
-            deferral.method_name,
-            keyring.encrypt(deferral.method_kwargs),
-            deferral.try_number,
-            storable_opt(deferral.line),
+            [d.classpath for _, d in deferrals],
+            [keyring.encrypt(d.kwargs) for _, d in deferrals],
+            [keyring.dedup_key(d.classpath, d.kwargs, d.dedup_key) for _, d in deferrals],
+            [d.timeout_s for _, d in deferrals],
+            [d.method_name for _, d in deferrals],
+            [keyring.encrypt(d.method_kwargs) for _, d in deferrals],
+            [d.try_number for _, d in deferrals],
+            [storable_opt(d.line) for _, d in deferrals],
         )
-        return row is not None
+        return {r["id"] for r in rows}
 
     async def set_rendered_fields(
         self, ti_id: int, worker_id: int, try_number: int, rendered: dict[str, Any]

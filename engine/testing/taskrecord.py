@@ -173,11 +173,14 @@ class RecordingStore(Store):
 
     recorder: Recorder
 
-    async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:
-        ok = await super().defer_task(ti_id, worker_id, deferral)
-        if ok:
-            self.recorder.deferred(deferral)
-        return ok
+    async def defer_tasks(
+        self, worker_id: int, deferrals: Sequence[tuple[int, Deferral]]
+    ) -> set[int]:
+        parked = await super().defer_tasks(worker_id, deferrals)
+        for ti_id, deferral in deferrals:
+            if ti_id in parked:
+                self.recorder.deferred(deferral)
+        return parked
 
     async def reschedule_task(
         self, ti_id: int, worker_id: int, at: dt.datetime, *, try_number: int

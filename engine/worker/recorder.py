@@ -1,11 +1,12 @@
 """Recording how a try ended: one :data:`~engine.worker.outcomes.TryOutcome`, one ``match``.
 
-A deferral is one statement (``defer_task``: the trigger stored and the slot freed in one
-transaction), a reschedule another; a success, a skip or a failure joins the outbox, whose
-one writer ends every try queued meanwhile in one statement (``finish_tasks``) and settles
-what that changed downstream. Every write is fenced: it changes nothing unless this worker
-still holds that try, and a try it no longer holds is only logged. The slot stays held until
-the outcome is written.
+A success, a skip or a failure joins the outcomes' outbox, whose one writer ends every try
+queued meanwhile in one statement (``finish_tasks``) and settles what that changed
+downstream; a deferral joins the deferrals' outbox, whose writer parks every try queued
+meanwhile on its trigger in one statement (``defer_tasks``: the triggers stored and the slots
+freed in one transaction); a reschedule is a statement of its own. Every write is fenced: it
+changes nothing unless this worker still holds that try, and a try it no longer holds is only
+logged. The slot stays held until the outcome is written.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import assert_never
 import anyio
 
 from engine.runtime import metrics as _metrics
-from engine.runtime.crashpoints import crash_point
 from engine.runtime.outbox import Outbox
 from engine.runtime.retry import with_db_retry
 from engine.security.allow import TriggerNotAllowed, check_trigger
@@ -41,13 +41,16 @@ from engine.worker.trylogs import UNSTORED, TryLogs
 from operators.base import MAX_WAIT_S
 from triggers.base import TriggerSerializationError, decode_value
 
-__all__ = ["FINISH_BATCH", "FINISH_BATCH_BYTES", "Recorder"]
+__all__ = ["DEFER_BATCH", "DEFER_BATCH_BYTES", "FINISH_BATCH", "FINISH_BATCH_BYTES", "Recorder"]
 
 log = logging.getLogger("engine.worker")  # the process's logger
 
 #: At most this many outcomes, and about this many bytes of results and errors, per write.
 FINISH_BATCH = 500
 FINISH_BATCH_BYTES = 4 << 20
+#: At most this many deferrals, and about this many bytes of their kwargs, per write.
+DEFER_BATCH = 500
+DEFER_BATCH_BYTES = 4 << 20
 
 
 class _Queued:
@@ -82,6 +85,50 @@ def _substitute_failure(queued: _Queued, exc: Exception) -> _Queued:
     )
 
 
+class _QueuedDeferral:
+    """A deferral waiting for its writer, and what the write made of it. ``failure``: the
+    failure written in its place instead (the database refused the deferral)."""
+
+    __slots__ = ("deferral", "done", "failure", "state", "ti_id", "try_number", "worker_id")
+
+    def __init__(
+        self,
+        ti_id: int,
+        worker_id: int,
+        try_number: int,
+        deferral: Deferral,
+        failure: TaskOutcome | None = None,
+    ) -> None:
+        self.ti_id = ti_id
+        self.worker_id = worker_id
+        self.try_number = try_number
+        self.deferral = deferral
+        self.failure = failure
+        self.done = anyio.Event()
+        #: "deferred", the state the substitute failure led to, or None: not written.
+        self.state: str | None = None
+
+    @property
+    def size(self) -> int:
+        d = self.deferral
+        return 128 + len(d.kwargs) + len(d.method_kwargs) + len(d.line or "")
+
+
+def _substitute_deferral_failure(queued: _QueuedDeferral, exc: Exception) -> _QueuedDeferral:
+    """The failure written in place of a deferral the database refused: for that try alone,
+    without retries (the same deferral would be refused again), saying why. The queued item
+    itself becomes the failure, so that its waiter learns what was written."""
+    queued.failure = TaskOutcome(
+        ti_id=queued.ti_id,
+        worker_id=queued.worker_id,
+        try_number=queued.try_number,
+        kind="failed",
+        error=f"the task's deferral could not be stored: {type(exc).__name__}: {exc}",
+        no_retry=True,
+    )
+    return queued
+
+
 class Recorder:
     """Writes the outcomes of one worker's tries. ``allow``: the trigger allow-list (setting
     trigger_allow; a deferral it refuses fails its task); ``abandoned``: the worker's set of
@@ -102,10 +149,13 @@ class Recorder:
         self._allow = allow
         self._abandoned = abandoned
         self._outbox = self._new_outbox()
+        self._deferrals = self._new_deferrals_outbox()
 
     async def run(self) -> None:
-        """The outbox's writer (the worker's task group)."""
-        await self._outbox.run()
+        """The outboxes' writers (the worker's task group)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._deferrals.run)
+            await self._outbox.run()
 
     async def record(
         self, ti: ClaimedTask, worker_id: int, outcome: TryOutcome, *, started: float
@@ -139,21 +189,23 @@ class Recorder:
                 await self._record_failure(ti, worker_id, str(exc), no_retry=True)
                 return
         deferral = _deferral(ti, deferred)
-        # What the try logged so far is stored first: its line about the deferral, written
-        # with it, comes after them, and before the trigger's line about firing.
-        await self._logs.flush([(ti.id, ti.try_number)])
-        crash_point("worker.defer.before_write")
-        try:
-            ok = await with_db_retry(
-                "defer", lambda: self._store.defer_task(ti.id, worker_id, deferral)
-            )
-        except Exception as exc:  # not transient: the database refused it
-            await self._refuse(ti, worker_id, "the task's deferral could not be stored", exc)
+        # Written by the deferrals' writer with every deferral queued meanwhile; what the try
+        # logged so far is stored first (its line about the deferral, written with it, comes
+        # after them, and before the trigger's line about firing).
+        queued = _QueuedDeferral(ti.id, worker_id, ti.try_number, deferral)
+        self._deferrals.put(queued)
+        await queued.done.wait()
+        if queued.failure is not None:  # the database refused it: the try failed instead
+            error = queued.failure.error or ""
+            self._logs.failure(ti.try_number, error)
+            self._lost_if_not(queued.state is not None, ti)
+            if queued.state is not None:
+                log.error(
+                    "try %d failed (now %s):\n%s", ti.try_number, queued.state, error,
+                    extra=UNSTORED,
+                )  # fmt: skip
             return
-        crash_point("worker.defer.after_write")
-        self._lost_if_not(ok, ti)
-        if ok:
-            self._metrics.task_outcomes.labels("deferred").inc()
+        self._lost_if_not(queued.state is not None, ti)
         log.info(
             "deferred to %s (resume at %s%s)",
             deferral.classpath,
@@ -258,9 +310,63 @@ class Recorder:
             observe=self._observe_write,
         )
 
+    def _new_deferrals_outbox(self) -> Outbox[_QueuedDeferral, tuple[int, int], str]:
+        """Deferrals are written by a writer of their own, every deferral queued while the
+        last write was in flight in one statement (``defer_tasks``); a deferral the database
+        refuses is replaced by a failure of its try alone."""
+        return Outbox(
+            "record deferrals",
+            write=self._write_deferrals,
+            substitute=_substitute_deferral_failure,
+            on_written=self._deferrals_written,
+            on_lost=lambda q, _exc: self._abandoned.add(q.ti_id),
+            describe=lambda q: f"the deferral of task instance {q.ti_id}",
+            max_items=DEFER_BATCH,
+            size=lambda q: q.size,
+            max_bytes=DEFER_BATCH_BYTES,
+            crash_before="worker.defer.before_write",
+            crash_after="worker.defer.after_write",
+            observe=self._observe_deferrals,
+        )
+
     def _observe_write(self, size: int, duration_s: float) -> None:
         self._metrics.write_batch.labels("task_outcomes").observe(size)
         self._metrics.write_duration.labels("task_outcomes").observe(duration_s)
+
+    def _observe_deferrals(self, size: int, duration_s: float) -> None:
+        self._metrics.write_batch.labels("task_deferrals").observe(size)
+        self._metrics.write_duration.labels("task_deferrals").observe(duration_s)
+
+    async def _write_deferrals(self, batch: list[_QueuedDeferral]) -> dict[tuple[int, int], str]:
+        # The lines these tries logged go first (nothing when they logged none).
+        await self._logs.flush([(q.ti_id, q.try_number) for q in batch])
+        states: dict[tuple[int, int], str] = {}
+        by_worker: dict[int, list[_QueuedDeferral]] = collections.defaultdict(list)
+        failures: list[TaskOutcome] = []
+        for q in batch:
+            if q.failure is None:
+                by_worker[q.worker_id].append(q)
+            else:
+                failures.append(q.failure)
+        for worker_id, deferring in by_worker.items():
+            parked = await self._store.defer_tasks(
+                worker_id, [(q.ti_id, q.deferral) for q in deferring]
+            )
+            states.update({(ti_id, worker_id): "deferred" for ti_id in parked})
+        if failures:  # written alone (the outbox substitutes one item at a time)
+            finished = await self._store.finish_tasks(failures)
+            await settle(self._store, finished)
+            states.update({(f.id, f.worker_id): f.state for f in finished})
+        return states
+
+    def _deferrals_written(
+        self, batch: list[_QueuedDeferral], states: dict[tuple[int, int], str]
+    ) -> None:
+        for queued in batch:
+            queued.state = states.get((queued.ti_id, queued.worker_id))
+            queued.done.set()
+        for state, n in collections.Counter(states.values()).items():
+            self._metrics.task_outcomes.labels(state).inc(n)
 
     async def _write_outcomes(self, batch: list[_Queued]) -> dict[tuple[int, int], str]:
         # The lines these tries logged go first (nothing when they logged none): a reader
