@@ -222,7 +222,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert (fired.accepted, [m.state for m in fired.moved]) == ({trigger.id}, ["scheduled"])
 
     (b,) = [ti for ti in (await s.claim_tasks(worker, 10)).claimed if ti.task_id == "b"]
-    assert await s.defer_task(b.id, worker, _deferral(0.0))
+    assert await s.defer_tasks(worker, [(b.id, _deferral(0.0))]) == {b.id}
     (late,) = (await s.claim_triggers(triggerer, 10)).claimed
     (timed_out,) = await s.timeout_deferrals([late.id])
     assert (timed_out.id, timed_out.trigger_id) == (b.id, late.id)

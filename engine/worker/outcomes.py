@@ -213,7 +213,7 @@ def _refused(what: str, exc: Exception) -> Raised:
 def _deferred(deferred: TaskDeferred) -> Deferred | Raised:
     """The deferral to store, or why it cannot be. (A TaskDeferred may be built by hand,
     bypassing the checks of ``defer()``.) The stored deadline is not computed here:
-    defer_task takes the earliest of this timeout and the task's execution_timeout, on the
+    defer_tasks takes the earliest of this timeout and the task's execution_timeout, on the
     database clock, when it writes the deferral."""
     try:
         timeout_s = deferred.timeout_s

@@ -90,7 +90,7 @@ class TryLogs:
     def deferral_line(
         classpath: str, kwargs: bytes, method: str, timeout_s: float | None, dedup: bool
     ) -> str:
-        """The try's line about its deferral, written with it (``defer_task``): to which
+        """The try's line about its deferral, written with it (``defer_tasks``): to which
         trigger (``kwargs`` as encoded, shown masked), where it resumes, its timeout. Never
         raises: the deferral stands whatever its line can show."""
         timeout = f"timeout {timeout_s:g}s" if timeout_s is not None else "no timeout"
