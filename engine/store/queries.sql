@@ -211,7 +211,7 @@ WITH free AS (
         dag_run_id, dag_id, run_id, task_id, state, try_number, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
-        trigger_queue, max_active_tis_per_dag)
+        trigger_queue, max_active_tis_per_dag, callbacks)
     SELECT run.id, run.dag_id, run.run_id, t.*
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
@@ -308,7 +308,7 @@ WITH run AS (
         dag_run_id, dag_id, run_id, task_id, state, try_number, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
-        trigger_queue, max_active_tis_per_dag)
+        trigger_queue, max_active_tis_per_dag, callbacks)
     SELECT run.id, run.dag_id, run.run_id, t.*
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
@@ -1036,6 +1036,7 @@ DELETE FROM deferral_triggers t
 WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id IS NOT DISTINCT FROM $1  -- see fire_triggers
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+  AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: lock_orphan_triggers
@@ -1044,6 +1045,7 @@ SELECT t.id FROM deferral_triggers t
 WHERE t.created_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+  AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
 ORDER BY t.id
 FOR UPDATE OF t;
 
@@ -1054,6 +1056,7 @@ DELETE FROM deferral_triggers t
 WHERE t.id = ANY ($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+  AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: list_triggers
@@ -2393,3 +2396,41 @@ FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bytea[])
     AS o(ti_id, key, old_value, new_value)
 WHERE x.ti_id = o.ti_id AND x.key = o.key AND x.value = o.old_value
 RETURNING x.ti_id;
+
+-- name: claim_callbacks
+-- Claim up to $3 callback requests (migration 0022) for worker $1, of the queues $2 or of
+-- none (a run's), oldest first: those nobody holds (never claimed, or their worker's row went)
+-- and those whose lease passed. The claim holds each for $4 seconds. Returns what a worker
+-- needs to build the callback's context (the task instance's try, its run).
+WITH picked AS (
+    SELECT c.id FROM deferral_callback_requests c
+    WHERE (c.worker_id IS NULL OR c.lease_until < now())
+      AND (c.queue IS NULL OR c.queue = ANY ($2::text[]))
+    ORDER BY c.id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE deferral_callback_requests c
+    SET worker_id = $1, lease_until = now() + make_interval(secs => $4), claims = c.claims + 1
+    WHERE c.id = ANY (ARRAY(SELECT p.id FROM picked p))
+    RETURNING c.*
+)
+SELECT c.id, c.kind, c.dag_id, c.ti_id, c.try_number, c.error, c.deadline_index,
+       c.deadline_at, c.claims, c.created_at, r.run_id, r.logical_date, r.conf,
+       r.data_interval_start, r.data_interval_end, r.run_type, r.state AS run_state,
+       r.created_at AS queued_at, ti.task_id, ti.first_try_at, ti.try_started_at,
+       ti.execution_timeout_s, now() AS db_now
+FROM claimed c
+JOIN deferral_dag_runs r ON r.id = c.dag_run_id
+LEFT JOIN deferral_task_instances ti ON ti.id = c.ti_id
+ORDER BY c.id;
+
+-- name: finish_callback
+-- A callback request ran (or was given up): it goes, if worker $2 still holds it.
+DELETE FROM deferral_callback_requests WHERE id = $1 AND worker_id = $2 RETURNING id;
+
+-- name: list_callback_requests
+-- The callback requests not run yet, oldest first (tests, the CLI).
+SELECT c.id, c.kind, c.dag_id, c.ti_id, c.try_number, c.error, c.deadline_index,
+       c.deadline_at, c.worker_id, c.lease_until, c.claims, c.created_at
+FROM deferral_callback_requests c ORDER BY c.id;
