@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypedDict
 
+from operators.callbacks import TASK_CALLBACK_KINDS, Callbacks, check_callbacks
 from operators.copying import fresh_copy
 from operators.dagcontext import DagLike, current_dag, dag_context, with_default_args
 from operators.defaults import (
@@ -202,6 +203,11 @@ class BaseOperator:
         trigger_queue: str = DEFAULT_QUEUE,
         max_active_tis_per_dag: int | None = None,
         isolation: str = "none",
+        on_execute_callback: Callbacks = None,
+        on_success_callback: Callbacks = None,
+        on_failure_callback: Callbacks = None,
+        on_retry_callback: Callbacks = None,
+        on_skipped_callback: Callbacks = None,
         dag: DagLike | None = None,
     ) -> None:
         if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
@@ -257,6 +263,16 @@ class BaseOperator:
         #: "none": ``execute`` runs in the worker process (a ``def`` in a thread, which an
         #: execution_timeout cannot stop); "process": in a child process the timeout ends.
         self.isolation = isolation
+        #: Callbacks (operators/callbacks.py): each a callable taking the context, or a list.
+        self.on_execute_callback = on_execute_callback
+        self.on_success_callback = on_success_callback
+        self.on_failure_callback = on_failure_callback
+        self.on_retry_callback = on_retry_callback
+        self.on_skipped_callback = on_skipped_callback
+        for kind in ("execute", *TASK_CALLBACK_KINDS):
+            check_callbacks(
+                f"task {task_id}", f"on_{kind}_callback", getattr(self, f"on_{kind}_callback")
+            )
         self.upstream_task_ids: set[str] = set()
         self.downstream_task_ids: set[str] = set()
         self.dag: DagLike | None = None

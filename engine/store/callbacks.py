@@ -44,6 +44,4 @@ class CallbackQueries:
 
     async def list_callback_requests(self) -> list[CallbackRequest]:
         """The requests not run yet, oldest first."""
-        return structs(
-            await self._pool.fetch(self._q["list_callback_requests"]), CallbackRequest
-        )
+        return structs(await self._pool.fetch(self._q["list_callback_requests"]), CallbackRequest)

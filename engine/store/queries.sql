@@ -36,7 +36,8 @@ SELECT pg_notify($1, $2);
 -- name: upsert_dag
 -- Record a DAG's structure and schedule as parsed from its file ($11: whether a new DAG starts
 -- paused; a known DAG keeps its paused flag; $14: max_active_tasks, null: no limit; $15: the
--- hash of it all, engine.scheduler.dagrecord). Returns whether anything changed and whether the next
+-- hash of it all, engine.scheduler.dagrecord; $16: its callbacks and deadline alerts, null:
+-- none). Returns whether anything changed and whether the next
 -- scheduled run must be computed again (a new DAG, or a changed schedule).
 -- A DAG recorded as it is now is not written at all (the INSERT has no row): an upsert that
 -- changes nothing still locks the row, which took a transaction id and a WAL flush per DAG,
@@ -45,17 +46,19 @@ SELECT pg_notify($1, $2);
 WITH old AS (
     SELECT timetable, start_date, end_date, catchup, is_active,
            (fileloc, tasks, description, timetable, schedule, start_date, end_date, catchup,
-            max_active_runs, params, tags, is_active, max_active_tasks, fingerprint)
+            max_active_runs, params, tags, is_active, max_active_tasks, fingerprint, alerts)
            IS NOT DISTINCT FROM ($2::text, $3::jsonb, $4::text, $5::jsonb, $6::text,
                                  $7::timestamptz, $8::timestamptz, $9::boolean, $10::integer,
-                                 $12::jsonb, $13::text[], true, $14::integer, $15::text) AS same
+                                 $12::jsonb, $13::text[], true, $14::integer, $15::text,
+                                 $16::jsonb) AS same
     FROM deferral_dags
     WHERE dag_id = $1
 ), up AS (
     INSERT INTO deferral_dags (dag_id, fileloc, tasks, description, updated_at, timetable,
                                schedule, start_date, end_date, catchup, max_active_runs,
-                               is_paused, params, tags, max_active_tasks, fingerprint)
-    SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11::boolean, $12, $13, $14, $15
+                               is_paused, params, tags, max_active_tasks, fingerprint, alerts)
+    SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11::boolean, $12, $13, $14, $15,
+           $16
     WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.same)
     ON CONFLICT (dag_id) DO UPDATE
     SET fileloc = EXCLUDED.fileloc, tasks = EXCLUDED.tasks, description = EXCLUDED.description,
@@ -63,17 +66,18 @@ WITH old AS (
         start_date = EXCLUDED.start_date, end_date = EXCLUDED.end_date,
         catchup = EXCLUDED.catchup, max_active_runs = EXCLUDED.max_active_runs,
         params = EXCLUDED.params, tags = EXCLUDED.tags, updated_at = now(), is_active = true,
-        max_active_tasks = EXCLUDED.max_active_tasks, fingerprint = EXCLUDED.fingerprint
+        max_active_tasks = EXCLUDED.max_active_tasks, fingerprint = EXCLUDED.fingerprint,
+        alerts = EXCLUDED.alerts
     WHERE (deferral_dags.fileloc, deferral_dags.tasks, deferral_dags.description,
            deferral_dags.timetable, deferral_dags.schedule, deferral_dags.start_date,
            deferral_dags.end_date, deferral_dags.catchup, deferral_dags.max_active_runs,
            deferral_dags.params, deferral_dags.tags, deferral_dags.is_active,
-           deferral_dags.max_active_tasks, deferral_dags.fingerprint)
+           deferral_dags.max_active_tasks, deferral_dags.fingerprint, deferral_dags.alerts)
           IS DISTINCT FROM (EXCLUDED.fileloc, EXCLUDED.tasks, EXCLUDED.description,
                             EXCLUDED.timetable, EXCLUDED.schedule, EXCLUDED.start_date,
                             EXCLUDED.end_date, EXCLUDED.catchup, EXCLUDED.max_active_runs,
                             EXCLUDED.params, EXCLUDED.tags, true, EXCLUDED.max_active_tasks,
-                            EXCLUDED.fingerprint)
+                            EXCLUDED.fingerprint, EXCLUDED.alerts)
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM up) AS changed,

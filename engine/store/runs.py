@@ -100,6 +100,7 @@ class RunQueries(StoreCore):
             list(sched.get("tags") or ()),
             sched.get("max_active_tasks"),
             fingerprint,
+            sched.get("alerts"),
         )
         return bool(row["reschedule"])
 

@@ -197,6 +197,10 @@ class LocalEngine:
         if "scheduler" not in self.running:
             counts.pop("runs_to_end")
         counts["worker_busy"] = len(self.worker.running) if "worker" in self.running else 0
+        # (callbacks not run yet: requests waiting, and those the worker runs now)
+        counts["callbacks"] = (
+            len(await self.store.list_callback_requests()) if "worker" in self.running else 0
+        )
         counts["events_unwritten"] = (
             _unwritten_events(self.triggerer) if "triggerer" in self.running else 0
         )

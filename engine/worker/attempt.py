@@ -31,6 +31,7 @@ from engine.runtime.retry import with_db_retry
 from engine.store import ClaimedTask, Store
 from engine.usercode import guard as usercode
 from engine.worker import isolation, templating, xcom
+from engine.worker.callbacks import call_callbacks
 from engine.worker.outcomes import (
     Raised,
     TryOutcome,
@@ -43,6 +44,7 @@ from engine.worker.outcomes import (
 )
 from engine.worker.trylogs import TryLogs
 from operators.base import BaseOperator, Context
+from operators.callbacks import callbacks_of
 from operators.xcom import current_context
 from triggers.base import decode_value, encode_value
 
@@ -82,6 +84,7 @@ class Attempts:
         stopping: Mapping[tuple[int, int], str],
         freed: Callable[[bool], None],
         xcom_max_bytes: int,
+        callback_timeout_s: float = 60.0,
     ) -> None:
         self._store = store
         self._dagbag = dagbag
@@ -92,6 +95,8 @@ class Attempts:
         self._freed = freed
         #: Setting xcom_max_bytes: the largest return value or pushed XCom, encoded.
         self._xcom_max_bytes = xcom_max_bytes
+        #: Setting callback_timeout_s: how long on_execute_callback may run.
+        self._callback_timeout_s = callback_timeout_s
         self._limiter = anyio.CapacityLimiter(slots)
         self._dag_lock = anyio.Lock()
         #: Threads of tries failed at their execution_timeout (or told to stop) that still run
@@ -121,6 +126,14 @@ class Attempts:
         if ti.next_method:
             TryLogs.resuming(ti, kwargs.get("event"), worker_id)
             crash_point("worker.resume.before_method")
+        elif op.on_execute_callback is not None:  # (before execute, not before a resume)
+            with current_context(context):
+                await call_callbacks(
+                    callbacks_of(op.on_execute_callback),
+                    (context,),
+                    timeout_s=self._callback_timeout_s,
+                    what="on_execute_callback",
+                )
         if getattr(op, "isolation", "none") == "process":
             return await self._in_child(op, ti, context, kwargs, remaining)
         call = functools.partial(fn, context, **kwargs)

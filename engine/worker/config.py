@@ -9,6 +9,7 @@ from collections.abc import Callable
 import msgspec
 
 from engine.config import (
+    DEFAULT_CALLBACK_TIMEOUT_S,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
     DEFAULT_XCOM_MAX_BYTES,
@@ -50,6 +51,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     log_limits: LogLimits | None = None
     #: The largest return value or pushed XCom, encoded (setting ``xcom_max_bytes``).
     xcom_max_bytes: int = DEFAULT_XCOM_MAX_BYTES
+    #: How long a callback may run (setting ``callback_timeout_s``).
+    callback_timeout_s: float = DEFAULT_CALLBACK_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -73,4 +76,5 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
             default_deferrable=settings.default_deferrable,
             log_limits=LogLimits.from_settings(settings),
             xcom_max_bytes=settings.xcom_max_bytes,
+            callback_timeout_s=settings.callback_timeout_s,
         )
