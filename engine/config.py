@@ -288,7 +288,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: How long a callback (`on_failure_callback`, a DAG's, a deadline alert's ...) may run on
     #: a worker, in seconds. One that runs longer is given up, logged with the try's lines and
     #: changes nothing (a `def` callback's thread cannot be stopped and runs on). See
-    #: [alerting](../how-to/alerting.md).
+    #: [alerting](../howto/alerting.md).
     #: Default: `60`
     callback_timeout_s: float = DEFAULT_CALLBACK_TIMEOUT_S
 
