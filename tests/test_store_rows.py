@@ -185,6 +185,10 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     counts = {"rewritten": 0, "current": 0, "changed": 0, "unreadable": 0}
     await s.rotate_xcom_keys(counts)
     assert counts["current"] == 1
+    # (no task of this DAG declares a callback: no request was written)
+    assert await s.list_callback_requests() == []
+    assert await s.claim_callbacks(worker, ["default"], 5, lease_s=30.0) == []
+    assert not await s.finish_callback(0, worker)
     waits = await s.why_tasks([ti.id for ti in listed], worker_stale_s=60.0)
     assert {w.task_id: w.state for w in waits} == {ti.task_id: ti.state for ti in listed}
     found = await s.why_task("rows", "r1", "c", worker_stale_s=60.0)
