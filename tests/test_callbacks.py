@@ -353,3 +353,22 @@ async def test_a_run_that_ends_first_removes_its_deadline(store: Store) -> None:
     assert await store.list_triggers(100) == []
     assert alerts == []
     assert await _requests_left(store) == 0
+
+
+async def test_a_deadline_timer_cancelled_from_the_page_alerts_nobody(store: Store) -> None:
+    with DAG(
+        dag_id="cb_cancelled_deadline",
+        deadline=DeadlineAlert(
+            reference=DeadlineReference.DAGRUN_QUEUED_AT,
+            interval=dt.timedelta(hours=1),
+            callback="tests.test_callbacks._fail",
+        ),
+    ) as dag:
+        PythonOperator(task_id="a", python_callable=lambda: 1)
+    async with run_engine(store, worker=False, scheduler=False, triggerer=False) as engine:
+        await engine.start_run(dag)
+    (timer,) = await store.list_triggers(100)
+    assert timer.classpath == "triggers.temporal.DateTimeTrigger"
+    assert await store.cancel_trigger(timer.id, who="tester") == []
+    assert await store.list_triggers(100) == []
+    assert await _requests_left(store) == 0

@@ -1689,6 +1689,9 @@ WITH failed AS (
         next_kwargs = NULL, next_event = NULL
     WHERE ti.trigger_id = $1 AND ti.state = 'deferred'
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), silenced AS (
+    -- (a run's deadline alert timed by this trigger is dropped, not fired: migration 0022)
+    DELETE FROM deferral_deadline_alerts WHERE trigger_id = $1
 ), gone AS (
     DELETE FROM deferral_triggers WHERE id = $1 RETURNING id
 )
