@@ -372,3 +372,22 @@ async def test_a_deadline_timer_cancelled_from_the_page_alerts_nobody(store: Sto
     assert await store.cancel_trigger(timer.id, who="tester") == []
     assert await store.list_triggers(100) == []
     assert await _requests_left(store) == 0
+
+
+async def test_a_deadline_timer_is_no_orphan(store: Store) -> None:
+    """No task waits on a deadline's timer: the scheduler's orphan sweep must keep it (else
+    dropping it would look like its firing)."""
+    with DAG(
+        dag_id="cb_not_orphan",
+        deadline=DeadlineAlert(
+            reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
+            interval=dt.timedelta(hours=1),
+            callback="tests.test_callbacks._fail",
+        ),
+    ) as dag:
+        PythonOperator(task_id="a", python_callable=lambda: 1)
+    async with run_engine(store, worker=False, scheduler=False, triggerer=False) as engine:
+        await engine.start_run(dag)
+    assert await store.delete_orphan_triggers(0.0) == 0
+    assert len(await store.list_triggers(100)) == 1
+    assert await _requests_left(store) == 0
