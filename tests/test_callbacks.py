@@ -282,12 +282,15 @@ async def test_a_callback_that_raises_or_hangs_is_logged_and_changes_nothing(
     async def hangs_async(context: Any) -> None:
         await anyio.sleep_forever()
 
+    def exits(context: Any) -> None:
+        raise SystemExit(3)
+
     after: list[str] = []
     with DAG(dag_id="cb_bad_callbacks") as dag:
         PythonOperator(
             task_id="a",
             python_callable=lambda: 1,
-            on_success_callback=[raises, hangs, hangs_async, lambda c: after.append("ran")],
+            on_success_callback=[raises, exits, hangs, hangs_async, lambda c: after.append("ran")],
         )
     try:
         tis = await _run(store, dag, worker_options={"callback_timeout_s": 0.3})
@@ -299,6 +302,7 @@ async def test_a_callback_that_raises_or_hangs_is_logged_and_changes_nothing(
     text = "\n".join(line.message for line in lines.lines)
     assert "RuntimeError: callback exploded" in text
     assert "Traceback" in text
+    assert "SystemExit: 3" in text
     assert text.count("ran past callback_timeout_s") == 2
 
 

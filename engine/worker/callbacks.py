@@ -85,9 +85,9 @@ async def call_callbacks(
                 name,
                 timeout_s,
             )
-        except Exception as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except anyio.get_cancelled_exc_class():
+            raise  # the worker's own cancellation (its stop)
+        except BaseException as exc:  # user code: a SystemExit there must not end the worker
             failed += 1
             log.error(
                 "%s %s failed; it changes nothing:\n%s", what, name, format_user_exception(exc)
