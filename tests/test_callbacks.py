@@ -395,3 +395,16 @@ async def test_a_deadline_timer_is_no_orphan(store: Store) -> None:
     assert await store.delete_orphan_triggers(0.0) == 0
     assert len(await store.list_triggers(100)) == 1
     assert await _requests_left(store) == 0
+
+
+async def test_an_on_execute_callback_that_raises_does_not_fail_its_try(store: Store) -> None:
+    def raises(context: Any) -> None:
+        raise RuntimeError("execute callback exploded")
+
+    with DAG(dag_id="cb_execute_raises") as dag:
+        PythonOperator(task_id="a", python_callable=lambda: 7, on_execute_callback=raises)
+    tis = await _run(store, dag)
+    assert tis["a"]["state"] == "success"
+    lines = await store.task_logs("cb_execute_raises", "run1", "a", 1)
+    text = "\n".join(line.message for line in lines.lines)
+    assert "RuntimeError: execute callback exploded" in text
