@@ -124,7 +124,6 @@ class Attempts:
         if remaining is not None and remaining <= 0:
             return timed_out(ti)
         if ti.next_method:
-            TryLogs.resuming(ti, kwargs.get("event"), worker_id)
             crash_point("worker.resume.before_method")
         elif op.on_execute_callback is not None:  # (before execute, not before a resume)
             with current_context(context):
