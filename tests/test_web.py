@@ -495,6 +495,40 @@ async def test_mark_success_settles_the_downstream_tasks(
     assert bad.status == 400
 
 
+async def test_clear_and_mark_take_the_downstream_and_upstream_choices(
+    scene: Scene, acting: TestClient[Any, Any]
+) -> None:
+    """The page's actions are the command line's: the same selection of relatives, the same
+    statements, one audit row per task instance."""
+    response = await acting.post(
+        "/actions/mark",
+        data=_task_form("a", state="skipped", downstream="1", token=TOKEN),
+        allow_redirects=False,
+    )
+    assert response.status == 303
+    states = {ti.task_id: ti.state for ti in await scene.store.list_task_instances(dag_id=DAG_ID)}
+    assert states == {"a": "skipped", "b": "skipped", "c": "deferred"}
+    response = await acting.post(
+        "/actions/clear", data=_task_form("b", upstream="1", token=TOKEN), allow_redirects=False
+    )
+    assert response.status == 303
+    states = {ti.task_id: ti.state for ti in await scene.store.list_task_instances(dag_id=DAG_ID)}
+    assert states == {"a": "scheduled", "b": "pending", "c": "deferred"}
+    audit = sorted((r.action, r.target) for r in await scene.store.list_audit())
+    assert audit == [
+        ("clear", f"{DAG_ID}/r1/a"), ("clear", f"{DAG_ID}/r1/b"),
+        ("mark_skipped", f"{DAG_ID}/r1/a"), ("mark_skipped", f"{DAG_ID}/r1/b"),
+    ]  # fmt: skip
+    missing = await acting.post(
+        "/actions/clear", data=_task_form("zz", token=TOKEN), allow_redirects=False
+    )
+    assert missing.status == 404
+    assert "no task &#39;zz&#39;" in await missing.text()
+    text = await page(acting, "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id="a"))
+    assert 'name="downstream"' in text
+    assert 'name="upstream"' in text
+
+
 async def test_cancel_a_trigger_fails_its_waiting_tasks(
     scene: Scene, acting: TestClient[Any, Any]
 ) -> None:
