@@ -130,7 +130,7 @@ def _print_overrides(done: Sequence[Override], *, verb: str, empty: str) -> None
         console.print(empty, markup=False, highlight=False, soft_wrap=True)
         return
     table = Table("dag_id", "run_id", "task_id", "was", "now", "note")
-    for o in done:
+    for o in sorted(done, key=lambda o: (o.task_id, o.id)):
         notes = []
         if o.stopping_worker_id is not None:
             notes.append(f"worker {o.stopping_worker_id} told to stop try {o.try_number}")
@@ -378,7 +378,7 @@ def _run_mark_command(state: str) -> click.Command:
             highlight=False,
             soft_wrap=True,
         )
-        _print_overrides(done.tasks, verb=f"marked {state}", empty="no task instance changed")
+        _print_overrides(done.tasks, verb="marked", empty="no task instance changed")
 
     what = (
         "every task instance not a success is marked success"
