@@ -9,6 +9,10 @@ The commands run through click's CliRunner, in a thread (each runs its own event
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
 from typing import Any
 
 import anyio
@@ -204,6 +208,42 @@ async def test_clear_asks_first_and_without_a_terminal_refuses(store: Store, db_
     assert "pass --yes" in result.stderr
     assert await _states(store) == before
     assert await store.list_audit() == []
+
+
+def _in_a_terminal(db_url: str, answer: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """``deferral ARGS`` with a terminal on stdin (a pty), ``answer`` typed ahead."""
+    main, tty = pty.openpty()
+    try:
+        os.write(main, answer.encode())
+        return subprocess.run(
+            [sys.executable, "-m", "engine", *args],
+            stdin=tty,
+            capture_output=True,
+            env={**os.environ, "DEFERRAL_DATABASE_URL": db_url},
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(tty)
+        os.close(main)
+
+
+async def test_clear_in_a_terminal_clears_on_yes_only(store: Store, db_url: str) -> None:
+    ids = await _dag(store)
+    worker = await store.register_worker("w", 1, 16)
+    await _claim(store, worker, "a")
+    await _end(store, ids, worker, "a", 1, "failed")
+    before = await _states(store)
+    args = ("tasks", "clear", "cm", "--run", "r1", "--task", "a")
+    said_no = await anyio.to_thread.run_sync(_in_a_terminal, db_url, "n\n", *args)
+    assert said_no.returncode == 1, said_no.stderr
+    assert b"Clear them? [y/N]" in said_no.stdout
+    assert b"nothing cleared" in said_no.stderr
+    assert await _states(store) == before
+    said_yes = await anyio.to_thread.run_sync(_in_a_terminal, db_url, "y\n", *args)
+    assert said_yes.returncode == 0, said_yes.stderr
+    assert b"cleared 1 task instance" in said_yes.stdout
+    assert (await _states(store))["a"] == ("scheduled", 1)
 
 
 @pytest.mark.parametrize(

@@ -1730,7 +1730,10 @@ FOR UPDATE;
 -- it; deferral_finished: the scheduler, which may start a queued run now). Returns the run.
 WITH ended AS (
     UPDATE deferral_dag_runs r
-    SET state = $2, ended_at = now(), started_at = COALESCE(r.started_at, now())
+    -- (a run already so, none of whose tasks the mark changed, keeps when it ended)
+    SET state = $2,
+        ended_at = CASE WHEN r.state = $2 THEN COALESCE(r.ended_at, now()) ELSE now() END,
+        started_at = COALESCE(r.started_at, now())
     WHERE r.id = $1
     RETURNING r.id, r.dag_id, r.run_id, r.state
 ), audited AS (
