@@ -1702,10 +1702,11 @@ ORDER BY t.task_id, t.id;
 -- The task ids of run $1 (its primary key).
 SELECT DISTINCT task_id FROM deferral_task_instances WHERE dag_run_id = $1 ORDER BY task_id;
 
--- name: lock_run
--- Lock run $1 (its primary key) for a mark of the whole run, before its task instances (as the
--- scheduler ending it does: lock_runs_to_finish). Returns its state.
-SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1 FOR UPDATE;
+-- name: run_state
+-- The state of run $1 (its primary key), as a mark of the whole run finds it. Not locked: the
+-- mark locks the run's row last (by writing it), after its triggers and task instances, in
+-- the order a clear or a mark of tasks takes them; locking it first could deadlock with one.
+SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1;
 
 -- name: lock_run_triggers
 -- Lock the triggers the deferred task instances of run $1 (its primary key) wait on, before a
