@@ -529,6 +529,45 @@ async def test_clear_and_mark_take_the_downstream_and_upstream_choices(
     assert 'name="upstream"' in text
 
 
+async def test_a_run_is_cleared_and_marked_from_its_page(
+    scene: Scene, acting: TestClient[Any, Any]
+) -> None:
+    text = await page(acting, "/run?" + q(dag_id=DAG_ID, run_id="r1"))
+    assert 'action="/actions/clear-run"' in text
+    assert 'action="/actions/mark-run"' in text
+    run_form = {"dag_id": DAG_ID, "run_id": "r1", "token": TOKEN}
+    response = await acting.post(
+        "/actions/mark-run", data={**run_form, "state": "failed"}, allow_redirects=False
+    )
+    assert response.status == 303
+    run = await scene.store.get_dag_run(DAG_ID, "r1")
+    assert run is not None
+    assert run.state == "failed"
+    states = {ti.task_id: ti.state for ti in await scene.store.list_task_instances(dag_id=DAG_ID)}
+    assert states == {"a": "failed", "b": "skipped", "c": "failed"}
+    # only_failed: a and c run again, b (skipped) stays.
+    response = await acting.post(
+        "/actions/clear-run", data={**run_form, "only_failed": "1"}, allow_redirects=False
+    )
+    assert response.status == 303
+    states = {ti.task_id: ti.state for ti in await scene.store.list_task_instances(dag_id=DAG_ID)}
+    assert states == {"a": "scheduled", "b": "skipped", "c": "scheduled"}
+    run = await scene.store.get_dag_run(DAG_ID, "r1")
+    assert run is not None
+    assert run.state == "running"
+    actions = {r.action for r in await scene.store.list_audit()}
+    assert {"mark_run_failed", "mark_failed", "mark_skipped", "clear"} <= actions
+    for data in (
+        {**run_form, "state": "running"},
+        {**run_form, "state": "success", "run_id": "no"},
+    ):
+        bad = await acting.post("/actions/mark-run", data=data, allow_redirects=False)
+        assert bad.status in (400, 404)
+    assert (
+        await acting.post("/actions/clear-run", data={**run_form, "run_id": "no"})
+    ).status == 404
+
+
 async def test_cancel_a_trigger_fails_its_waiting_tasks(
     scene: Scene, acting: TestClient[Any, Any]
 ) -> None:

@@ -13,10 +13,10 @@ from aiohttp import web
 from engine.store import Store
 from engine.store.downstream import settle
 from engine.store.models import MovedTask
-from engine.store.overrides import MARK_STATES, NoSuchTarget
+from engine.store.overrides import MARK_STATES, RUN_MARK_STATES, NoSuchTarget
 from engine.web import hooks
 from engine.web.guard import local_path
-from engine.web.views import dag_url, task_url
+from engine.web.views import dag_url, run_url, task_url
 
 __all__ = ["ACTION_ROUTES", "TOKEN_ENV", "authorized"]
 
@@ -97,6 +97,41 @@ async def mark(request: web.Request, store: Store, form: Any, actor: str) -> web
     raise _back(form, page)
 
 
+async def _run_of(store: Store, form: Any) -> tuple[str, str]:
+    dag_id, run_id = _field(form, "dag_id"), _field(form, "run_id")
+    if await store.get_dag_run(dag_id, run_id) is None:
+        raise web.HTTPNotFound(text=f"no run {run_id!r} of DAG {dag_id!r}")
+    return dag_id, run_id
+
+
+async def clear_run(
+    request: web.Request, store: Store, form: Any, actor: str
+) -> web.StreamResponse:
+    dag_id, run_id = await _run_of(store, form)
+    # (As `deferral runs clear`: every task instance, or with only_failed the failed ones.)
+    try:
+        targets = await store.override_targets(
+            dag_id, run_id, only_failed=_flag(form, "only_failed")
+        )
+    except NoSuchTarget as exc:
+        raise web.HTTPNotFound(text=str(exc)) from None
+    await store.clear_tasks([t.id for t in targets], who=actor)
+    raise _back(form, run_url(dag_id, run_id))
+
+
+async def mark_run(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
+    state = _field(form, "state")
+    if state not in RUN_MARK_STATES:
+        raise web.HTTPBadRequest(text="a run's state must be success or failed")
+    dag_id, run_id = await _run_of(store, form)
+    # (As `deferral runs mark-*`: the tasks marked and the run ended in one transaction.)
+    try:
+        await store.mark_run(dag_id, run_id, state, who=actor)
+    except NoSuchTarget as exc:
+        raise web.HTTPNotFound(text=str(exc)) from None
+    raise _back(form, run_url(dag_id, run_id))
+
+
 async def pause(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
     dag_id = _field(form, "dag_id")
     paused = _field(form, "paused") in ("1", "true", "yes", "on")
@@ -133,6 +168,8 @@ async def cancel_trigger(
 ACTION_ROUTES: dict[str, Action] = {
     "/actions/clear": clear,
     "/actions/mark": mark,
+    "/actions/clear-run": clear_run,
+    "/actions/mark-run": mark_run,
     "/actions/pause": pause,
     "/actions/cancel-trigger": cancel_trigger,
 }
