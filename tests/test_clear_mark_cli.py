@@ -237,7 +237,8 @@ async def test_clear_in_a_terminal_clears_on_yes_only(store: Store, db_url: str)
     args = ("tasks", "clear", "cm", "--run", "r1", "--task", "a")
     said_no = await anyio.to_thread.run_sync(_in_a_terminal, db_url, "n\n", *args)
     assert said_no.returncode == 1, said_no.stderr
-    assert b"Clear them? [y/N]" in said_no.stdout
+    assert b"would clear 1 task instance" in said_no.stdout
+    assert b"Clear them? [y/N]" in said_no.stderr  # (stdout is not a terminal here)
     assert b"nothing cleared" in said_no.stderr
     assert await _states(store) == before
     said_yes = await anyio.to_thread.run_sync(_in_a_terminal, db_url, "y\n", *args)

@@ -121,7 +121,8 @@ def _confirm(selected: _Selected, *, as_json: bool) -> None:
     stdin = sys.stdin
     if stdin is None or stdin.closed or not stdin.isatty():
         _refuse("nothing cleared: no terminal to confirm on (stdin); pass --yes to clear")
-    if not click.confirm("Clear them?", default=False, err=as_json):
+    # (The question goes where it is seen: stderr when stdout is JSON or is not a terminal.)
+    if not click.confirm("Clear them?", default=False, err=as_json or not console.is_terminal):
         _refuse("nothing cleared")
 
 
