@@ -275,8 +275,11 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert [o.state for o in await s.clear_tasks([a_try.id], who="t")] == ["scheduled"]
     assert [o.state for o in await s.mark_tasks([a_try.id], "skipped", who="t")] == ["skipped"]
     assert await s.cancel_trigger(-1, who="t") == []
+    targets = await s.override_targets("rows", "r1", ["a"], downstream=True)
+    assert targets[0].task_id == "a"
+    assert (await s.mark_run("rows", "r1", "success", who="t")).state == "success"
     await s.record_audit("t", "look", "rows")
-    assert len(await s.list_audit()) == 6
+    assert (await s.list_audit(1))[0].action == "look"
     await s.unregister_worker(worker)
     await _schedule_calls(s)
     await _reader_calls(s, summary.id)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 @click.group()
 def runs() -> None:
-    """List DAG runs and wait for them."""
+    """List DAG runs and wait for them; clear and mark them."""
 
 
 @runs.command("list")

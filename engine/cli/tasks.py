@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 @click.group()
 def tasks() -> None:
-    """Inspect task instances."""
+    """Inspect task instances; clear and mark them."""
 
 
 @tasks.command("list")

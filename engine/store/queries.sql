@@ -1534,8 +1534,9 @@ WHERE ti.pool = $1 AND ti.state = ANY ($2::text[]) AND (NOT $3 OR ti.run_after <
 -- without upstreams (or whose rule is 'always') is scheduled, the others pending (the caller
 -- resolves them by their trigger rules: a task whose upstream failed does not run). A running
 -- try is told to stop as mark_tasks tells it, and no new try of the task starts until it has
--- stopped; a deferred task leaves its trigger; an audit row and a line in the log of its
--- latest try; its run runs again if it had ended. Returns one row per task instance cleared.
+-- stopped; a deferred task leaves its trigger; its XComs go; an audit row and a line in the
+-- log of its latest try; its run runs again if it had ended. Returns one row per task instance
+-- cleared.
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
            ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag,
@@ -1620,6 +1621,10 @@ WITH old AS (
     -- looks again: finish_dag_runs.)
     UPDATE deferral_dag_runs r SET state = 'running', ended_at = NULL
     WHERE r.id IN (SELECT o.dag_run_id FROM old o)
+), forgotten AS (
+    -- the XComs it pushed go with the try (its return value, the result, went above): the
+    -- next try starts with none, and nothing reads a cleared try's values meanwhile
+    DELETE FROM deferral_xcom x USING old o WHERE x.ti_id = o.id
 )
 SELECT c.id, c.dag_run_id, c.task_id, c.state, c.is_leaf, o.dag_id, o.run_id,
        o.state AS was, o.try_number, s.worker_id AS stopping_worker_id,
@@ -1715,6 +1720,89 @@ FROM marked c
 JOIN old o ON o.id = c.id
 LEFT JOIN stopping s ON s.ti_id = c.id
 ORDER BY c.id;
+
+-- name: override_targets
+-- The task instances of run $1 (its primary key) that a clear or a mark of tasks $2 (null: every
+-- task of the run) reaches: those tasks; with $3 their downstream tasks, transitively (along
+-- the upstream lists); with $4 their upstream tasks, transitively; $5: only those failed or
+-- upstream_failed. relation says why each is in: 'task', 'downstream' or 'upstream'.
+WITH RECURSIVE tis AS (
+    SELECT ti.id, ti.task_id, ti.upstream, ti.state, ti.try_number
+    FROM deferral_task_instances ti
+    WHERE ti.dag_run_id = $1
+), roots AS (
+    SELECT DISTINCT t.task_id FROM tis t WHERE $2::text[] IS NULL OR t.task_id = ANY ($2::text[])
+), down (task_id) AS (
+    SELECT r.task_id FROM roots r WHERE $3::boolean
+    UNION
+    SELECT t.task_id FROM tis t JOIN down d ON d.task_id = ANY (t.upstream)
+), up (task_id) AS (
+    SELECT r.task_id FROM roots r WHERE $4::boolean
+    UNION
+    SELECT u.task_id FROM up JOIN tis t ON t.task_id = up.task_id
+    CROSS JOIN LATERAL unnest(t.upstream) AS u(task_id)
+)
+SELECT t.id, t.task_id, t.state, t.try_number,
+       CASE WHEN t.task_id IN (SELECT task_id FROM roots) THEN 'task'
+            WHEN t.task_id IN (SELECT task_id FROM down) THEN 'downstream'
+            ELSE 'upstream' END AS relation
+FROM tis t
+WHERE (t.task_id IN (SELECT task_id FROM roots)
+       OR t.task_id IN (SELECT task_id FROM down)
+       OR t.task_id IN (SELECT task_id FROM up))
+  AND (NOT $5::boolean OR t.state IN ('failed', 'upstream_failed'))
+ORDER BY t.task_id, t.id;
+
+-- name: run_task_ids
+-- The task ids of run $1 (its primary key).
+SELECT DISTINCT task_id FROM deferral_task_instances WHERE dag_run_id = $1 ORDER BY task_id;
+
+-- name: run_state
+-- The state of run $1 (its primary key), as a mark of the whole run finds it. Not locked: the
+-- mark locks the run's row last (by writing it), after its triggers and task instances, in
+-- the order a clear or a mark of tasks takes them; locking it first could deadlock with one.
+SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1;
+
+-- name: lock_run_triggers
+-- Lock the triggers the deferred task instances of run $1 (its primary key) wait on, before a
+-- mark of the whole run locks its task instances (as lock_left_triggers does for some).
+SELECT t.id FROM deferral_triggers t
+WHERE t.id IN (SELECT ti.trigger_id FROM deferral_task_instances ti
+               WHERE ti.dag_run_id = $1 AND ti.state = 'deferred')
+ORDER BY t.id
+FOR UPDATE OF t;
+
+-- name: lock_run_tasks
+-- Lock the task instances of run $1 (its primary key) for a mark of the whole run; their states.
+SELECT ti.id, ti.state FROM deferral_task_instances ti
+WHERE ti.dag_run_id = $1
+ORDER BY ti.id
+FOR UPDATE;
+
+-- name: end_marked_run
+-- End run $1 (its primary key) in state $2 ('success' or 'failed') after its unfinished task
+-- instances were marked in the same transaction ($3 who, $4 how): the run's row, an audit row,
+-- and the notifications of a run ended (deferral_runs: "dag run state", for those waiting on
+-- it; deferral_finished: the scheduler, which may start a queued run now). Returns the run.
+WITH ended AS (
+    UPDATE deferral_dag_runs r
+    -- (a run already so, none of whose tasks the mark changed, keeps when it ended)
+    SET state = $2,
+        ended_at = CASE WHEN r.state = $2 THEN COALESCE(r.ended_at, now()) ELSE now() END,
+        started_at = COALESCE(r.started_at, now())
+    WHERE r.id = $1
+    RETURNING r.id, r.dag_id, r.run_id, r.state
+), audited AS (
+    INSERT INTO deferral_audit (who, action, target, detail)
+    SELECT $3::text, 'mark_run_' || $2::text, e.dag_id || '/' || e.run_id,
+           jsonb_build_object('run', e.id, 'via', $4::text)
+    FROM ended e
+), told AS (
+    SELECT pg_notify('deferral_runs', e.dag_id || ' ' || e.run_id || ' ' || e.state),
+           pg_notify('deferral_finished', e.id::text)
+    FROM ended e
+)
+SELECT e.id, e.dag_id, e.run_id, e.state, (SELECT count(*) FROM told) AS told FROM ended e;
 
 -- name: lock_left_triggers
 -- Lock the triggers that the deferred task instances among $1 wait on, before a mark or a clear

@@ -25,7 +25,7 @@ from engine.store.models.logstore import (
     TriggerLogRow,
     TriggerLogs,
 )
-from engine.store.models.overrides import Override
+from engine.store.models.overrides import Override, OverrideTarget, RunOverride
 from engine.store.models.pools import PoolRow
 from engine.store.models.runs import (
     Dag,
@@ -101,11 +101,13 @@ __all__ = [
     "NextRun",
     "OldestWait",
     "Override",
+    "OverrideTarget",
     "PoolRow",
     "PoolTask",
     "PrevRun",
     "RefusedTrigger",
     "RunFilter",
+    "RunOverride",
     "RunRow",
     "RunSquare",
     "RunWait",
