@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.anyio
 def _third_time(counter: Path, show: Path) -> str:
     """True on its third run; writes what it sees of the environment to ``show``."""
     return (
-        f'n=$(cat {counter} 2>/dev/null || echo 0); echo $((n+1)) > {counter}; '
+        f"n=$(cat {counter} 2>/dev/null || echo 0); echo $((n+1)) > {counter}; "
         f'printf "%s|%s|%s\\n" "${{FAKE_SECRET--}}" "${{GIVEN--}}" "$DEFERRAL_TASK_ID" > {show}; '
         'echo "run $n"; [ "$n" -ge 2 ]'
     )
@@ -86,8 +85,8 @@ async def test_another_status_than_retry_exit_code_fails_without_retries(
         tis = await engine.finish(dag.dag_id)
     assert tis["wait"]["state"] == "failed"
     assert tis["wait"]["try_number"] == 1  # no retry: the command said it never will be
-    assert "command exited with status 3 (not 0, and not retry_exit_code 1)" in (
-        tis["wait"]["error"]
+    assert (
+        "command exited with status 3 (not 0, and not retry_exit_code 1)" in (tis["wait"]["error"])
     )
     assert counter.read_text().strip() == "2"
 
@@ -100,7 +99,8 @@ async def test_any_non_zero_status_is_not_yet_without_retry_exit_code(tmp_path: 
         poll_interval=0,
     )
     event = await run_trigger(trigger)
-    assert event is not None and event.payload is None
+    assert event is not None
+    assert event.payload is None
     assert counter.read_text().strip() == "3"
 
 
@@ -137,5 +137,3 @@ def test_bad_arguments_are_a_dag_files_error() -> None:
         BashSensor(task_id="w", bash_command="true", retry_exit_code="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="bash_command must be a non-empty string"):
         BashSensor(task_id="w", bash_command=" ")
-
-
