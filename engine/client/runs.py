@@ -16,7 +16,7 @@ from engine.scheduler.dagsync import request_rescan, sync_dags
 from engine.store import CHANNEL_RUNS, Store, TaskInstance, UnknownDag, open_store
 from engine.store.models import NewRun
 
-__all__ = ["RunOutcome", "trigger_dag", "wait_for_run", "wait_run"]
+__all__ = ["RunOutcome", "create_manual_run", "trigger_dag", "wait_for_run", "wait_run"]
 
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,7 +48,7 @@ async def wait_for_run(
         await listener.close()
 
 
-async def _create(store: Store, run: NewRun) -> tuple[str, str]:
+async def create_manual_run(store: Store, run: NewRun) -> tuple[str, str]:
     """Create a manual run behind max_active_runs, its interval inferred from the DAG's
     schedule (a naive logical date is in the DAG's time zone; no run id: ``manual__<logical
     date>``); returns its run id and state (running or queued)."""
@@ -69,7 +69,7 @@ async def _create(store: Store, run: NewRun) -> tuple[str, str]:
 async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> tuple[str, str]:
     dag_id = run.dag_id
     try:
-        return await _create(store, run)
+        return await create_manual_run(store, run)
     except UnknownDag:
         if bag is not None:
             raise UnknownDag(bag.missing_dag_message(dag_id)) from None
@@ -80,7 +80,7 @@ async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> tuple[st
             "folder here"
         ) from None
     try:
-        return await _create(store, run)
+        return await create_manual_run(store, run)
     except UnknownDag:
         raise UnknownDag(
             f"unknown DAG {dag_id!r}: the running scheduler rescanned its DAGs folder and found "

@@ -245,6 +245,31 @@ class RuntimeTaskInstance:
             "pull XComs", lambda: store.pull_xcom(dag_id, run_id, task_ids, key)
         )
 
+    # -- other runs ------------------------------------------------------------------------
+
+    async def trigger_dag_run(
+        self,
+        dag_id: str,
+        *,
+        run_id: str | None = None,
+        conf: dict[str, Any] | None = None,
+        logical_date: Any = None,
+        reset: bool = False,
+    ) -> dict[str, Any]:
+        """Create a run of ``dag_id`` (what ``TriggerDagRunOperator`` does; see
+        :func:`engine.worker.dagruns.trigger_dag_run`), from the worker's loop."""
+        from engine.worker.dagruns import trigger_dag_run
+
+        return await trigger_dag_run(
+            self._store,
+            f"task {_task_name(self.dag_id, self.task_id)} (run {self.run_id})",
+            dag_id,
+            run_id=run_id,
+            conf=dict(conf or {}),
+            logical_date=logical_date,
+            reset=reset,
+        )
+
     def info(self) -> dict[str, Any]:
         """The plain data of ``ti`` (for a child process, which has no store to ask)."""
         return {
