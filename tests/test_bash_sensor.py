@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from engine import DAG
@@ -15,6 +16,8 @@ from engine.testing import run_engine, run_trigger
 from operators.python import PythonOperator
 from operators.sensors import BashSensor
 from tests.sensor_helpers import FAST
+from tests.triggerer_support import WaitOn
+from triggers.base import encode_value
 from triggers.bash import BashCommandTimeout, BashTrigger
 
 pytestmark = pytest.mark.anyio
@@ -137,3 +140,37 @@ def test_bad_arguments_are_a_dag_files_error() -> None:
         BashSensor(task_id="w", bash_command="true", retry_exit_code="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="bash_command must be a non-empty string"):
         BashSensor(task_id="w", bash_command=" ")
+
+
+async def test_a_plaintext_row_naming_bash_trigger_never_runs_its_command(
+    store: Store, db_url: str, tmp_path: Path
+) -> None:
+    """Whoever can write to the database but has no key cannot make a triggerer run a
+    command: a trigger row rewritten with SQL to a BashTrigger (its kwargs in plaintext, as no
+    engine process writes them when it has a key) fails its task and runs nothing."""
+    marker = tmp_path / "pwned"
+    with DAG(dag_id="bash_forged") as dag:
+        WaitOn(
+            task_id="wait",
+            trigger="FlagTrigger",
+            trigger_kwargs={"flag": str(tmp_path / "never"), "key": "k"},
+        )
+    async with run_engine(store, triggerer=False) as engine:
+        await engine.start_run(dag)
+        await engine.wait_for_state(dag.dag_id, "wait", "deferred")
+        forged = BashTrigger(f"touch {marker}", poll_interval=0).serialize()
+        conn = await asyncpg.connect(db_url)
+        try:
+            status = await conn.execute(
+                "UPDATE deferral_triggers SET classpath = $1, kwargs = $2",
+                forged[0],
+                encode_value(forged[1]),
+            )
+        finally:
+            await conn.close()
+        assert status == "UPDATE 1"
+    async with run_engine(store, worker=False) as engine:
+        tis = await engine.finish(dag.dag_id)
+    assert not marker.exists(), "the command ran"
+    assert tis["wait"]["state"] == "failed"
+    assert "stored in plaintext while the engine has an encryption key" in tis["wait"]["error"]

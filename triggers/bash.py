@@ -67,7 +67,12 @@ class BashTrigger(PollingTrigger):
     The environment: the running process's variables that :func:`clean_env` keeps (with
     those named in ``pass_env``), then ``env``; with ``append_env=False``, ``env`` alone; and
     ``DEFERRAL_DAG_ID``, ``DEFERRAL_RUN_ID``, ``DEFERRAL_TASK_ID`` (``task``: those three).
+
+    It runs a command its kwargs hold (``runs_commands``): a triggerer with an encryption key
+    builds it only from kwargs the engine stored encrypted, never from a plaintext row.
     """
+
+    runs_commands = True
 
     def __init__(
         self,
