@@ -48,7 +48,7 @@ async def wait_for_run(
         await listener.close()
 
 
-async def create_manual_run(store: Store, run: NewRun) -> tuple[str, str]:
+async def _create(store: Store, run: NewRun) -> tuple[str, str]:
     """Create a manual run behind max_active_runs, its interval inferred from the DAG's
     schedule (a naive logical date is in the DAG's time zone; no run id: ``manual__<logical
     date>``); returns its run id and state (running or queued)."""
@@ -66,10 +66,17 @@ async def create_manual_run(store: Store, run: NewRun) -> tuple[str, str]:
     return run.run_id, created[1]
 
 
+async def create_manual_run(store: Store, run: NewRun) -> tuple[str, str]:
+    """Create a manual run as ``deferral dags trigger`` does (what TriggerDagRunOperator uses);
+    returns its run id and state. Raises UnknownDag, and DuplicateRun when the DAG has a run
+    of that id already."""
+    return await _create(store, run)
+
+
 async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> tuple[str, str]:
     dag_id = run.dag_id
     try:
-        return await create_manual_run(store, run)
+        return await _create(store, run)
     except UnknownDag:
         if bag is not None:
             raise UnknownDag(bag.missing_dag_message(dag_id)) from None
@@ -80,7 +87,7 @@ async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> tuple[st
             "folder here"
         ) from None
     try:
-        return await create_manual_run(store, run)
+        return await _create(store, run)
     except UnknownDag:
         raise UnknownDag(
             f"unknown DAG {dag_id!r}: the running scheduler rescanned its DAGs folder and found "
