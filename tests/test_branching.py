@@ -5,11 +5,13 @@ skip propagation and a join, a branch that defers, ShortCircuitOperator and
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine import DAG, task
+from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
 from operators.base import Context
@@ -269,3 +271,68 @@ async def test_task_short_circuit_decorator(store: Store, ignore: bool) -> None:
         "report": "skipped" if ignore else "success",
     }
     assert _result(tis["enough"]) is False
+
+
+_ISOLATED_DAG = """
+from engine import DAG
+from operators.python import BranchPythonOperator, PythonOperator
+
+
+def pick():
+    return "b"
+
+
+def noop():
+    return None
+
+
+with DAG(dag_id="br_isolated") as dag:
+    branch = BranchPythonOperator(task_id="branch", python_callable=pick, isolation="process")
+    branch >> [
+        PythonOperator(task_id="a", python_callable=noop),
+        PythonOperator(task_id="b", python_callable=noop),
+    ]
+"""
+
+
+async def test_a_branch_in_a_child_process_skips_the_same_way(store: Store, tmp_path: Path) -> None:
+    """With isolation='process' the choice crosses the child's pipe with the outcome."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "isolated_branch.py").write_text(_ISOLATED_DAG)
+    dagbag = DagBag(dags)
+    assert not dagbag.import_errors, dagbag.import_errors
+    dag = dagbag.get_dag("br_isolated")
+    async with run_engine(store, dagbag=dagbag) as engine:
+        await engine.start_run(dag, logical_date=LOGICAL)
+        tis = await engine.finish(dag.dag_id)
+    assert _states(tis) == {"branch": "success", "a": "skipped", "b": "success"}
+    assert _result(tis["branch"]) == "b"
+
+
+async def test_the_skip_is_fenced_by_the_worker_and_the_try(store: Store) -> None:
+    """Only the worker holding the branch's try skips, and only pending tasks of its run: a
+    late write of a reaped try (another worker, another try) moves nothing."""
+    with DAG(dag_id="br_fenced") as dag:
+        branch = BranchPythonOperator(task_id="branch", python_callable=_pick_b)
+        branch >> [
+            PythonOperator(task_id="a", python_callable=_noop),
+            PythonOperator(task_id="b", python_callable=_noop),
+        ]
+    await store.upsert_dag(dag.dag_id, "br_fenced.py", dag.serialize_tasks(), None)
+    await store.create_dag_run(dag.dag_id, "r1", logical_date=await store.now())
+    worker = await store.register_worker("test", 1, 4)
+    other = await store.register_worker("test", 2, 4)
+    (ti,) = [t for t in (await store.claim_tasks(worker, 100)).claimed if t.dag_id == "br_fenced"]
+    assert ti.task_id == "branch"
+    assert await store.skip_branch_tasks(ti.id, other, ti.try_number, ["a"]) == []
+    assert await store.skip_branch_tasks(ti.id, worker, ti.try_number + 1, ["a"]) == []
+    moved = await store.skip_branch_tasks(ti.id, worker, ti.try_number, ["a", "branch", "nope"])
+    assert [(m.task_id, m.state) for m in moved] == [("a", "skipped")]  # the running one stays
+    assert await store.skip_branch_tasks(ti.id, worker, ti.try_number, ["a"]) == []
+    states = {t.task_id: t.state for t in await store.list_task_instances(dag_id="br_fenced")}
+    assert states == {"branch": "running", "a": "skipped", "b": "pending"}
+
+
+def _pick_b() -> str:
+    return "b"
