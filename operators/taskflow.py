@@ -16,7 +16,8 @@ the context anywhere inside a running task.
 
 ``@task.sensor`` makes a sensor of a function returning a bool (or a
 :class:`PokeReturnValue`); ``@task.bash`` a ``BashOperator`` of a function returning its
-command. This module imports contracts only; the operators the decorators make
+command; ``@task.branch`` and ``@task.short_circuit`` the branching operators of
+:mod:`operators.python`. This module imports contracts only; the operators the decorators make
 (:mod:`operators.decorated`, built on the built-in ones) are imported when one is used, so
 ``from engine import task`` costs no sensor's imports.
 """
@@ -87,7 +88,7 @@ class TaskDecorator:
                 "function runs in a worker thread; write an operator with an async execute"
             )
         self.function = fn
-        #: Which operator a call makes: "python", "sensor" or "bash" (operators.decorated).
+        #: Which operator a call makes: a key of operators.decorated.OPERATORS.
         self.kind = kind
         self.kwargs = dict(kwargs)
         if multiple_outputs is None:
@@ -150,7 +151,8 @@ def _decorator(
 
 
 class _Task:
-    """``task``: ``@task``, ``@task(...)``, ``@task.python``, ``@task.sensor``, ``@task.bash``."""
+    """``task``: ``@task``, ``@task(...)``, ``@task.python``, ``@task.sensor``, ``@task.bash``,
+    ``@task.branch``, ``@task.short_circuit``."""
 
     def __call__(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
         """``@task`` or ``@task(task_id=..., retries=..., multiple_outputs=..., ...)``."""
@@ -175,6 +177,23 @@ class _Task:
         if kwargs.get("multiple_outputs"):
             raise TypeError("@task.bash does not take multiple_outputs")
         return _decorator("bash", python_callable, kwargs)
+
+    def branch(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+        """A ``BranchPythonOperator``: the function returns the task id (or list of task ids)
+        to follow, or None; the other tasks directly downstream are skipped."""
+        if kwargs.get("multiple_outputs"):
+            raise TypeError("@task.branch does not take multiple_outputs")
+        return _decorator("branch", python_callable, kwargs)
+
+    def short_circuit(
+        self, python_callable: Callable[..., Any] | None = None, **kwargs: Any
+    ) -> Any:
+        """A ``ShortCircuitOperator``: a falsy return value skips the downstream tasks
+        (``ignore_downstream_trigger_rules``, default True: all of them; False: the direct
+        ones, the others by their trigger rules)."""
+        if kwargs.get("multiple_outputs"):
+            raise TypeError("@task.short_circuit does not take multiple_outputs")
+        return _decorator("short_circuit", python_callable, kwargs)
 
 
 #: The TaskFlow decorator (``from engine import task``).

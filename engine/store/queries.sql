@@ -2577,3 +2577,17 @@ DELETE FROM deferral_callback_requests WHERE id = $1 AND worker_id = $2 RETURNIN
 SELECT c.id, c.kind, c.dag_id, c.ti_id, c.try_number, c.error, c.deadline_index,
        c.deadline_at, c.worker_id, c.lease_until, c.claims, c.created_at
 FROM deferral_callback_requests c ORDER BY c.id;
+
+-- Branching (operators/python.py: BranchPythonOperator, ShortCircuitOperator).
+
+-- name: skip_branch_tasks
+-- A branching task skips the tasks $4 of its run that are still pending (none of them ran:
+-- they wait on it), just before its success is written: only while worker $2 holds try $3 of
+-- task instance $1 (a late write of a reaped try skips nothing). Returns what moved, for the
+-- caller to resolve their downstreams by their trigger rules.
+UPDATE deferral_task_instances ti
+SET state = 'skipped', ended_at = now(), run_after = now()
+FROM deferral_task_instances b
+WHERE b.id = $1 AND b.worker_id = $2 AND b.try_number = $3 AND b.state = 'running'
+  AND ti.dag_run_id = b.dag_run_id AND ti.task_id = ANY ($4::text[]) AND ti.state = 'pending'
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from engine.masking import redact
 from engine.runtime.retry import with_db_retry
+from engine.store.downstream import settle
 from engine.worker.outcomes import (
     Deferred,
     Raised,
@@ -53,6 +55,8 @@ __all__ = [
     "write_pushes",
 ]
 
+
+log = logging.getLogger(__name__)
 
 #: The ``ti`` of the try this asyncio task (one per try on the worker) runs.
 _bound: ContextVar[RuntimeTaskInstance | None] = ContextVar("deferral_xcom_ti", default=None)
@@ -90,7 +94,30 @@ async def finish_try(
             return Raised(why, no_retry=True)
     if isinstance(outcome, Returned | Deferred | Rescheduled | Skipped):
         await write_pushes(store, ti, worker_id)
+    if isinstance(outcome, Returned) and outcome.skip:
+        await skip_tasks(store, ti, worker_id, outcome.skip)
     return outcome
+
+
+async def skip_tasks(
+    store: Store, ti: ClaimedTask, worker_id: int, task_ids: Sequence[str]
+) -> None:
+    """A branching try skips ``task_ids`` (those still pending) before its success is written,
+    so that its downstream tasks, resolved once it succeeds, find them skipped; their own
+    downstreams are resolved at once (skipping propagates by the trigger rules)."""
+    moved = await with_db_retry(
+        "skip the tasks a branch does not follow",
+        lambda: store.skip_branch_tasks(ti.id, worker_id, ti.try_number, task_ids),
+    )
+    if moved:
+        log.info(
+            "%s.%s (run %s) skipped %s",
+            ti.dag_id,
+            ti.task_id,
+            ti.run_id,
+            ", ".join(m.task_id for m in moved),
+        )
+    await settle(store, moved)
 
 
 class RuntimeTaskInstance:
@@ -216,6 +243,31 @@ class RuntimeTaskInstance:
         store = self._store
         return await with_db_retry(
             "pull XComs", lambda: store.pull_xcom(dag_id, run_id, task_ids, key)
+        )
+
+    # -- other runs ------------------------------------------------------------------------
+
+    async def trigger_dag_run(
+        self,
+        dag_id: str,
+        *,
+        run_id: str | None = None,
+        conf: dict[str, Any] | None = None,
+        logical_date: Any = None,
+        reset: bool = False,
+    ) -> dict[str, Any]:
+        """Create a run of ``dag_id`` (what ``TriggerDagRunOperator`` does; see
+        :func:`engine.worker.dagruns.trigger_dag_run`), from the worker's loop."""
+        from engine.worker.dagruns import trigger_dag_run
+
+        return await trigger_dag_run(
+            self._store,
+            f"task {_task_name(self.dag_id, self.task_id)} (run {self.run_id})",
+            dag_id,
+            run_id=run_id,
+            conf=dict(conf or {}),
+            logical_date=logical_date,
+            reset=reset,
         )
 
     def info(self) -> dict[str, Any]:
