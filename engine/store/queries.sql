@@ -430,7 +430,7 @@ WITH admitted AS MATERIALIZED (
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
               ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
               ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
-              r.data_interval_start, r.data_interval_end, r.run_type, ti.pool,
+              r.data_interval_start, r.data_interval_end, r.run_type, ti.pool, ti.map_index,
               ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
                   AS missing_pool
 ), idle AS (
@@ -450,7 +450,7 @@ SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, ti.next_kwargs,
        ti.next_event, ti.first_try_at, ti.try_started_at, ti.execution_timeout_s, ti.is_leaf,
        ti.run_after, r.logical_date, r.conf, r.data_interval_start, r.data_interval_end, r.run_type,
-       ti.pool, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
+       ti.pool, ti.map_index, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
        now() AS db_now
 FROM deferral_task_instances ti
 JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
@@ -499,6 +499,44 @@ UPDATE deferral_task_instances
 SET state = 'up_for_reschedule', run_after = $3, worker_id = NULL
 WHERE id = $1 AND worker_id = $2 AND state = 'running' AND try_number = $4
 RETURNING id;
+
+-- name: expand_task
+-- Expand mapped task instance $1 (map_index -1), whose try $3 worker $2 holds, into $4 (>= 1)
+-- instances: it becomes instance 0, and instances 1..$4-1 are inserted as its copies, all
+-- scheduled, none tried yet (the claim that expanded it does not count as a try). Nothing is
+-- written unless the worker still holds that try. Returns the instances made (no row:
+-- nothing written) and wakes the workers.
+WITH held AS (
+    SELECT * FROM deferral_task_instances
+    WHERE id = $1 AND worker_id = $2 AND state = 'running' AND try_number = $3
+      AND map_index = -1
+    FOR UPDATE
+), first AS (
+    UPDATE deferral_task_instances ti
+    SET map_index = 0, state = 'scheduled', worker_id = NULL, heartbeat_at = NULL,
+        try_number = held.try_number - 1, first_try_at = NULL, try_started_at = NULL,
+        started_at = NULL, ended_at = NULL, try_queued_at = NULL, previous_error = NULL,
+        error = NULL, run_after = now()
+    FROM held
+    WHERE ti.id = held.id
+    RETURNING ti.id
+), more AS (
+    INSERT INTO deferral_task_instances (
+        dag_run_id, dag_id, run_id, task_id, map_index, state, try_number, retries,
+        retry_delay_s, retry_exponential_backoff, max_retry_delay_s, execution_timeout_s,
+        soft_fail, trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout,
+        pool_slots, queue, trigger_queue, max_active_tis_per_dag, run_after)
+    SELECT h.dag_run_id, h.dag_id, h.run_id, h.task_id, g.i, 'scheduled', h.try_number - 1,
+           h.retries, h.retry_delay_s, h.retry_exponential_backoff, h.max_retry_delay_s,
+           h.execution_timeout_s, h.soft_fail, h.trigger_rule, h.upstream, h.is_leaf,
+           h.priority, h.pool, h.no_retry_on_timeout, h.pool_slots, h.queue, h.trigger_queue,
+           h.max_active_tis_per_dag, now()
+    FROM held h, generate_series(1, $4::integer - 1) AS g(i)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM first) + (SELECT count(*) FROM more) AS made,
+       pg_notify('deferral_tasks', '') AS notified
+FROM first;
 
 -- name: defer_task
 -- The running try of task instance $1, held by worker $2 (try $9; null: whichever try it
@@ -666,7 +704,8 @@ WHERE NOT EXISTS (
 SELECT DISTINCT dag_run_id AS id FROM deferral_task_instances WHERE state = 'pending';
 
 -- name: list_task_instances
--- Task instances, optionally filtered by DAG, run and state. retry_at: when a task waiting for
+-- Task instances, optionally filtered by DAG, run and state (a mapped task's in map_index
+-- order). retry_at: when a task waiting for
 -- its next try (or check) becomes runnable; duration_s: from the start of the first try to the
 -- end of the last (to now while the task has not ended), on the database clock.
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.result, ti.error,
@@ -676,7 +715,7 @@ SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.resu
            AS retry_at,
        EXTRACT(EPOCH FROM COALESCE(ti.ended_at, now()) - ti.first_try_at)::double precision
            AS duration_s,
-       ti.rendered_fields
+       ti.rendered_fields, ti.map_index
 FROM deferral_task_instances ti
 WHERE ($1::text IS NULL OR ti.dag_id = $1) AND ($2::text IS NULL OR ti.run_id = $2)
   AND ($3::text IS NULL OR ti.state = $3)
@@ -1710,7 +1749,8 @@ WITH lines AS (
     ORDER BY l.n
 ), waiters AS (
     INSERT INTO deferral_trigger_log_tasks (dag_id, run_id, task_id, try_number, trigger_id)
-    SELECT ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.trigger_id
+    SELECT ti.dag_id, ti.run_id, deferral_ti_name(ti.task_id, ti.map_index), ti.try_number,
+           ti.trigger_id
     FROM deferral_task_instances ti
     WHERE ti.trigger_id = ANY ($6::bigint[]) AND ti.state = 'deferred'
     ON CONFLICT DO NOTHING
@@ -1774,14 +1814,15 @@ WHERE trigger_id = $1
 ORDER BY dag_id, run_id, task_id, try_number;
 
 -- name: task_logs
--- Up to $6 lines of a task try ($1 DAG, $2 run, $3 task, $4 try; null: the latest) after seq
+-- Up to $6 lines of a task try ($1 DAG, $2 run, $3 task: its name, TASK[i] for a mapped
+-- instance, deferral_ti_name; $4 try; null: the latest) after seq
 -- $5, oldest first, with the task instance's state and latest try (null: no such task
 -- instance). One statement, so one snapshot: a try seen ended has every line it logged before
 -- its outcome stored (the worker writes them before the outcome). Without lines: one row with
 -- a null seq.
 WITH ti AS (
     SELECT state, try_number FROM deferral_task_instances
-    WHERE dag_id = $1 AND run_id = $2 AND task_id = $3
+    WHERE dag_id = $1 AND run_id = $2 AND deferral_ti_name(task_id, map_index) = $3
 ), try AS (
     SELECT COALESCE($4::integer, (SELECT try_number FROM ti)) AS n
 ), page AS (
@@ -2337,8 +2378,9 @@ RETURNING key;
 -- name: xcom_pull
 -- The values under key $4 of the tasks $3 (null: every task) of run $2 of DAG $1, from the
 -- current try of each task instance (the return value, key 'return_value', is its result, or
--- what it pushed under that key). Only tasks that have one; the latest first.
-SELECT ti.task_id, v.value
+-- what it pushed under that key). Only tasks that have one; the latest first (a mapped task's
+-- instances by map_index).
+SELECT ti.task_id, ti.map_index, v.value
 FROM deferral_dag_runs r
 JOIN deferral_task_instances ti ON ti.dag_run_id = r.id
 LEFT JOIN deferral_xcom x ON x.ti_id = ti.id AND x.key = $4 AND x.try_number = ti.try_number
@@ -2349,7 +2391,8 @@ CROSS JOIN LATERAL (
 WHERE r.dag_id = $1 AND r.run_id = $2
   AND ($3::text[] IS NULL OR ti.task_id = ANY ($3::text[]))
   AND v.value IS NOT NULL
-ORDER BY COALESCE(x.pushed_at, ti.ended_at) DESC NULLS LAST, ti.task_id;
+ORDER BY ti.map_index >= 0, ti.map_index,
+         COALESCE(x.pushed_at, ti.ended_at) DESC NULLS LAST, ti.task_id;
 
 -- name: xcom_of_tasks
 -- The values task instances $1 pushed under keys of their own in their current tries (their
@@ -2361,7 +2404,7 @@ WHERE x.ti_id = ANY ($1::bigint[])
 ORDER BY x.ti_id, x.key;
 
 -- name: xcom_of_task
--- Every XCom of one task instance (DAG $1, run $2, task $3) in its current try: its result
+-- Every XCom of one task instance (DAG $1, run $2, task $3, map index $4) in its current try: its result
 -- under 'return_value' (over a value pushed under that key, as xcom_pull reads it) and the
 -- values it pushed, by key. No row: no such task instance; a row with a null key: it has none.
 SELECT ti.id AS ti_id, k.key, k.value
@@ -2373,7 +2416,7 @@ LEFT JOIN LATERAL (
     UNION ALL
     SELECT 'return_value', ti.result WHERE ti.result IS NOT NULL
 ) k ON true
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3 AND ti.map_index = $4
 ORDER BY k.key;
 
 -- name: rotation_xcom

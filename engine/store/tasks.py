@@ -218,6 +218,15 @@ class TaskQueries(StoreCore):
         )
         return row is not None
 
+    async def expand_task(self, ti_id: int, worker_id: int, try_number: int, count: int) -> int:
+        """Expand mapped task instance ``ti_id`` (map index -1), whose try ``try_number``
+        worker ``worker_id`` holds, into ``count`` (>= 1) scheduled instances, 0..count-1, in
+        one statement; how many were made (0: the worker no longer held it, nothing written)."""
+        if count < 1:
+            raise ValueError(f"a mapped task expands into at least 1 instance, got {count}")
+        row = await self._pool.fetchrow(self._q["expand_task"], ti_id, worker_id, try_number, count)
+        return 0 if row is None else int(row["made"])
+
     async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:
         """Store the trigger (or join an identical waiting one) and park the task on it, in one
         statement. False if the worker no longer holds the task (nothing is written)."""

@@ -30,7 +30,7 @@ from engine.runtime.crashpoints import crash_point
 from engine.runtime.retry import with_db_retry
 from engine.store import ClaimedTask, Store
 from engine.usercode import guard as usercode
-from engine.worker import isolation, templating, xcom
+from engine.worker import isolation, mapping, templating, xcom
 from engine.worker.outcomes import (
     Raised,
     TryOutcome,
@@ -42,7 +42,7 @@ from engine.worker.outcomes import (
     worker_cancelled,
 )
 from engine.worker.trylogs import TryLogs
-from operators.base import BaseOperator, Context
+from operators.base import BaseOperator, Context, MappedOperator
 from operators.xcom import current_context
 from triggers.base import decode_value, encode_value
 
@@ -82,6 +82,7 @@ class Attempts:
         stopping: Mapping[tuple[int, int], str],
         freed: Callable[[bool], None],
         xcom_max_bytes: int,
+        max_map_length: int = 1024,
     ) -> None:
         self._store = store
         self._dagbag = dagbag
@@ -92,6 +93,8 @@ class Attempts:
         self._freed = freed
         #: Setting xcom_max_bytes: the largest return value or pushed XCom, encoded.
         self._xcom_max_bytes = xcom_max_bytes
+        #: Setting max_map_length: the most instances of one mapped task.
+        self._max_map_length = max_map_length
         self._limiter = anyio.CapacityLimiter(slots)
         self._dag_lock = anyio.Lock()
         #: Threads of tries failed at their execution_timeout (or told to stop) that still run
@@ -113,6 +116,12 @@ class Attempts:
 
     async def _run(self, ti: ClaimedTask, worker_id: int) -> TryOutcome:
         op = await self._operator(ti)
+        if isinstance(op, MappedOperator):
+            # Expand it (map index -1), or build the operator of this instance.
+            made = await mapping.prepare(op, ti, self._store, self._max_map_length)
+            if not isinstance(made, BaseOperator):
+                return made
+            op = made
         context = await self._context(op, ti, worker_id)
         fn, kwargs = _method(op, ti)
         remaining = _remaining_s(ti)

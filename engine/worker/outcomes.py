@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Deferred",
     "ExecutionTimeout",
+    "Expanded",
     "Failed",
     "InvalidDeferral",
     "Raised",
@@ -106,7 +107,14 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
     message: str
 
 
-TryOutcome = Returned | Raised | Deferred | Rescheduled | Skipped | Failed
+class Expanded(msgspec.Struct, frozen=True, tag="expanded"):
+    """A mapped task's values are known: it becomes ``count`` task instances (the worker's
+    doing, not the task's: no call of the task's own ran)."""
+
+    count: int
+
+
+TryOutcome = Returned | Raised | Deferred | Rescheduled | Skipped | Failed | Expanded
 
 
 def outcome_of_call(call: Callable[[], Any], *, task: str = "") -> TryOutcome:

@@ -100,6 +100,7 @@ class Worker:
             stopping=self._leaving,
             freed=self._slot_freed,
             xcom_max_bytes=config.xcom_max_bytes,
+            max_map_length=config.max_map_length,
         )
         #: Writes how each try ended (``allow``: the trigger allow-list, setting trigger_allow).
         self.recorder = Recorder(
@@ -350,7 +351,7 @@ class Worker:
         assert worker_id is not None
         key = (ti.id, ti.try_number)
         with (
-            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number),
+            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.name, attempt=ti.try_number),
             self.logs.bound(ti),
         ):
             try:

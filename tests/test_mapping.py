@@ -1,0 +1,267 @@
+"""Dynamic task mapping (expand) on a real engine: over a literal list, over an upstream
+task's list, over an empty list (skipped), expand_kwargs, partial's shared arguments,
+several arguments (their product), TaskFlow's expand, the downstream pulling the list in map
+index order, a mapped fleet of deferrable sensors that holds no worker slot while it waits,
+and the max_map_length limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from engine import DAG, task
+from engine.store import Store
+from engine.testing import run_engine
+from operators.base import MapInputError
+from operators.bash import BashOperator
+from operators.python import PythonOperator
+from operators.sensors.file import FileSensor
+from triggers.base import decode_value
+
+pytestmark = pytest.mark.anyio
+
+
+def _result(ti: dict[str, Any]) -> Any:
+    assert ti["state"] == "success", ti
+    return decode_value(ti["result"]) if ti["result"] is not None else None
+
+
+async def _run(store: Store, dag: DAG, run_id: str = "run1", **kwargs: Any) -> dict[str, Any]:
+    async with run_engine(store, **kwargs) as engine:
+        await engine.start_run(dag, run_id)
+        return await engine.finish(dag.dag_id, run_id)
+
+
+def _mapped(tis: dict[str, Any], task_id: str) -> list[dict[str, Any]]:
+    found = sorted(
+        (ti for ti in tis.values() if ti.get("task_id") == task_id), key=lambda t: t["map_index"]
+    )
+    return found
+
+
+async def test_expand_over_a_literal_list_with_shared_partial_arguments(store: Store) -> None:
+    def double(x: int, offset: int) -> int:
+        return x * 2 + offset
+
+    with DAG(dag_id="map_literal") as dag:
+        mapped = PythonOperator.partial(task_id="double", python_callable=double).expand(
+            op_kwargs=[{"x": 1, "offset": 100}, {"x": 2, "offset": 100}, {"x": 3, "offset": 0}]
+        )
+        total = PythonOperator(
+            task_id="total", python_callable=lambda ti: ti.xcom_pull(task_ids="double")
+        )
+        mapped >> total
+    tis = await _run(store, dag)
+    assert tis["__run__"]["state"] == "success"
+    instances = _mapped(tis, "double")
+    assert [t["map_index"] for t in instances] == [0, 1, 2]
+    assert [_result(t) for t in instances] == [102, 104, 6]
+    assert set(tis) >= {"double[0]", "double[1]", "double[2]"}
+    # The downstream pulls the list, in map index order.
+    assert _result(tis["total"]) == [102, 104, 6]
+
+
+async def test_taskflow_expand_over_an_upstream_list_and_the_reference_is_the_list(
+    store: Store,
+) -> None:
+    with DAG(dag_id="map_upstream") as dag:
+
+        @task
+        def numbers() -> list[int]:
+            return [5, 1, 4, 2, 3, 9, 7, 8, 6, 10, 11, 12]
+
+        @task
+        def scale(x: int, factor: int) -> int:
+            return x * factor
+
+        @task
+        def collect(values: list[int], ti: Any) -> dict[str, Any]:
+            return {
+                "values": values,
+                "pulled": ti.xcom_pull(task_ids="scale"),
+                "one": ti.xcom_pull(task_ids="scale", map_indexes=2),
+                "some": ti.xcom_pull(task_ids="scale", map_indexes=[3, 0]),
+            }
+
+        collect(scale.partial(factor=10).expand(x=numbers()))
+    tis = await _run(store, dag, slots=4)
+    assert tis["__run__"]["state"] == "success"
+    expected = [50, 10, 40, 20, 30, 90, 70, 80, 60, 100, 110, 120]
+    assert [_result(t) for t in _mapped(tis, "scale")] == expected
+    got = _result(tis["collect"])
+    assert got["values"] == expected
+    assert got["pulled"] == expected
+    assert got["one"] == 40
+    assert got["some"] == [20, 50]
+
+
+async def test_expand_over_an_empty_list_skips_the_task_and_its_downstream(store: Store) -> None:
+    with DAG(dag_id="map_empty") as dag:
+
+        @task
+        def nothing() -> list[int]:
+            return []
+
+        @task
+        def each(x: int) -> int:
+            return x
+
+        @task
+        def after(values: list[int]) -> int:
+            return len(values)
+
+        @task(trigger_rule="all_done")
+        def anyway(values: list[int]) -> list[int]:
+            return values
+
+        mapped = each.expand(x=nothing())
+        after(mapped)
+        anyway(mapped)
+    tis = await _run(store, dag)
+    assert tis["nothing"]["state"] == "success"
+    assert tis["each"]["state"] == "skipped"
+    assert tis["each"]["map_index"] == -1
+    assert tis["after"]["state"] == "skipped"
+    # A task that runs anyway sees an empty list.
+    assert _result(tis["anyway"]) == []
+
+
+async def test_expand_kwargs_over_a_literal_and_over_an_upstream_list(store: Store) -> None:
+    with DAG(dag_id="map_kwargs") as dag:
+
+        @task
+        def configs() -> list[dict[str, Any]]:
+            return [{"a": 1, "b": 2}, {"a": 10, "b": 20}]
+
+        @task
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        add.expand_kwargs(configs())
+        BashOperator.partial(task_id="echo", env={"X": "x"}).expand_kwargs(
+            [{"bash_command": "echo one-$X"}, {"bash_command": "echo two-$X"}]
+        )
+    tis = await _run(store, dag)
+    assert [_result(t) for t in _mapped(tis, "add")] == [3, 30]
+    assert [_result(t) for t in _mapped(tis, "echo")] == ["one-x", "two-x"]
+
+
+async def test_several_arguments_map_over_their_product(store: Store) -> None:
+    with DAG(dag_id="map_product") as dag:
+
+        @task
+        def pair(a: int, b: str) -> str:
+            return f"{a}{b}"
+
+        pair.expand(a=[1, 2], b=["x", "y", "z"])
+    tis = await _run(store, dag)
+    got = [_result(t) for t in _mapped(tis, "pair")]
+    assert got == ["1x", "1y", "1z", "2x", "2y", "2z"]
+
+
+async def test_more_values_than_max_map_length_fail_the_task_clearly(store: Store) -> None:
+    with DAG(dag_id="map_limit") as dag:
+
+        @task
+        def many() -> list[int]:
+            return list(range(6))
+
+        @task(retries=3)
+        def each(x: int) -> int:
+            return x
+
+        each.expand(x=many())
+    tis = await _run(store, dag, worker_options={"max_map_length": 5})
+    assert tis["__run__"]["state"] == "failed"
+    ti = tis["each"]
+    assert ti["state"] == "failed"  # no retry: the same values would be refused again
+    assert "map_limit.each" in ti["error"]
+    assert "6 values" in ti["error"]
+    assert "limit of 5" in ti["error"]
+    assert "max_map_length" in ti["error"]
+    assert not _mapped({k: v for k, v in tis.items() if k != "each"}, "each")
+
+
+async def test_mapping_over_a_value_that_is_no_list_fails_clearly(store: Store) -> None:
+    with DAG(dag_id="map_bad") as dag:
+
+        @task
+        def text() -> str:
+            return "abc"
+
+        @task
+        def each(x: str) -> str:
+            return x
+
+        each.expand(x=text())
+    tis = await _run(store, dag)
+    assert tis["each"]["state"] == "failed"
+    assert "cannot map over x: it is a str" in tis["each"]["error"]
+
+
+def test_declaration_errors_are_clear() -> None:
+    with DAG(dag_id="map_decl"):
+        with pytest.raises(MapInputError, match="needs a list"):
+            BashOperator.partial(task_id="a").expand(bash_command="echo")
+        with pytest.raises(TypeError, match="no argument 'nope'"):
+            BashOperator.partial(task_id="b").expand(nope=[1])
+        with pytest.raises(TypeError, match="given to both"):
+            BashOperator.partial(task_id="c", bash_command="x").expand(bash_command=["y"])
+        with pytest.raises(TypeError, match="cannot be mapped"):
+            BashOperator.partial(task_id="d", bash_command="x").expand(retries=[1, 2])
+        with pytest.raises(TypeError, match="needs task_id"):
+            BashOperator.partial(bash_command="x")
+
+        @task
+        def f(x: int) -> int:
+            return x
+
+        with pytest.raises(TypeError, match="no parameter 'y'"):
+            f.expand(y=[1])
+
+
+async def test_a_mapped_fleet_of_deferrable_sensors_holds_no_slot_while_waiting(
+    store: Store, tmp_path: Path
+) -> None:
+    count = 24
+    paths = [str(tmp_path / f"ready-{i}") for i in range(count)]
+    with DAG(dag_id="map_fleet") as dag:
+
+        @task
+        def files() -> list[str]:
+            return paths
+
+        sensors = FileSensor.partial(
+            task_id="wait", deferrable=True, poke_interval=0.05, timeout=600
+        ).expand(filepath=files())
+
+        @task
+        def done(found: list[Any]) -> int:
+            return len(found)
+
+        done(sensors.output)
+    async with run_engine(store, slots=2) as engine:
+        await engine.start_run(dag, "run1")
+
+        async def all_deferred() -> bool:
+            tis = await engine.task_instances("map_fleet", "run1")
+            waiting = [t for t in _mapped(tis, "wait") if t["state"] == "deferred"]
+            return len(waiting) == count
+
+        with anyio.fail_after(60):
+            while not await all_deferred():
+                await anyio.sleep(0.05)
+        # Every sensor waits, none of them on a worker slot.
+        assert not engine.worker.running
+        running = await store.list_task_instances(dag_id="map_fleet", state="running")
+        assert running == []
+        for p in paths:
+            Path(p).write_text("ok")
+        tis = await engine.finish("map_fleet", "run1")
+    assert tis["__run__"]["state"] == "success"
+    assert [t["state"] for t in _mapped(tis, "wait")] == ["success"] * count
+    assert _result(tis["done"]) == count
+    assert engine.worker.peak_running <= 2
