@@ -246,20 +246,14 @@ async def test_a_mapped_fleet_of_deferrable_sensors_holds_no_slot_while_waiting(
     async with run_engine(store, slots=2) as engine:
         await engine.start_run(dag, "run1")
 
-        async def all_deferred() -> bool:
-            tis = await engine.task_instances("map_fleet", "run1")
-            waiting = [t for t in _mapped(tis, "wait") if t["state"] == "deferred"]
-            return len(waiting) == count
-
-        with anyio.fail_after(60):
-            while not await all_deferred():
-                await anyio.sleep(0.05)
+        for i in range(count):
+            await engine.wait_for_state("map_fleet", f"wait[{i}]", "deferred")
         # Every sensor waits, none of them on a worker slot.
         assert not engine.worker.running
         running = await store.list_task_instances(dag_id="map_fleet", state="running")
         assert running == []
         for p in paths:
-            Path(p).write_text("ok")
+            await anyio.Path(p).write_text("ok")
         tis = await engine.finish("map_fleet", "run1")
     assert tis["__run__"]["state"] == "success"
     assert [t["state"] for t in _mapped(tis, "wait")] == ["success"] * count
