@@ -6,13 +6,16 @@ and the max_map_length limit."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from click.testing import CliRunner
 
 from engine import DAG, task
+from engine.cli import cli
 from engine.store import Store
 from engine.testing import run_engine
 from operators.base import MapInputError
@@ -259,3 +262,67 @@ async def test_a_mapped_fleet_of_deferrable_sensors_holds_no_slot_while_waiting(
     assert [t["state"] for t in _mapped(tis, "wait")] == ["success"] * count
     assert _result(tis["done"]) == count
     assert engine.worker.peak_running <= 2
+
+
+async def test_the_cli_addresses_a_mapped_instance(store: Store, db_url: str) -> None:
+    def shout(word: str) -> str:
+        print(f"shouting {word}")
+        return word.upper()
+
+    with DAG(dag_id="map_cli") as dag:
+        PythonOperator.partial(task_id="shout", python_callable=shout).expand(
+            op_args=[["a"], ["b"], ["c"], ["d"]]
+        )
+        PythonOperator(task_id="plain", python_callable=lambda: 1)
+    tis = await _run(store, dag)
+    assert tis["__run__"]["state"] == "success"
+    env = {"DEFERRAL_DATABASE_URL": db_url}
+    runner = CliRunner()
+
+    def cli_run(*args: str) -> Any:
+        return runner.invoke(cli, list(args), env=env)
+
+    async def run(*args: str) -> Any:
+        return await anyio.to_thread.run_sync(cli_run, *args)
+
+    listed = await run("tasks", "list", "--dag", "map_cli", "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.stdout)
+    assert sorted((t["task_id"], t["map_index"]) for t in rows) == [
+        ("plain", -1),
+        ("shout", 0),
+        ("shout", 1),
+        ("shout", 2),
+        ("shout", 3),
+    ]
+    table = await run("tasks", "list", "--dag", "map_cli", "--wide")
+    assert "shout[3]" in table.stdout
+
+    for address in (["shout[3]"], ["shout", "--map-index", "3"]):
+        one = await run("tasks", "xcom", "map_cli", "run1", *address, "--key", "return_value")
+        assert one.exit_code == 0, one.output
+        assert json.loads(one.stdout) == "D"
+        logs = await run("tasks", "logs", "map_cli", "run1", *address)
+        assert logs.exit_code == 0, logs.output
+        assert "shouting d" in logs.stdout
+        assert "shouting a" not in logs.stdout
+        why = await run("tasks", "why", "map_cli", "run1", *address)
+        assert why.exit_code == 0, why.output
+        assert "success" in why.stdout
+
+    bad = await run("tasks", "xcom", "map_cli", "run1", "shout[x]")
+    assert bad.exit_code == 2
+    assert "must be a number" in bad.stderr
+    out_of_range = await run("tasks", "logs", "map_cli", "run1", "shout[7]")
+    assert out_of_range.exit_code == 2
+    assert "out of range" in out_of_range.stderr
+    assert "4 mapped instance(s), [0] to [3]" in out_of_range.stderr
+    bare = await run("tasks", "why", "map_cli", "run1", "shout")
+    assert bare.exit_code == 2
+    assert "shout[0] or with --map-index 0" in bare.stderr
+    unmapped = await run("tasks", "xcom", "map_cli", "run1", "plain[1]")
+    assert unmapped.exit_code == 2
+    assert "not mapped" in unmapped.stderr
+    clash = await run("tasks", "xcom", "map_cli", "run1", "shout[1]", "--map-index", "2")
+    assert clash.exit_code == 2
+    assert "different instances" in clash.stderr

@@ -58,7 +58,9 @@ def tasks_list(
     up_for_reschedule), try_started_at, duration_s, previous_error (the try before's error),
     waiting_reason (why a waiting task is not running, as `tasks why` says it; null for a task
     that runs or has ended), xcom (the current try's XComs by key, each
-    {"bytes": n, "preview": "..."}; `tasks xcom` prints them in full).
+    {"bytes": n, "preview": "..."}; `tasks xcom` prints them in full), map_index (the
+    instance of a mapped task, 0..n-1; -1: not mapped). The table names a mapped instance
+    TASK[3].
     """
     settings = _settings(ctx)
 
@@ -101,12 +103,24 @@ def tasks_list(
     )
 
 
+#: ``--map-index N``: which instance of a mapped task (the same as TASK[N]).
+map_index_option = click.option(
+    "--map-index",
+    "map_index",
+    type=click.IntRange(min=0),
+    help="Which instance of a mapped task (the same as writing TASK[N]).",
+)
+
+
 @tasks.command("why")
 @click.argument("dag_id", type=TEXT, metavar="DAG")
 @click.argument("run_id", type=TEXT, metavar="RUN")
 @click.argument("task_id", type=TEXT, metavar="TASK")
+@map_index_option
 @click.pass_context
-def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> None:
+def tasks_why(
+    ctx: click.Context, dag_id: str, run_id: str, task_id: str, map_index: int | None
+) -> None:
     """Say why a task instance is not running: the first reason that holds of upstream tasks
     not done, the run not started (max_active_runs), its pool (missing, too small, full), the
     DAG's max_active_tasks, the task's max_active_tis_per_dag, the global parallelism, no live
@@ -118,10 +132,17 @@ def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> Non
     `latest`. The answer starts with a label naming the reason (`pool full:`, `retry not
     due:`, ...).
     The parallelism compared with is this command's setting (give it the workers' value).
-    Exit code 2: no such run or task.
+    TASK[3] (or --map-index 3) asks about instance 3 of a mapped task.
+    Exit code 2: no such run, task or mapped instance.
     """
     settings = _settings(ctx)
+    from engine.client.mapaddr import BadAddress, check_instance, parse_task
     from engine.client.why import why_not_running
+
+    try:
+        task_id, index = parse_task(task_id, map_index)
+    except BadAddress as exc:
+        _usage_exit(str(exc))
 
     async def main() -> str:
         from engine.store import open_store
@@ -129,7 +150,10 @@ def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> Non
         store = await open_store(settings)
         try:
             run = await resolve_run(store, dag_id, run_id)
-            return await why_not_running(store, dag_id, run.run_id, task_id, settings)
+            await check_instance(store, dag_id, run.run_id, task_id, index)
+            return await why_not_running(
+                store, dag_id, run.run_id, task_id, settings, map_index=index
+            )
         finally:
             await store.close()
 

@@ -2078,7 +2078,7 @@ ORDER BY t.id;
 -- Run $2 of DAG $1, for "why is task $3 not running": its state and type, the DAG's
 -- max_active_runs, its runs counted against it (running, not backfills: as start_queued_runs
 -- counts them) and the queued ones that start before this one, whether the DAG has task $3,
--- and the task instance's id (null while the run is queued: its task instances are created
+-- and the id of its task instance of map index $4 (-1: not mapped) (null while the run is queued: its task instances are created
 -- when it starts). No row: no such run.
 SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active_runs,
        (SELECT count(*) FROM deferral_dag_runs x
@@ -2090,7 +2090,7 @@ SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active
        COALESCE(d.tasks @> jsonb_build_array(jsonb_build_object('task_id', $3::text)), false)
            AS has_task,
        (SELECT ti.id FROM deferral_task_instances ti
-        WHERE ti.dag_run_id = r.id AND ti.task_id = $3) AS ti_id,
+        WHERE ti.dag_run_id = r.id AND ti.task_id = $3 AND ti.map_index = $4) AS ti_id,
        now() AS db_now
 FROM deferral_dag_runs r
 LEFT JOIN deferral_dags d ON d.dag_id = r.dag_id
@@ -2393,6 +2393,14 @@ WHERE r.dag_id = $1 AND r.run_id = $2
   AND v.value IS NOT NULL
 ORDER BY ti.map_index >= 0, ti.map_index,
          COALESCE(x.pushed_at, ti.ended_at) DESC NULLS LAST, ti.task_id;
+
+-- name: task_map_indexes
+-- The map indexes of task $3's instances in run $2 of DAG $1, in order: [-1] for an unmapped
+-- task (or a mapped one not expanded yet), 0..n-1 for a mapped one; none: no such task
+-- instance.
+SELECT ti.map_index FROM deferral_task_instances ti
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+ORDER BY ti.map_index;
 
 -- name: xcom_of_tasks
 -- The values task instances $1 pushed under keys of their own in their current tries (their

@@ -115,6 +115,12 @@ class XComStore:
             return None
         return {r["key"]: self.keyring.decrypt(r["value"]) for r in rows if r["key"] is not None}
 
+    async def task_map_indexes(self, dag_id: str, run_id: str, task_id: str) -> list[int]:
+        """The map indexes of a task's instances in one run, in order: ``[-1]`` for a task
+        not mapped (or not expanded yet); empty when there is no such task instance."""
+        rows = await self._pool.fetch(self._q["task_map_indexes"], dag_id, run_id, task_id)
+        return [r["map_index"] for r in rows]
+
     async def rotate_xcom_keys(self, counts: dict[str, int], *, batch_size: int = 500) -> None:
         """Re-encrypt the pushed XCom values with the primary key (see ``rotate_keys``)."""
         await rotate_xcom(self, counts, batch_size=batch_size)
