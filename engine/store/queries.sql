@@ -431,7 +431,7 @@ WITH admitted AS MATERIALIZED (
               ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
               ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
               r.data_interval_start, r.data_interval_end, r.run_type, ti.pool, ti.map_index,
-              ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
+              ti.map_value, ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
                   AS missing_pool
 ), idle AS (
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
@@ -450,7 +450,7 @@ SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, ti.next_kwargs,
        ti.next_event, ti.first_try_at, ti.try_started_at, ti.execution_timeout_s, ti.is_leaf,
        ti.run_after, r.logical_date, r.conf, r.data_interval_start, r.data_interval_end, r.run_type,
-       ti.pool, ti.map_index, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
+       ti.pool, ti.map_index, ti.map_value, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
        now() AS db_now
 FROM deferral_task_instances ti
 JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
@@ -503,7 +503,8 @@ RETURNING id;
 -- name: expand_task
 -- Expand mapped task instance $1 (map_index -1), whose try $3 worker $2 holds, into $4 (>= 1)
 -- instances: it becomes instance 0, and instances 1..$4-1 are inserted as its copies, all
--- scheduled, none tried yet (the claim that expanded it does not count as a try). Nothing is
+-- scheduled, none tried yet (the claim that expanded it does not count as a try); $5 (null,
+-- or one a instance, in order) their own arguments, encoded and encrypted. Nothing is
 -- written unless the worker still holds that try. Returns the instances made (no row:
 -- nothing written) and wakes the workers.
 WITH held AS (
@@ -516,7 +517,7 @@ WITH held AS (
     SET map_index = 0, state = 'scheduled', worker_id = NULL, heartbeat_at = NULL,
         try_number = held.try_number - 1, first_try_at = NULL, try_started_at = NULL,
         started_at = NULL, ended_at = NULL, try_queued_at = NULL, previous_error = NULL,
-        error = NULL, run_after = now()
+        error = NULL, run_after = now(), map_value = ($5::bytea[])[1]
     FROM held
     WHERE ti.id = held.id
     RETURNING ti.id
@@ -525,12 +526,12 @@ WITH held AS (
         dag_run_id, dag_id, run_id, task_id, map_index, state, try_number, retries,
         retry_delay_s, retry_exponential_backoff, max_retry_delay_s, execution_timeout_s,
         soft_fail, trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout,
-        pool_slots, queue, trigger_queue, max_active_tis_per_dag, run_after)
+        pool_slots, queue, trigger_queue, max_active_tis_per_dag, run_after, map_value)
     SELECT h.dag_run_id, h.dag_id, h.run_id, h.task_id, g.i, 'scheduled', h.try_number - 1,
            h.retries, h.retry_delay_s, h.retry_exponential_backoff, h.max_retry_delay_s,
            h.execution_timeout_s, h.soft_fail, h.trigger_rule, h.upstream, h.is_leaf,
            h.priority, h.pool, h.no_retry_on_timeout, h.pool_slots, h.queue, h.trigger_queue,
-           h.max_active_tis_per_dag, now()
+           h.max_active_tis_per_dag, now(), ($5::bytea[])[g.i + 1]
     FROM held h, generate_series(1, $4::integer - 1) AS g(i)
     RETURNING 1
 )

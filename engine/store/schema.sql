@@ -216,6 +216,9 @@ CREATE TABLE deferral_task_instances (
     -- a mapped task's instance number, 0..n-1; -1: not mapped (or not yet expanded); added by
     -- 0022. A mapped instance's tries and log lines are kept under its name (deferral_ti_name).
     map_index                 integer NOT NULL DEFAULT -1 CHECK (map_index >= -1),
+    -- a mapped instance's own arguments as its expansion read them (encoded, encrypted):
+    -- returned by its claims; added by 0022
+    map_value                 bytea,
     UNIQUE (dag_run_id, task_id, map_index)
 );
 CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)

@@ -31,6 +31,7 @@ from operators.mapping import (
 )
 from operators.xcom import XComArg, replace_refs
 from triggers.base import decode_value
+from triggers.values import encode_data
 
 if TYPE_CHECKING:
     from engine.store import ClaimedTask, Store
@@ -75,6 +76,18 @@ async def _pull(store: Store, ti: ClaimedTask, ref: XComArg) -> list[XComRow]:
     return await store.pull_xcom(ti.dag_id, ti.run_id, [ref.task_id], ref.key)
 
 
+def _own_values(op: MappedOperator, name: str, values: Any, count: int) -> list[bytes] | None:
+    """Each instance's own arguments, encoded (the store keeps them with the instance, so
+    that it need not read the upstream values again); None when one does not encode (a
+    literal of the DAG that is no data: each instance then takes its own from the DAG)."""
+    try:
+        if op.expand_input is not None:
+            return [encode_data(values_at(name, values, i)) for i in range(count)]
+        return [encode_data(kwargs_at(name, values, i)) for i in range(count)]
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 async def prepare(
     op: MappedOperator, ti: ClaimedTask, store: Store, max_map_length: int
 ) -> BaseOperator | TryOutcome:
@@ -82,6 +95,9 @@ async def prepare(
     :class:`Expanded` outcome), or why it does not (skipped: no values; failed: too many or
     not a list). For instance ``i``: its operator."""
     name = f"{ti.dag_id}.{ti.task_id}"
+    if ti.map_index >= 0 and ti.map_value is not None:
+        # (its own arguments, as the expansion read them)
+        return op.unmap(decode_value(ti.map_value))
     try:
         values = await _resolve(op, ti, store)
         if op.expand_input is not None:
@@ -97,7 +113,7 @@ async def prepare(
                     f"{max_map_length} instances (setting max_map_length)",
                     no_retry=True,
                 )
-            return Expanded(count)
+            return Expanded(count, _own_values(op, name, values, count))
         if op.expand_input is not None:
             own = values_at(name, values, ti.map_index)
         else:

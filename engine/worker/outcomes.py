@@ -109,9 +109,11 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
 
 class Expanded(msgspec.Struct, frozen=True, tag="expanded"):
     """A mapped task's values are known: it becomes ``count`` task instances (the worker's
-    doing, not the task's: no call of the task's own ran)."""
+    doing, not the task's: no call of the task's own ran), with each one's own arguments
+    encoded (None: each instance reads them from the upstream values itself)."""
 
     count: int
+    values: list[bytes] | None = None
 
 
 TryOutcome = Returned | Raised | Deferred | Rescheduled | Skipped | Failed | Expanded

@@ -128,8 +128,8 @@ class Recorder:
                 log.info("skipped: %s", message)
             case Failed(message=message):
                 await self._record_failure(ti, worker_id, f"FailTask: {message}", no_retry=True)
-            case Expanded(count=count):
-                await self._record_expansion(ti, worker_id, count)
+            case Expanded(count=count, values=values):
+                await self._record_expansion(ti, worker_id, count, values)
             case _:
                 assert_never(outcome)
 
@@ -168,12 +168,14 @@ class Recorder:
             f", timeout {deferral.timeout_s:.1f}s" if deferral.timeout_s is not None else "",
         )
 
-    async def _record_expansion(self, ti: ClaimedTask, worker_id: int, count: int) -> None:
+    async def _record_expansion(
+        self, ti: ClaimedTask, worker_id: int, count: int, values: list[bytes] | None
+    ) -> None:
         """A mapped task becomes ``count`` instances (see engine/worker/mapping.py)."""
         try:
             made = await with_db_retry(
                 "expand",
-                lambda: self._store.expand_task(ti.id, worker_id, ti.try_number, count),
+                lambda: self._store.expand_task(ti.id, worker_id, ti.try_number, count, values),
             )
         except Exception as exc:  # not transient: the database refused it
             await self._refuse(ti, worker_id, "the mapped task could not be expanded", exc)

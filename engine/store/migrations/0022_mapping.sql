@@ -4,6 +4,10 @@
 -- (deferral_ti_name), the way the CLI and the status page address it.
 ALTER TABLE deferral_task_instances ADD COLUMN map_index integer NOT NULL DEFAULT -1
     CHECK (map_index >= -1);
+-- A mapped instance's own arguments, as the expansion read them (encoded, encrypted as
+-- results are): its claims return them, so an instance does not read its task's upstream
+-- values again.
+ALTER TABLE deferral_task_instances ADD COLUMN map_value bytea;
 ALTER TABLE deferral_task_instances
     DROP CONSTRAINT deferral_task_instances_dag_run_id_task_id_key,
     ADD CONSTRAINT deferral_task_instances_dag_run_id_task_id_map_index_key

@@ -47,6 +47,9 @@ class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
     #: The instance of a mapped task (0..n-1); -1: not mapped, or a mapped task not yet
     #: expanded (the worker expands it).
     map_index: int = -1
+    #: A mapped instance's own arguments as its expansion read them (encoded; None: not
+    #: mapped, or read from the upstream values again).
+    map_value: bytes | None = None
 
     @property
     def name(self) -> str:
