@@ -75,7 +75,7 @@ def _dag(paths: list[str], poke_interval_s: float) -> DAG:
 
 _READ_OUT = """
 SELECT (SELECT ended_at FROM deferral_task_instances WHERE task_id = 'files') AS upstream_end,
-       min(deferred_at) AS first_deferred,
+       min(deferred_at) AS first_deferred, max(try_queued_at) AS expanded_at,
        max(deferred_at) AS last_deferred, count(*) AS instances,
        count(*) FILTER (WHERE state = 'success') AS succeeded
 FROM deferral_task_instances WHERE task_id = 'sense'
@@ -162,6 +162,10 @@ async def _run(
         to_deferred = (row["last_deferred"] - row["upstream_end"]).total_seconds()
         return {
             "upstream_end_to_all_deferred_s": round(to_deferred, 3),
+            # (an instance's first try was due from its expansion: try_queued_at)
+            "upstream_end_to_expanded_s": round(
+                (row["expanded_at"] - row["upstream_end"]).total_seconds(), 3
+            ),
             "instances": row["instances"],
             "sensors_succeeded": row["succeeded"],
             "run_state": None if run is None else run.state,
@@ -227,6 +231,7 @@ def print_mapped(result: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for label, key in (
         ("upstream end -> all instances deferred (s)", "upstream_end_to_all_deferred_s"),
+        ("upstream end -> instances made (s)", "upstream_end_to_expanded_s"),
         ("instances", "instances"),
         ("sensors succeeded", "sensors_succeeded"),
         ("run state", "run_state"),
