@@ -563,6 +563,8 @@ class MappedOperator(BaseOperator):
         else:
             kwargs.update(values)
         op = self.operator_class(**kwargs)
+        #: The arguments this instance was mapped with.
+        op.mapped_values = dict(values)
         op.dag = self.dag
         op.upstream_task_ids = set(self.upstream_task_ids)
         op.downstream_task_ids = set(self.downstream_task_ids)

@@ -7,6 +7,7 @@ and the max_map_length limit."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 
 from engine import DAG, task
 from engine.cli import cli
+from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
 from operators.base import MapInputError
@@ -326,3 +328,40 @@ async def test_the_cli_addresses_a_mapped_instance(store: Store, db_url: str) ->
     clash = await run("tasks", "xcom", "map_cli", "run1", "shout[1]", "--map-index", "2")
     assert clash.exit_code == 2
     assert "different instances" in clash.stderr
+
+
+_ISOLATED_MAPPED_DAG = """
+import os
+
+from engine import DAG, task
+from operators.python import PythonOperator
+
+
+def where(x):
+    return [x, os.getpid()]
+
+
+with DAG("mapped_isolated"):
+
+    @task
+    def values():
+        return [["a"], ["b"], ["c"]]
+
+    PythonOperator.partial(
+        task_id="each", python_callable=where, isolation="process"
+    ).expand(op_args=values())
+"""
+
+
+async def test_mapped_instances_run_in_their_own_process_with_isolation(
+    store: Store, tmp_path: Path
+) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "mapped_isolated_dag.py").write_text(_ISOLATED_MAPPED_DAG)
+    bag = DagBag(dags)
+    async with run_engine(store, dagbag=bag) as engine:
+        tis = await engine.run_dag(bag.get_dag("mapped_isolated"))
+    results = [_result(t) for t in _mapped(tis, "each")]
+    assert [r[0] for r in results] == ["a", "b", "c"]
+    assert all(pid != os.getpid() for _, pid in results)

@@ -45,6 +45,7 @@ from engine.worker.trylogs import TryLogs
 from operators.base import BaseOperator, Context, MappedOperator
 from operators.xcom import current_context
 from triggers.base import decode_value, encode_value
+from triggers.values import encode_data
 
 __all__ = ["Attempts"]
 
@@ -285,6 +286,7 @@ class Attempts:
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             log_format="json",  # read back line by line and stored with the try's lines
             parent_pid=os.getpid(),
+            map_value=_map_value(op),
         )
         try:
             outcome = await isolation.run_isolated(
@@ -314,6 +316,12 @@ def _method(op: BaseOperator, ti: ClaimedTask) -> tuple[Callable[..., Any], dict
     kwargs = decode_value(ti.next_kwargs) if ti.next_kwargs else {}
     kwargs["event"] = decode_value(ti.next_event) if ti.next_event else None
     return fn, kwargs
+
+
+def _map_value(op: BaseOperator) -> bytes | None:
+    """A mapped instance's own arguments, for its child process (None: not mapped)."""
+    values = getattr(op, "mapped_values", None)
+    return None if values is None else encode_data(values)
 
 
 def _remaining_s(ti: ClaimedTask) -> float | None:
