@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 
 from engine import DAG, task
@@ -20,6 +21,7 @@ from engine.cli import cli
 from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
+from engine.web.app import make_app
 from operators.base import MapInputError
 from operators.bash import BashOperator
 from operators.python import PythonOperator
@@ -365,3 +367,41 @@ async def test_mapped_instances_run_in_their_own_process_with_isolation(
     results = [_result(t) for t in _mapped(tis, "each")]
     assert [r[0] for r in results] == ["a", "b", "c"]
     assert all(pid != os.getpid() for _, pid in results)
+
+
+async def test_the_status_page_shows_and_addresses_mapped_instances(store: Store) -> None:
+    def shout(word: str, ti: Any) -> str:
+        print(f"shouting {word}")
+        ti.xcom_push("word", word)
+        return word.upper()
+
+    with DAG(dag_id="map_web") as dag:
+        PythonOperator.partial(task_id="shout", python_callable=shout).expand(
+            op_args=[["alpha"], ["beta"], ["gamma"]]
+        )
+    await _run(store, dag)
+    async with TestClient(TestServer(make_app(store))) as client:
+
+        async def get(path: str) -> tuple[int, str]:
+            response = await client.get(path)
+            return response.status, await response.text()
+
+        status, run_page = await get("/run?dag_id=map_web&run_id=run1")
+        assert status == 200
+        for i in range(3):
+            assert f"shout[{i}]" in run_page
+        status, page = await get("/task?dag_id=map_web&run_id=run1&task_id=shout%5B1%5D")
+        assert status == 200
+        assert "BETA" in page
+        assert "shouting beta" in page  # its own log lines
+        assert "shouting alpha" not in page
+        assert "<dt>word</dt>" in page
+        status, gantt = await get("/gantt?dag_id=map_web&run_id=run1")
+        assert status == 200
+        assert "shout[2]" in gantt
+        status, page = await get("/task?dag_id=map_web&run_id=run1&task_id=shout%5B9%5D")
+        assert status == 404
+        assert "out of range" in page
+        status, page = await get("/task?dag_id=map_web&run_id=run1&task_id=shout")
+        assert status == 404
+        assert "shout[0] or with --map-index 0" in page

@@ -1315,7 +1315,7 @@ ORDER BY d.dag_id;
 -- state $2 only (NULL: all), a page of them ($3 rows, NULL: all, after skipping $4).
 SELECT ti.id, ti.task_id, ti.state, ti.try_number, ti.first_try_at, ti.started_at, ti.ended_at,
        extract(epoch FROM COALESCE(ti.ended_at, now()) - ti.started_at)::float8 AS duration_s,
-       ti.trigger_id, ti.upstream
+       ti.trigger_id, ti.upstream, ti.map_index
 FROM deferral_task_instances ti
 WHERE ti.dag_run_id = $1 AND ($2::text IS NULL OR ti.state = $2)
 ORDER BY ti.id
@@ -1329,8 +1329,9 @@ WHERE dag_run_id = $1
 GROUP BY state;
 
 -- name: task_try
--- One task instance by DAG, run and task id, with its trigger and the triggerer holding it,
--- and what its templated fields rendered to.
+-- One task instance by DAG, run and name (its task id; TASK[i] for a mapped instance,
+-- deferral_ti_name), with its trigger and the triggerer holding it, and what its templated
+-- fields rendered to.
 -- (next_kwargs, result and the trigger's kwargs are encrypted: the store opens them.)
 SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number,
        ti.retries, ti.priority, ti.pool, ti.trigger_rule, ti.upstream, ti.worker_id,
@@ -1340,11 +1341,11 @@ SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_
        t.classpath AS trigger_classpath, t.kwargs AS trigger_kwargs,
        t.triggerer_id, t.created_at AS trigger_created_at,
        tr.hostname AS triggerer_hostname, tr.pid AS triggerer_pid,
-       now() AS db_now, ti.rendered_fields
+       now() AS db_now, ti.rendered_fields, ti.map_index
 FROM deferral_task_instances ti
 LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id AND ti.state = 'deferred'
 LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3;
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND deferral_ti_name(ti.task_id, ti.map_index) = $3;
 
 -- name: triggers_page
 -- Triggers with their owner, waiters and age, filtered by classpath substring ($1), owner ($2;
@@ -1436,7 +1437,8 @@ FROM (
 GROUP BY c.dag_run_id, c.task_id;
 
 -- name: task_tries
--- Every recorded try of one task instance ($1 DAG, $2 run, $3 task), oldest first: those kept
+-- Every recorded try of one task instance ($1 DAG, $2 run, $3 its name: TASK[i] for a mapped
+-- instance), oldest first: those kept
 -- in deferral_task_tries and its current one (current: true; started: false when it was
 -- cleared and not claimed since, and holds nothing of a try), with the database's now.
 SELECT k.try_number, k.state, k.queued_at, k.started_at, k.resumed_at, k.deferred_at,
@@ -1449,15 +1451,15 @@ SELECT ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at, ti.started_
        ti.deferred_at, ti.fired_at, ti.ended_at, ti.error, ti.rendered_fields, true,
        ti.first_try_at IS NOT NULL, ti.run_after, now()
 FROM deferral_task_instances ti
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND deferral_ti_name(ti.task_id, ti.map_index) = $3
 ORDER BY 1, 11;
 
 -- name: run_tries
 -- The tries of a page of one run's task instances (run $1: DAG $2, run id $3; $4 task
 -- instances in the DAG's order after skipping $5) for its Gantt view, as task_tries: the
--- kept ones and the current one of each.
+-- kept ones and the current one of each; task_id is the name (TASK[i] for a mapped instance).
 WITH page AS (
-    SELECT ti.id, ti.task_id, ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at,
+    SELECT ti.id, deferral_ti_name(ti.task_id, ti.map_index) AS task_id, ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at,
            ti.started_at, ti.deferred_at, ti.fired_at, ti.ended_at, ti.first_try_at,
            ti.run_after
     FROM deferral_task_instances ti
