@@ -405,3 +405,71 @@ async def test_the_status_page_shows_and_addresses_mapped_instances(store: Store
         status, page = await get("/task?dag_id=map_web&run_id=run1&task_id=shout")
         assert status == 404
         assert "shout[0] or with --map-index 0" in page
+
+
+async def test_trigger_rules_count_the_mapped_instances(store: Store) -> None:
+    def check(x: int) -> int:
+        if x == 2:
+            raise ValueError("two is bad")
+        return x
+
+    with DAG(dag_id="map_rules") as dag:
+        mapped = PythonOperator.partial(task_id="check", python_callable=check).expand(
+            op_args=[[1], [2], [3]]
+        )
+        strict = PythonOperator(task_id="strict", python_callable=lambda: "ran")
+        on_failure = PythonOperator(
+            task_id="on_failure", python_callable=lambda: "ran", trigger_rule="one_failed"
+        )
+        done = PythonOperator(
+            task_id="done",
+            python_callable=lambda ti: ti.xcom_pull(task_ids="check"),
+            trigger_rule="all_done",
+        )
+        mapped >> [strict, on_failure, done]
+    tis = await _run(store, dag)
+    assert [t["state"] for t in _mapped(tis, "check")] == ["success", "failed", "success"]
+    assert tis["strict"]["state"] == "upstream_failed"
+    assert _result(tis["on_failure"]) == "ran"
+    # The failed instance has no value: the list holds the others', in map index order.
+    assert _result(tis["done"]) == [1, 3]
+
+
+async def test_taskflow_sensor_and_bash_tasks_map_too(store: Store) -> None:
+    with DAG(dag_id="map_kinds") as dag:
+
+        @task.bash
+        def say(word: str) -> str:
+            return f"echo said-{word}"
+
+        @task.sensor(poke_interval=0.05, timeout=30, mode="reschedule")
+        def ready(n: int) -> Any:
+            from engine import PokeReturnValue
+
+            return PokeReturnValue(True, n * 10)
+
+        say.expand(word=["a", "b"])
+        ready.expand(n=[1, 2, 3])
+    tis = await _run(store, dag)
+    assert [_result(t) for t in _mapped(tis, "say")] == ["said-a", "said-b"]
+    assert [_result(t) for t in _mapped(tis, "ready")] == [10, 20, 30]
+
+
+async def test_a_retried_mapped_instance_keeps_its_own_arguments(store: Store) -> None:
+    def flaky(x: int, ti: Any) -> list[int]:
+        if ti.try_number == 1 and x == 20:
+            raise RuntimeError("first try fails")
+        return [x, ti.map_index, ti.try_number]
+
+    with DAG(dag_id="map_retry") as dag:
+
+        @task
+        def values() -> list[list[int]]:
+            return [[10], [20], [30]]
+
+        PythonOperator.partial(
+            task_id="flaky", python_callable=flaky, retries=1, retry_delay=0
+        ).expand(op_args=values())
+    tis = await _run(store, dag)
+    got = [_result(t) for t in _mapped(tis, "flaky")]
+    assert got == [[10, 0, 1], [20, 1, 2], [30, 2, 1]]
