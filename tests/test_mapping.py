@@ -301,6 +301,13 @@ async def test_the_cli_addresses_a_mapped_instance(store: Store, db_url: str) ->
     ]
     table = await run("tasks", "list", "--dag", "map_cli", "--wide")
     assert "shout[3]" in table.stdout
+    for address in (["--task", "shout[2]"], ["--task", "shout", "--map-index", "2"]):
+        one = await run("tasks", "list", "--dag", "map_cli", *address, "--json")
+        assert [(t["task_id"], t["map_index"]) for t in json.loads(one.stdout)] == [("shout", 2)]
+    every = await run("tasks", "list", "--dag", "map_cli", "--task", "shout", "--json")
+    assert [t["map_index"] for t in json.loads(every.stdout)] == [0, 1, 2, 3]
+    bad_list = await run("tasks", "list", "--task", "shout[-1]")
+    assert bad_list.exit_code == 2
 
     for address in (["shout[3]"], ["shout", "--map-index", "3"]):
         one = await run("tasks", "xcom", "map_cli", "run1", *address, "--key", "return_value")

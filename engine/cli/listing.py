@@ -273,6 +273,8 @@ def filtered(what: str, **filters: object) -> str:
         "dag_id": "of DAG {!r}",
         "run_id": "in run {!r}",
         "state": "in state {}",
+        "task": "of task {!r}",
+        "map_index": "with map index {}",
     }
     said = [words[name].format(value) for name, value in filters.items() if value is not None]
     return " ".join([f"no {what}", *said])

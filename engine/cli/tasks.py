@@ -36,6 +36,19 @@ def tasks() -> None:
     help=f"Only this run: {SELECTOR_HELP} (with --dag: of that DAG).",
 )
 @click.option("--state", type=TASK_STATE, help="Only this state.")
+@click.option(
+    "--task",
+    "task",
+    type=TEXT,
+    metavar="TASK",
+    help="Only this task's instances (all of a mapped task's; TASK[3]: instance 3 alone).",
+)
+@click.option(
+    "--map-index",
+    "map_index",
+    type=click.IntRange(min=0),
+    help="Only this instance of mapped tasks (the same as --task TASK[N]).",
+)
 @click.option("--limit", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
 @wide_option
@@ -45,6 +58,8 @@ def tasks_list(
     dag_id: str | None,
     run_id: str | None,
     state: str | None,
+    task: str | None,
+    map_index: int | None,
     limit: int,
     as_json: bool,
     wide: bool,
@@ -63,6 +78,21 @@ def tasks_list(
     TASK[3].
     """
     settings = _settings(ctx)
+    from engine.client.mapaddr import BadAddress, parse_task
+
+    wanted: tuple[str | None, int | None] = (None, map_index)
+    if task is not None:
+        try:
+            task_id, index = parse_task(task, map_index)
+        except BadAddress as exc:
+            _usage_exit(str(exc))
+        # (TASK alone: all its instances, mapped or not)
+        wanted = (task_id, None if index < 0 and map_index is None else index)
+
+    def chosen(row: TaskInstance) -> bool:
+        return (wanted[0] is None or row.task_id == wanted[0]) and (
+            wanted[1] is None or row.map_index == wanted[1]
+        )
 
     async def main() -> tuple[list[TaskInstance], dict[int, str], dict[int, Any]]:
         from engine.client.why import WAITING_STATES, waiting_reasons
@@ -75,8 +105,12 @@ def tasks_list(
             if run_id is not None:
                 run = (await resolve_runs(store, dag_id, run_id))[0].run_id
             rows = await store.list_task_instances(
-                dag_id=dag_id, run_id=run, state=state, limit=limit
+                dag_id=dag_id,
+                run_id=run,
+                state=state,
+                limit=limit if wanted == (None, None) else 10**9,
             )
+            rows = [row for row in rows if chosen(row)][:limit]
             # One statement for all the waiting ones, and only with --json (the table has no
             # column for it); one more for the XComs of them all.
             waiting = [row.id for row in rows if row.state in WAITING_STATES]
@@ -99,7 +133,14 @@ def tasks_list(
     print_table(
         task_table(listed, with_run=True, wide=wide),
         wide=wide,
-        empty=filtered("task instances", dag_id=dag_id, run_id=run_id, state=state),
+        empty=filtered(
+            "task instances",
+            dag_id=dag_id,
+            run_id=run_id,
+            state=state,
+            task=task,
+            map_index=map_index,
+        ),
     )
 
 
