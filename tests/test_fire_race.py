@@ -37,7 +37,7 @@ def _join_args(
     d, keys = deferral, store.keyring
     return (ti.id, worker, d.classpath, keys.encrypt(d.kwargs),
             keys.dedup_key(d.classpath, d.kwargs, d.dedup_key), d.timeout_s, d.method_name,
-            keys.encrypt(d.method_kwargs), d.try_number)  # fmt: skip
+            keys.encrypt(d.method_kwargs), d.try_number, d.line)  # fmt: skip
 
 
 async def _check_nothing_stranded(store: Store, dag_id: str) -> dict[str, TaskInstance]:

@@ -134,6 +134,7 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
             ["event"] * len(fired),
             [b"\x80"] * len(fired),
             [None] * len(fired),
+            ['{"at":"2026-12-02T00:00:00Z"}'] * len(fired),
         ),
         "finish_tasks": (
             running,

@@ -370,6 +370,7 @@ async def test_a_trigger_joined_while_it_is_dropped_survives(
             joined.method_name,
             store.keyring.encrypt(joined.method_kwargs),
             joined.try_number,
+            None,
         )
         assert row is not None
         assert row["trigger_id"] == claimed.id

@@ -112,7 +112,7 @@ def render() -> str:
     for field in msgspec.structs.fields(Settings):
         doc = docs.get(field.name, "")
         if not doc:
-            raise SystemExit(f"setting {field.name} has no #: comment in engine/config.py")
+            raise SystemExit(f"setting {field.name} has no #: comment in engine/config/settings.py")
         rows.append(row(field, doc))
     return HEADER + "\n".join(rows) + "\n" + FOOTER
 

@@ -44,7 +44,14 @@ The package imports nothing of the engine, so every layer may use it. Its parts:
 import path of every public name.
 """
 
-from engine.masking.apply import SecretsFilter, masked_url, redact, redact_text
+from engine.masking.apply import (
+    SHOWN_CHARS,
+    SecretsFilter,
+    masked_url,
+    redact,
+    redact_text,
+    shown_json,
+)
 from engine.masking.registry import (
     MIN_SECRET_CHARS,
     forget_secrets,
@@ -67,6 +74,7 @@ __all__ = [
     "MIN_SECRET_CHARS",
     "SENSITIVE_KEY_PARTS",
     "SENSITIVE_KEY_WORDS",
+    "SHOWN_CHARS",
     "SecretsFilter",
     "forget_secrets",
     "is_registered",
@@ -77,4 +85,5 @@ __all__ = [
     "register_environment",
     "register_secret",
     "register_url_password",
+    "shown_json",
 ]

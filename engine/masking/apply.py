@@ -11,10 +11,15 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from engine.masking.registry import mask_registered
 from engine.masking.rules import MASK, MASK_FAILED, MAX_DEPTH, is_sensitive_key, mask_shapes
 
-__all__ = ["SecretsFilter", "masked_url", "redact", "redact_text"]
+__all__ = ["SHOWN_CHARS", "SecretsFilter", "masked_url", "redact", "redact_text", "shown_json"]
+
+#: Characters of a value :func:`shown_json` shows at most.
+SHOWN_CHARS = 2000
 
 
 def redact_text(text: str) -> str:
@@ -93,6 +98,25 @@ def redact(value: Any, key: object = None) -> Any:
         return _walk(value, 0)
     except Exception:
         return MASK_FAILED
+
+
+def shown_json(value: Any, max_chars: int = SHOWN_CHARS) -> str:
+    """``value`` as one line shows it: :func:`redact`-ed, as compact JSON (dates as ISO
+    text, other objects as their ``str()``; a value JSON cannot take as its masked repr), at
+    most ``max_chars`` characters and a note of how many more. Never raises."""
+    try:
+        text = msgspec.json.encode(redact(value), enc_hook=_as_text).decode()
+    except Exception:
+        text = repr(redact(value))
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"... ({len(text) - max_chars} more characters)"
+    return text
+
+
+def _as_text(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return str(value)
 
 
 # -- logging -----------------------------------------------------------------------------------

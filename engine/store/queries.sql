@@ -397,6 +397,10 @@ SELECT EXISTS (SELECT 1 FROM w) AS alive, (SELECT count(*) FROM t) AS tasks,
 -- counted: a slot that frees is seen by the next claim (the worker's own or its poll).
 -- (One round trip either way: an empty claim is common when several workers wake for the
 -- same notification.)
+-- A resume's try gets a line in its log saying where it resumes and how long after its
+-- trigger fired it was claimed (the trigger's own line, written as it fired, says what it
+-- sent): written here, it costs the worker nothing and comes before any line of the resumed
+-- method.
 WITH admitted AS MATERIALIZED (
     SELECT a.id, a.missing_pool FROM deferral_claim_tasks($1, $2, $3::text[], $4) a
 ), claimed AS (
@@ -433,6 +437,17 @@ WITH admitted AS MATERIALIZED (
               r.data_interval_start, r.data_interval_end, r.run_type, ti.pool, ti.map_index,
               ti.map_value, ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
                   AS missing_pool
+), resumed AS (
+    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                    logger, message)
+    SELECT c.dag_id, c.run_id, c.task_id, c.try_number, now(), 'INFO', 'log', 'engine.worker',
+           format('resuming at %s on worker %s (%s, pid %s), claimed %ss after its trigger '
+                  'fired', c.next_method, w.id, w.hostname, w.pid,
+                  to_char(GREATEST(EXTRACT(EPOCH FROM now() - c.run_after), 0),
+                          'FM9999999990.000'))
+    FROM claimed c
+    JOIN deferral_workers w ON w.id = $1
+    WHERE c.next_method IS NOT NULL AND NOT c.missing_pool
 ), idle AS (
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
         SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision
@@ -551,6 +566,8 @@ FROM first;
 -- DeadlineKind; on a tie, execution_timeout). A new trigger row signals the triggerers;
 -- joining a trigger a triggerer already runs with a deadline earlier than its others signals
 -- that triggerer (the payload is the trigger id), whose timer was set for the later deadline.
+-- $10: the try's log line about the deferral (null: none), written with it, so that it is
+-- stored before the trigger can fire (the trigger's line follows it).
 WITH held AS (
     SELECT id, no_retry_on_timeout, trigger_queue,
            now() + make_interval(secs => $6::double precision) AS wait_until,
@@ -591,7 +608,14 @@ WITH held AS (
         worker_id = NULL, deferred_at = now()
     FROM trig, deadline
     WHERE ti.id = $1
-    RETURNING ti.id
+    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number
+), logged AS (
+    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                    logger, message)
+    SELECT p.dag_id, p.run_id, p.task_id, p.try_number, now(), 'INFO', 'log', 'engine.worker',
+           $10::text
+    FROM parked p
+    WHERE $10::text IS NOT NULL
 )
 SELECT trig.id AS trigger_id,
        CASE WHEN trig.inserted THEN pg_notify('deferral_triggers', '')
@@ -957,10 +981,13 @@ SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 -- a join of the two CTEs: the planner estimates one row for each and joins them in a nested
 -- loop, quadratic in the batch: over a second of CPU for 1,000 outcomes.) When a task became
 -- runnable, the same transaction wakes the workers (woke = 1): no second round trip.
+-- Each moved task's try gets a line in its log saying how its wait ended (what the trigger
+-- sent, $7: shown masked, null when it sent nothing to show): written here, with the outcome,
+-- the line costs the worker nothing, and is there before a worker can claim the resume.
 WITH outcome AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]::deferral_trigger_outcome[],
-                         $5::bytea[], $6::text[])
-        AS o(trigger_id, fence, kind, payload, error)
+                         $5::bytea[], $6::text[], $7::text[])
+        AS o(trigger_id, fence, kind, payload, error, shown)
 ), fired AS (
     DELETE FROM deferral_triggers t
     USING outcome o
@@ -971,7 +998,7 @@ WITH outcome AS (
     -- sequential scan of every trigger; the array gives every plan the primary key.)
     WHERE t.id = o.trigger_id AND t.id = ANY ($2::bigint[])
       AND t.triggerer_id IS NOT DISTINCT FROM $1 AND t.fence = o.fence
-    RETURNING t.id, o.kind, o.payload, o.error
+    RETURNING t.id, t.classpath, o.kind, o.payload, o.error, o.shown
 ), moved AS (
     UPDATE deferral_task_instances ti
     SET state = CASE f.kind WHEN 'event' THEN 'scheduled'
@@ -993,7 +1020,28 @@ WITH outcome AS (
         trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL
     FROM fired f
     WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
-    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id,
+              ti.dag_id, ti.run_id, ti.try_number, ti.next_method, f.classpath, f.kind,
+              f.error, f.shown
+), logged AS (
+    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                    logger, message)
+    SELECT m.dag_id, m.run_id, m.task_id, m.try_number, now(),
+           CASE WHEN m.kind = 'failed' THEN 'ERROR' ELSE 'INFO' END, 'log', 'engine.triggerer',
+           CASE m.kind
+               WHEN 'event' THEN format('trigger %s (%s) fired with event %s; the try resumes '
+                                        'at %s when a worker claims it', m.trigger_id,
+                                        m.classpath, COALESCE(m.shown, 'null'), m.next_method)
+               WHEN 'failed' THEN format('trigger %s (%s) failed the try: %s', m.trigger_id,
+                                         m.classpath, left(m.error, 4000))
+               WHEN 'success' THEN format('trigger %s (%s) ended the task: success%s',
+                                          m.trigger_id, m.classpath,
+                                          COALESCE(' with ' || m.shown, ''))
+               WHEN 'skipped' THEN format('trigger %s (%s) ended the task: skipped%s',
+                                          m.trigger_id, m.classpath,
+                                          COALESCE(' with ' || m.shown, ''))
+           END
+    FROM moved m
 ), woke AS (
     SELECT pg_notify('deferral_tasks', '') FROM moved WHERE state = 'scheduled' LIMIT 1
 )

@@ -269,6 +269,7 @@ class TaskQueries(StoreCore):
             deferral.method_name,
             keyring.encrypt(deferral.method_kwargs),
             deferral.try_number,
+            storable_opt(deferral.line),
         )
         return row is not None
 

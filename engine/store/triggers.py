@@ -157,6 +157,7 @@ async def write_trigger_outcomes(
             [o.kind for o in outcomes],
             payloads,
             [storable_opt(o.error) for o in outcomes],
+            [storable_opt(o.shown) for o in outcomes],
             timeout=timeout_s,
         )
     accepted = frozenset([r["fired_id"] for r in rows])

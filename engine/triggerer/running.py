@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from engine.masking import shown_json
 from engine.runtime import logs
 from engine.store import TriggerOutcome
 from engine.triggerer.held import Held
@@ -174,7 +175,13 @@ class TriggerRunner:
                 f"limit of {MAX_PAYLOAD_BYTES}",
             )
         kind = event.state if isinstance(event, TaskEndEvent) else "event"
-        return TriggerOutcome(trigger_id=trigger_id, fence=held.fence, kind=kind, payload=payload)
+        return TriggerOutcome(
+            trigger_id=trigger_id,
+            fence=held.fence,
+            kind=kind,
+            payload=payload,
+            shown=shown_json(event.payload),
+        )
 
 
 def _failed(trigger_id: int, held: Held, error: str) -> TriggerOutcome:

@@ -129,7 +129,6 @@ class Attempts:
         if remaining is not None and remaining <= 0:
             return timed_out(ti)
         if ti.next_method:
-            TryLogs.resuming(ti, kwargs.get("event"), worker_id)
             crash_point("worker.resume.before_method")
         if getattr(op, "isolation", "none") == "process":
             return await self._in_child(op, ti, context, kwargs, remaining)

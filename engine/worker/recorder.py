@@ -142,6 +142,9 @@ class Recorder:
                 await self._record_failure(ti, worker_id, str(exc), no_retry=True)
                 return
         deferral = _deferral(ti, deferred)
+        # What the try logged so far is stored first: its line about the deferral, written
+        # with it, comes after them, and before the trigger's line about firing.
+        await self._logs.flush([(ti.id, ti.try_number)])
         crash_point("worker.defer.before_write")
         try:
             ok = await with_db_retry(
@@ -154,13 +157,6 @@ class Recorder:
         self._lost_if_not(ok, ti)
         if ok:
             self._metrics.task_outcomes.labels("deferred").inc()
-            TryLogs.deferred(
-                deferral.classpath,
-                trigger.kwargs,
-                deferral.method_name,
-                deferral.timeout_s,
-                deferral.dedup_key is not None,
-            )
         log.info(
             "deferred to %s (resume at %s%s)",
             deferral.classpath,
@@ -333,4 +329,11 @@ def _deferral(ti: ClaimedTask, deferred: Deferred) -> Deferral:
         method_kwargs=deferred.method_kwargs,
         timeout_s=deferred.timeout_s,
         try_number=ti.try_number,
+        line=TryLogs.deferral_line(
+            trigger.classpath,
+            trigger.kwargs,
+            deferred.method_name,
+            deferred.timeout_s,
+            trigger.dedup_key is not None,
+        ),
     )

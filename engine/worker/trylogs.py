@@ -4,15 +4,15 @@ What a try logs and prints goes to the worker's :class:`~engine.usercode.logsink
 (``kind="task"``), bound per execution of a try, and is written in batches within the bounds
 of the settings ``log_*``. Every call of the worker into ``engine/usercode``'s sink and capture
 is here: binding a try, its end, flushing a try's lines before its outcome or its stop, the
-line of its failure, and the output of an isolated task's child process.
+line of its failure, the line of its deferral, and the output of an isolated task's child
+process. (The lines of a wait's end are written by the statements that end it, with no cost
+here: the triggerer's ``fire_triggers`` says when the trigger fired and what it sent, the
+claim of the resume says where the try resumes.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import os
-import socket
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -21,15 +21,12 @@ from typing import Any
 
 import msgspec
 
-from engine.masking import redact
+from engine.masking import shown_json
 from engine.store import ClaimedTask, Store
 from engine.usercode.logsink import NOT_STORED, LogLimits, LogSink, capture_line, capture_record
 from triggers.base import decode_value
 
 __all__ = ["UNSTORED", "TryLogs"]
-
-#: Characters of a trigger's kwargs or event shown in a try's line about its deferral.
-SHOWN_CHARS = 2000
 
 #: The logger the worker's own lines about a try are stored under.
 LOGGER = "engine.worker"
@@ -90,35 +87,21 @@ class TryLogs:
         )
 
     @staticmethod
-    def deferred(
+    def deferral_line(
         classpath: str, kwargs: bytes, method: str, timeout_s: float | None, dedup: bool
-    ) -> None:
-        """The bound try deferred (its deferral is written): its line says to which trigger
-        (``kwargs`` as encoded, shown masked), where it resumes and its timeout. Never
+    ) -> str:
+        """The try's line about its deferral, written with it (``defer_task``): to which
+        trigger (``kwargs`` as encoded, shown masked), where it resumes, its timeout. Never
         raises: the deferral stands whatever its line can show."""
         timeout = f"timeout {timeout_s:g}s" if timeout_s is not None else "no timeout"
         shared = ", shared by its dedup key" if dedup else ""
         try:
-            shown = _shown(decode_value(kwargs))
+            shown = shown_json(decode_value(kwargs))
         except Exception as exc:  # kwargs this process cannot read (a newer trigger's)
             shown = f"(not shown: {type(exc).__name__})"
-        _note(
+        return (
             f"deferred to trigger {classpath}{shared} ({timeout}); resumes at {method}; "
             f"trigger kwargs: {shown}"
-        )
-
-    @staticmethod
-    def resuming(ti: ClaimedTask, event: Any, worker_id: int) -> None:
-        """The bound try resumes after its trigger fired: when it fired (its event was
-        written), what it sent, and where the try resumes."""
-        fired = ti.run_after
-        when = "" if fired is None else f" at {fired.isoformat(timespec='milliseconds')}"
-        waited = ""
-        if fired is not None:
-            waited = f" (claimed {max(0.0, (ti.db_now - fired).total_seconds()):.3f}s later)"
-        _note(
-            f"trigger fired{when}{waited} with event {_shown(event)}; resuming at "
-            f"{ti.next_method} on worker {worker_id} ({_HOST}, pid {os.getpid()})"
         )
 
     @staticmethod
@@ -142,29 +125,3 @@ class TryLogs:
             stored = capture_line("stderr", line, cut=cut)
         if not stored and sys.__stderr__ is not None:
             sys.__stderr__.write(line + "\n")
-
-
-_HOST = socket.gethostname()
-
-
-def _note(message: str) -> None:
-    """One INFO line of the engine's own about the bound try, stored with the try's lines
-    (within the try's bounds: a flood keeps its cap)."""
-    capture_record(time.time(), "INFO", LOGGER, message)
-
-
-def _shown(value: Any) -> str:
-    """``value`` as a try's line shows it: secrets masked, at most :data:`SHOWN_CHARS`."""
-    try:
-        text = msgspec.json.encode(redact(value), enc_hook=_as_text).decode()
-    except Exception:  # an event the JSON encoder cannot take: its masked repr
-        text = repr(redact(value))
-    if len(text) > SHOWN_CHARS:
-        text = text[:SHOWN_CHARS] + f"... ({len(text) - SHOWN_CHARS} more characters)"
-    return text
-
-
-def _as_text(value: Any) -> Any:
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
-    return str(value)

@@ -89,6 +89,8 @@ class Deferral(msgspec.Struct, frozen=True, kw_only=True):
     method_kwargs: bytes
     timeout_s: float | None
     try_number: int | None = None
+    #: The try's log line about this deferral, written with it (None: none).
+    line: str | None = None
 
 
 class StopRequest(msgspec.Struct, frozen=True, kw_only=True):

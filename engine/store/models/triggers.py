@@ -41,6 +41,9 @@ class TriggerOutcome(msgspec.Struct, frozen=True, kw_only=True):
     kind: TriggerOutcomeKind
     payload: bytes | None = None
     error: str | None = None
+    #: The event's payload as the waiting tries' logs show it (masked, cut): written with
+    #: the outcome as their line about it (``fire_triggers``). None: a line without it.
+    shown: str | None = None
 
 
 class TriggerWaiters(msgspec.Struct, frozen=True, kw_only=True):
