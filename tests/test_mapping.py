@@ -266,6 +266,11 @@ async def test_a_mapped_fleet_of_deferrable_sensors_holds_no_slot_while_waiting(
     assert [t["state"] for t in _mapped(tis, "wait")] == ["success"] * count
     assert _result(tis["done"]) == count
     assert engine.worker.peak_running <= 2
+    # Each instance's try has its own log: its deferral and how its trigger ended it.
+    lines = [line.message for line in (await store.task_logs("map_fleet", "run1", "wait[5]")).lines]
+    assert any(line.startswith("deferred to trigger") for line in lines), lines
+    assert any("ended the task: success" in line and paths[5] in line for line in lines), lines
+    assert not any(paths[6] in line for line in lines), lines
 
 
 async def test_the_cli_addresses_a_mapped_instance(store: Store, db_url: str) -> None:

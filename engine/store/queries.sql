@@ -440,7 +440,8 @@ WITH admitted AS MATERIALIZED (
 ), resumed AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT c.dag_id, c.run_id, c.task_id, c.try_number, now(), 'INFO', 'log', 'engine.worker',
+    SELECT c.dag_id, c.run_id, deferral_ti_name(c.task_id, c.map_index), c.try_number, now(),
+           'INFO', 'log', 'engine.worker',
            format('resuming at %s on worker %s (%s, pid %s), claimed %ss after its trigger '
                   'fired', c.next_method, w.id, w.hostname, w.pid,
                   to_char(GREATEST(EXTRACT(EPOCH FROM now() - c.run_after), 0),
@@ -608,12 +609,12 @@ WITH held AS (
         worker_id = NULL, deferred_at = now()
     FROM trig, deadline
     WHERE ti.id = $1
-    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number
+    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.map_index
 ), logged AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT p.dag_id, p.run_id, p.task_id, p.try_number, now(), 'INFO', 'log', 'engine.worker',
-           $10::text
+    SELECT p.dag_id, p.run_id, deferral_ti_name(p.task_id, p.map_index), p.try_number, now(),
+           'INFO', 'log', 'engine.worker', $10::text
     FROM parked p
     WHERE $10::text IS NOT NULL
 )
@@ -1022,11 +1023,11 @@ WITH outcome AS (
     WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id,
               ti.dag_id, ti.run_id, ti.try_number, ti.next_method, f.classpath, f.kind,
-              f.error, f.shown
+              f.error, f.shown, ti.map_index
 ), logged AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT m.dag_id, m.run_id, m.task_id, m.try_number, now(),
+    SELECT m.dag_id, m.run_id, deferral_ti_name(m.task_id, m.map_index), m.try_number, now(),
            CASE WHEN m.kind = 'failed' THEN 'ERROR' ELSE 'INFO' END, 'log', 'engine.triggerer',
            CASE m.kind
                WHEN 'event' THEN format('trigger %s (%s) fired with event %s; the try resumes '
