@@ -6,6 +6,7 @@ and the max_map_length limit."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from pathlib import Path
@@ -22,11 +23,12 @@ from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
 from engine.web.app import make_app
-from operators.base import MapInputError
+from operators.base import BaseOperator, Context, MapInputError
 from operators.bash import BashOperator
 from operators.python import PythonOperator
 from operators.sensors.file import FileSensor
 from triggers.base import decode_value
+from triggers.temporal import TimeDeltaTrigger
 
 pytestmark = pytest.mark.anyio
 
@@ -485,3 +487,35 @@ async def test_a_retried_mapped_instance_keeps_its_own_arguments(store: Store) -
     tis = await _run(store, dag)
     got = [_result(t) for t in _mapped(tis, "flaky")]
     assert got == [[10, 0, 1], [20, 1, 2], [30, 2, 1]]
+
+
+class _DefersThenResumes(BaseOperator):
+    """Defers on a timer; resumes with its own argument."""
+
+    def __init__(self, *, label: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.label = label
+
+    def execute(self, context: Context) -> None:
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(0)), method_name="resume")
+
+    def resume(self, context: Context, event: Any = None) -> list[Any]:
+        return [self.label, context["ti"].map_index]
+
+
+async def test_mapped_deferrable_operators_resume_with_their_own_arguments(
+    store: Store,
+) -> None:
+    with DAG(dag_id="map_resume") as dag:
+
+        @task
+        def labels() -> list[str]:
+            return ["x", "y", "z"]
+
+        _DefersThenResumes.partial(task_id="wait").expand(label=labels())
+    tis = await _run(store, dag, slots=1)
+    assert [_result(t) for t in _mapped(tis, "wait")] == [["x", 0], ["y", 1], ["z", 2]]
+    lines = [
+        line.message for line in (await store.task_logs("map_resume", "run1", "wait[1]")).lines
+    ]
+    assert any(line.startswith("resuming at resume") for line in lines), lines
