@@ -15,7 +15,7 @@ import inspect
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn, TypedDict
 
 from operators.copying import fresh_copy
@@ -429,6 +429,18 @@ BaseOperator.__init__ = with_default_args(BaseOperator.__init__)  # type: ignore
 _BASE_ARGS = frozenset(inspect.signature(BaseOperator.__init__).parameters) - {"self"}
 
 
+def _ids(value: Any) -> set[int]:
+    """The ids of ``value`` and of every item nested in its lists, tuples, sets and dicts."""
+    found = {id(value)}
+    if isinstance(value, list | tuple | set | frozenset):
+        for item in value:
+            found |= _ids(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            found |= _ids(item)
+    return found
+
+
 class OperatorPartial:
     """``SomeOperator.partial(task_id=..., **fixed)``: what the instances of a mapped task
     share, waiting for ``.expand(...)`` or ``.expand_kwargs(...)``. ``mapped_into``: the
@@ -549,22 +561,44 @@ class MappedOperator(BaseOperator):
         for ref in find_refs([fixed, expand_input, expand_kwargs_input]):
             self.set_upstream(ref.operator)
 
+    def resolved_names(self, values: Mapping[str, Any], map_index: int) -> list[str]:
+        """Which of instance ``map_index``'s arguments ``values`` come from upstream XComs:
+        the ones expanded over a reference (for ``expand_kwargs``, all of them when its list,
+        or the instance's item, is a reference)."""
+        if self.expand_input is not None:
+            return [n for n, v in self.expand_input.items() if isinstance(v, XComArg)]
+        spec = self.expand_kwargs_input
+        if isinstance(spec, XComArg) or (
+            isinstance(spec, list | tuple)
+            and 0 <= map_index < len(spec)
+            and isinstance(spec[map_index], XComArg)
+        ):
+            return list(values)
+        return []
+
     def references(self) -> list[XComArg]:
         """The upstream values the instances are made from (resolved on the worker)."""
         return find_refs(
             self.expand_input if self.expand_input is not None else self.expand_kwargs_input
         )
 
-    def unmap(self, values: Mapping[str, Any]) -> BaseOperator:
-        """The operator one instance runs: the shared arguments with ``values``, its own."""
+    def unmap(self, values: Mapping[str, Any], resolved: Iterable[str] = ()) -> BaseOperator:
+        """The operator one instance runs: the shared arguments with ``values``, its own.
+        ``resolved``: the names among them whose values came from upstream XComs, which are
+        not rendered as templates (literal values of the DAG are, as any argument)."""
         kwargs = dict(self.partial_kwargs)
         if self.mapped_into is not None:
             kwargs[self.mapped_into] = {**(kwargs.get(self.mapped_into) or {}), **values}
         else:
             kwargs.update(values)
         op = self.operator_class(**kwargs)
-        #: The arguments this instance was mapped with.
+        #: The arguments this instance was mapped with, and those of them read from upstream
+        #: XComs (the worker's templating leaves those objects as they are).
+        names = sorted(set(resolved) & set(values))
         op.mapped_values = dict(values)
+        op.mapped_resolved = names
+        # (by identity, nested items too: an operator may copy a list it is given)
+        op.resolved_value_ids = _ids([values[name] for name in names])
         op.dag = self.dag
         op.upstream_task_ids = set(self.upstream_task_ids)
         op.downstream_task_ids = set(self.downstream_task_ids)

@@ -519,3 +519,30 @@ async def test_mapped_deferrable_operators_resume_with_their_own_arguments(
         line.message for line in (await store.task_logs("map_resume", "run1", "wait[1]")).lines
     ]
     assert any(line.startswith("resuming at resume") for line in lines), lines
+
+
+async def test_values_from_upstream_are_not_templates_but_literal_ones_are(store: Store) -> None:
+    with DAG(dag_id="map_templates") as dag:
+
+        @task
+        def texts() -> list[str]:
+            return ["{{ run_id }} from upstream"]
+
+        @task
+        def echo(text: str, note: str) -> list[str]:
+            return [text, note]
+
+        echo.partial(note="{{ run_id }} fixed").expand(text=texts())
+        echo.expand(text=["{{ run_id }} literal"], note=["n"])
+
+        @task
+        def arg_lists() -> list[list[str]]:
+            return [["{{ run_id }} as op_args"]]
+
+        PythonOperator.partial(task_id="classic", python_callable=lambda s: s).expand(
+            op_args=arg_lists()
+        )
+    tis = await _run(store, dag)
+    assert _result(tis["echo[0]"]) == ["{{ run_id }} from upstream", "run1 fixed"]
+    assert _result(tis["echo__1[0]"]) == ["run1 literal", "n"]
+    assert _result(tis["classic[0]"]) == "{{ run_id }} as op_args"

@@ -286,6 +286,7 @@ class Attempts:
             log_format="json",  # read back line by line and stored with the try's lines
             parent_pid=os.getpid(),
             map_value=_map_value(op),
+            map_resolved=list(getattr(op, "mapped_resolved", None) or []),
         )
         try:
             outcome = await isolation.run_isolated(

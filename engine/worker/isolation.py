@@ -87,8 +87,10 @@ class Request(msgspec.Struct, frozen=True):
     log_format: str = "text"
     #: The worker's pid: the child ends itself (and its process group) once it is gone.
     parent_pid: int = 0
-    #: A mapped instance's own arguments (``encode_data``; None: not mapped).
+    #: A mapped instance's own arguments (``encode_data``; None: not mapped), and which of
+    #: them came from upstream XComs (not rendered as templates).
     map_value: bytes | None = None
+    map_resolved: list[str] = []
 
 
 class ChildEnded(Exception):
@@ -266,7 +268,8 @@ def _locate(request: Request) -> Any:
         if dag.dag_id == request.dag_id:
             op = dag.get_task(request.task_id)
             if request.map_value is not None and hasattr(op, "unmap"):
-                return op.unmap(decode_value(request.map_value))  # a mapped instance's
+                # a mapped instance's own operator
+                return op.unmap(decode_value(request.map_value), request.map_resolved)
             return op
     raise LookupError(f"the DAG file {request.file} defines no DAG {request.dag_id!r}")
 

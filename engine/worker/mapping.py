@@ -97,7 +97,8 @@ async def prepare(
     name = f"{ti.dag_id}.{ti.task_id}"
     if ti.map_index >= 0 and ti.map_value is not None:
         # (its own arguments, as the expansion read them)
-        return op.unmap(decode_value(ti.map_value))
+        own = decode_value(ti.map_value)
+        return op.unmap(own, op.resolved_names(own, ti.map_index))
     try:
         values = await _resolve(op, ti, store)
         if op.expand_input is not None:
@@ -120,4 +121,4 @@ async def prepare(
             own = kwargs_at(name, values, ti.map_index)
     except (MapInputError, IndexError) as exc:
         return Raised(str(exc), no_retry=True)
-    return op.unmap(own)
+    return op.unmap(own, op.resolved_names(own, ti.map_index))
