@@ -205,6 +205,8 @@ def run_mapped_fleet(
                 keep_db=keep_db,
             )
 
+        # (the machine may be shared: how busy it was is part of the figures)
+        load_at_start = round(os.getloadavg()[0], 2)
         figures = anyio.run(one, backend="asyncio", backend_options={"use_uvloop": True})
         return {
             "sensors": n,
@@ -214,6 +216,7 @@ def run_mapped_fleet(
             "seed": seed,
             "mapped": True,
             "machine": _machine(),
+            "load_avg_1m_at_start": load_at_start,
             "figures": figures,
         }
 
@@ -225,7 +228,8 @@ def print_mapped(result: dict[str, Any]) -> None:
     figures = result["figures"]
     table = Table(
         title=f"mapped sensor fleet: {result['sensors']} sensors from one expand, "
-        f"{result['slots']} slots, window {result['window_s']:g} s"
+        f"{result['slots']} slots, window {result['window_s']:g} s, load average "
+        f"{result['load_avg_1m_at_start']:g} at the start"
     )
     table.add_column("metric")
     table.add_column("value", justify="right")
