@@ -107,6 +107,7 @@ def test_from_settings_carries_each_setting_to_its_field(tmp_path: Path) -> None
         default_deferrable=True,
         xcom_max_bytes=4096,
         callback_timeout_s=9.5,
+        max_map_length=17,
         triggerer_capacity=12,
         triggerer_lease_s=13.0,
         triggerer_poll_interval_s=0.5,
@@ -149,6 +150,7 @@ def test_from_settings_carries_each_setting_to_its_field(tmp_path: Path) -> None
         "log_limits": limits,
         "xcom_max_bytes": 4096,
         "callback_timeout_s": 9.5,
+        "max_map_length": 17,
     }
     assert _plain(TriggererConfig.from_settings(settings)) == {
         "capacity": 12,

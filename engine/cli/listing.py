@@ -235,6 +235,9 @@ class ListedTask(msgspec.Struct, frozen=True, kw_only=True):
     #: The XComs of the current try by key: ``{"bytes": n, "preview": "..."}`` (its return
     #: value under ``return_value``); None where it was not asked for.
     xcom: dict[str, Any] | None = None
+    #: The instance of a mapped task (0..n-1; the table shows it as ``TASK[i]``); -1: not
+    #: mapped.
+    map_index: int = -1
 
 
 def listed_task(
@@ -260,6 +263,7 @@ def listed_task(
         rendered=mask_secrets(row.rendered_fields),
         waiting_reason=waiting_reason,
         xcom=xcom,
+        map_index=row.map_index,
     )
 
 
@@ -269,6 +273,8 @@ def filtered(what: str, **filters: object) -> str:
         "dag_id": "of DAG {!r}",
         "run_id": "in run {!r}",
         "state": "in state {}",
+        "task": "of task {!r}",
+        "map_index": "with map index {}",
     }
     said = [words[name].format(value) for name, value in filters.items() if value is not None]
     return " ".join([f"no {what}", *said])
@@ -291,7 +297,7 @@ def task_table(tasks: Sequence[ListedTask], *, with_run: bool, wide: bool) -> Ta
         result = "" if task.result is None else compact_json(task.result)
         table.add_row(
             *ids,
-            cell(task.task_id),
+            cell(task.task_id if task.map_index < 0 else f"{task.task_id}[{task.map_index}]"),
             cell(state_cell(task)),
             cell(task.try_number),
             cell(fmt_time(task.started_at)),

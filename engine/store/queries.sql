@@ -438,13 +438,14 @@ WITH admitted AS MATERIALIZED (
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
               ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
               ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
-              r.data_interval_start, r.data_interval_end, r.run_type, ti.pool,
-              ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
+              r.data_interval_start, r.data_interval_end, r.run_type, ti.pool, ti.map_index,
+              ti.map_value, ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
                   AS missing_pool
 ), resumed AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT c.dag_id, c.run_id, c.task_id, c.try_number, now(), 'INFO', 'log', 'engine.worker',
+    SELECT c.dag_id, c.run_id, deferral_ti_name(c.task_id, c.map_index), c.try_number, now(),
+           'INFO', 'log', 'engine.worker',
            format('resuming at %s on worker %s (%s, pid %s), claimed %ss after its trigger '
                   'fired', c.next_method, w.id, w.hostname, w.pid,
                   to_char(GREATEST(EXTRACT(EPOCH FROM now() - c.run_after), 0),
@@ -469,7 +470,7 @@ SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, ti.next_kwargs,
        ti.next_event, ti.first_try_at, ti.try_started_at, ti.execution_timeout_s, ti.is_leaf,
        ti.run_after, r.logical_date, r.conf, r.data_interval_start, r.data_interval_end, r.run_type,
-       ti.pool, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
+       ti.pool, ti.map_index, ti.map_value, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
        now() AS db_now
 FROM deferral_task_instances ti
 JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
@@ -518,6 +519,45 @@ UPDATE deferral_task_instances
 SET state = 'up_for_reschedule', run_after = $3, worker_id = NULL
 WHERE id = $1 AND worker_id = $2 AND state = 'running' AND try_number = $4
 RETURNING id;
+
+-- name: expand_task
+-- Expand mapped task instance $1 (map_index -1), whose try $3 worker $2 holds, into $4 (>= 1)
+-- instances: it becomes instance 0, and instances 1..$4-1 are inserted as its copies, all
+-- scheduled, none tried yet (the claim that expanded it does not count as a try); $5 (null,
+-- or one a instance, in order) their own arguments, encoded and encrypted. Nothing is
+-- written unless the worker still holds that try. Returns the instances made (no row:
+-- nothing written) and wakes the workers.
+WITH held AS (
+    SELECT * FROM deferral_task_instances
+    WHERE id = $1 AND worker_id = $2 AND state = 'running' AND try_number = $3
+      AND map_index = -1
+    FOR UPDATE
+), first AS (
+    UPDATE deferral_task_instances ti
+    SET map_index = 0, state = 'scheduled', worker_id = NULL, heartbeat_at = NULL,
+        try_number = held.try_number - 1, first_try_at = NULL, try_started_at = NULL,
+        started_at = NULL, ended_at = NULL, try_queued_at = NULL, previous_error = NULL,
+        error = NULL, run_after = now(), map_value = ($5::bytea[])[1]
+    FROM held
+    WHERE ti.id = held.id
+    RETURNING ti.id
+), more AS (
+    INSERT INTO deferral_task_instances (
+        dag_run_id, dag_id, run_id, task_id, map_index, state, try_number, retries,
+        retry_delay_s, retry_exponential_backoff, max_retry_delay_s, execution_timeout_s,
+        soft_fail, trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout,
+        pool_slots, queue, trigger_queue, max_active_tis_per_dag, run_after, map_value)
+    SELECT h.dag_run_id, h.dag_id, h.run_id, h.task_id, g.i, 'scheduled', h.try_number - 1,
+           h.retries, h.retry_delay_s, h.retry_exponential_backoff, h.max_retry_delay_s,
+           h.execution_timeout_s, h.soft_fail, h.trigger_rule, h.upstream, h.is_leaf,
+           h.priority, h.pool, h.no_retry_on_timeout, h.pool_slots, h.queue, h.trigger_queue,
+           h.max_active_tis_per_dag, now(), ($5::bytea[])[g.i + 1]
+    FROM held h, generate_series(1, $4::integer - 1) AS g(i)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM first) + (SELECT count(*) FROM more) AS made,
+       pg_notify('deferral_tasks', '') AS notified
+FROM first;
 
 -- name: defer_task
 -- The running try of task instance $1, held by worker $2 (try $9; null: whichever try it
@@ -573,12 +613,12 @@ WITH held AS (
         worker_id = NULL, deferred_at = now()
     FROM trig, deadline
     WHERE ti.id = $1
-    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number
+    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.map_index
 ), logged AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT p.dag_id, p.run_id, p.task_id, p.try_number, now(), 'INFO', 'log', 'engine.worker',
-           $10::text
+    SELECT p.dag_id, p.run_id, deferral_ti_name(p.task_id, p.map_index), p.try_number, now(),
+           'INFO', 'log', 'engine.worker', $10::text
     FROM parked p
     WHERE $10::text IS NOT NULL
 )
@@ -694,7 +734,8 @@ WHERE NOT EXISTS (
 SELECT DISTINCT dag_run_id AS id FROM deferral_task_instances WHERE state = 'pending';
 
 -- name: list_task_instances
--- Task instances, optionally filtered by DAG, run and state. retry_at: when a task waiting for
+-- Task instances, optionally filtered by DAG, run and state (a mapped task's in map_index
+-- order). retry_at: when a task waiting for
 -- its next try (or check) becomes runnable; duration_s: from the start of the first try to the
 -- end of the last (to now while the task has not ended), on the database clock.
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.result, ti.error,
@@ -704,7 +745,7 @@ SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.resu
            AS retry_at,
        EXTRACT(EPOCH FROM COALESCE(ti.ended_at, now()) - ti.first_try_at)::double precision
            AS duration_s,
-       ti.rendered_fields
+       ti.rendered_fields, ti.map_index
 FROM deferral_task_instances ti
 WHERE ($1::text IS NULL OR ti.dag_id = $1) AND ($2::text IS NULL OR ti.run_id = $2)
   AND ($3::text IS NULL OR ti.state = $3)
@@ -986,11 +1027,11 @@ WITH outcome AS (
     WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id,
               ti.dag_id, ti.run_id, ti.try_number, ti.next_method, f.classpath, f.kind,
-              f.error, f.shown
+              f.error, f.shown, ti.map_index
 ), logged AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT m.dag_id, m.run_id, m.task_id, m.try_number, now(),
+    SELECT m.dag_id, m.run_id, deferral_ti_name(m.task_id, m.map_index), m.try_number, now(),
            CASE WHEN m.kind = 'failed' THEN 'ERROR' ELSE 'INFO' END, 'log', 'engine.triggerer',
            CASE m.kind
                WHEN 'event' THEN format('trigger %s (%s) fired with event %s; the try resumes '
@@ -1330,7 +1371,7 @@ ORDER BY d.dag_id;
 -- state $2 only (NULL: all), a page of them ($3 rows, NULL: all, after skipping $4).
 SELECT ti.id, ti.task_id, ti.state, ti.try_number, ti.first_try_at, ti.started_at, ti.ended_at,
        extract(epoch FROM COALESCE(ti.ended_at, now()) - ti.started_at)::float8 AS duration_s,
-       ti.trigger_id, ti.upstream
+       ti.trigger_id, ti.upstream, ti.map_index
 FROM deferral_task_instances ti
 WHERE ti.dag_run_id = $1 AND ($2::text IS NULL OR ti.state = $2)
 ORDER BY ti.id
@@ -1344,8 +1385,9 @@ WHERE dag_run_id = $1
 GROUP BY state;
 
 -- name: task_try
--- One task instance by DAG, run and task id, with its trigger and the triggerer holding it,
--- and what its templated fields rendered to.
+-- One task instance by DAG, run and name (its task id; TASK[i] for a mapped instance,
+-- deferral_ti_name), with its trigger and the triggerer holding it, and what its templated
+-- fields rendered to.
 -- (next_kwargs, result and the trigger's kwargs are encrypted: the store opens them.)
 SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number,
        ti.retries, ti.priority, ti.pool, ti.trigger_rule, ti.upstream, ti.worker_id,
@@ -1355,11 +1397,11 @@ SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_
        t.classpath AS trigger_classpath, t.kwargs AS trigger_kwargs,
        t.triggerer_id, t.created_at AS trigger_created_at,
        tr.hostname AS triggerer_hostname, tr.pid AS triggerer_pid,
-       now() AS db_now, ti.rendered_fields
+       now() AS db_now, ti.rendered_fields, ti.map_index
 FROM deferral_task_instances ti
 LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id AND ti.state = 'deferred'
 LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3;
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND deferral_ti_name(ti.task_id, ti.map_index) = $3;
 
 -- name: triggers_page
 -- Triggers with their owner, waiters and age, filtered by classpath substring ($1), owner ($2;
@@ -1451,7 +1493,8 @@ FROM (
 GROUP BY c.dag_run_id, c.task_id;
 
 -- name: task_tries
--- Every recorded try of one task instance ($1 DAG, $2 run, $3 task), oldest first: those kept
+-- Every recorded try of one task instance ($1 DAG, $2 run, $3 its name: TASK[i] for a mapped
+-- instance), oldest first: those kept
 -- in deferral_task_tries and its current one (current: true; started: false when it was
 -- cleared and not claimed since, and holds nothing of a try), with the database's now.
 SELECT k.try_number, k.state, k.queued_at, k.started_at, k.resumed_at, k.deferred_at,
@@ -1464,15 +1507,15 @@ SELECT ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at, ti.started_
        ti.deferred_at, ti.fired_at, ti.ended_at, ti.error, ti.rendered_fields, true,
        ti.first_try_at IS NOT NULL, ti.run_after, now()
 FROM deferral_task_instances ti
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND deferral_ti_name(ti.task_id, ti.map_index) = $3
 ORDER BY 1, 11;
 
 -- name: run_tries
 -- The tries of a page of one run's task instances (run $1: DAG $2, run id $3; $4 task
 -- instances in the DAG's order after skipping $5) for its Gantt view, as task_tries: the
--- kept ones and the current one of each.
+-- kept ones and the current one of each; task_id is the name (TASK[i] for a mapped instance).
 WITH page AS (
-    SELECT ti.id, ti.task_id, ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at,
+    SELECT ti.id, deferral_ti_name(ti.task_id, ti.map_index) AS task_id, ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at,
            ti.started_at, ti.deferred_at, ti.fired_at, ti.ended_at, ti.first_try_at,
            ti.run_after
     FROM deferral_task_instances ti
@@ -1856,7 +1899,8 @@ WITH lines AS (
     ORDER BY l.n
 ), waiters AS (
     INSERT INTO deferral_trigger_log_tasks (dag_id, run_id, task_id, try_number, trigger_id)
-    SELECT ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.trigger_id
+    SELECT ti.dag_id, ti.run_id, deferral_ti_name(ti.task_id, ti.map_index), ti.try_number,
+           ti.trigger_id
     FROM deferral_task_instances ti
     WHERE ti.trigger_id = ANY ($6::bigint[]) AND ti.state = 'deferred'
     ON CONFLICT DO NOTHING
@@ -1920,14 +1964,15 @@ WHERE trigger_id = $1
 ORDER BY dag_id, run_id, task_id, try_number;
 
 -- name: task_logs
--- Up to $6 lines of a task try ($1 DAG, $2 run, $3 task, $4 try; null: the latest) after seq
+-- Up to $6 lines of a task try ($1 DAG, $2 run, $3 task: its name, TASK[i] for a mapped
+-- instance, deferral_ti_name; $4 try; null: the latest) after seq
 -- $5, oldest first, with the task instance's state and latest try (null: no such task
 -- instance). One statement, so one snapshot: a try seen ended has every line it logged before
 -- its outcome stored (the worker writes them before the outcome). Without lines: one row with
 -- a null seq.
 WITH ti AS (
     SELECT state, try_number FROM deferral_task_instances
-    WHERE dag_id = $1 AND run_id = $2 AND task_id = $3
+    WHERE dag_id = $1 AND run_id = $2 AND deferral_ti_name(task_id, map_index) = $3
 ), try AS (
     SELECT COALESCE($4::integer, (SELECT try_number FROM ti)) AS n
 ), page AS (
@@ -2183,7 +2228,7 @@ ORDER BY t.id;
 -- Run $2 of DAG $1, for "why is task $3 not running": its state and type, the DAG's
 -- max_active_runs, its runs counted against it (running, not backfills: as start_queued_runs
 -- counts them) and the queued ones that start before this one, whether the DAG has task $3,
--- and the task instance's id (null while the run is queued: its task instances are created
+-- and the id of its task instance of map index $4 (-1: not mapped) (null while the run is queued: its task instances are created
 -- when it starts). No row: no such run.
 SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active_runs,
        (SELECT count(*) FROM deferral_dag_runs x
@@ -2195,7 +2240,7 @@ SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active
        COALESCE(d.tasks @> jsonb_build_array(jsonb_build_object('task_id', $3::text)), false)
            AS has_task,
        (SELECT ti.id FROM deferral_task_instances ti
-        WHERE ti.dag_run_id = r.id AND ti.task_id = $3) AS ti_id,
+        WHERE ti.dag_run_id = r.id AND ti.task_id = $3 AND ti.map_index = $4) AS ti_id,
        now() AS db_now
 FROM deferral_dag_runs r
 LEFT JOIN deferral_dags d ON d.dag_id = r.dag_id
@@ -2483,8 +2528,9 @@ RETURNING key;
 -- name: xcom_pull
 -- The values under key $4 of the tasks $3 (null: every task) of run $2 of DAG $1, from the
 -- current try of each task instance (the return value, key 'return_value', is its result, or
--- what it pushed under that key). Only tasks that have one; the latest first.
-SELECT ti.task_id, v.value
+-- what it pushed under that key). Only tasks that have one; the latest first (a mapped task's
+-- instances by map_index).
+SELECT ti.task_id, ti.map_index, v.value
 FROM deferral_dag_runs r
 JOIN deferral_task_instances ti ON ti.dag_run_id = r.id
 LEFT JOIN deferral_xcom x ON x.ti_id = ti.id AND x.key = $4 AND x.try_number = ti.try_number
@@ -2495,7 +2541,16 @@ CROSS JOIN LATERAL (
 WHERE r.dag_id = $1 AND r.run_id = $2
   AND ($3::text[] IS NULL OR ti.task_id = ANY ($3::text[]))
   AND v.value IS NOT NULL
-ORDER BY COALESCE(x.pushed_at, ti.ended_at) DESC NULLS LAST, ti.task_id;
+ORDER BY ti.map_index >= 0, ti.map_index,
+         COALESCE(x.pushed_at, ti.ended_at) DESC NULLS LAST, ti.task_id;
+
+-- name: task_map_indexes
+-- The map indexes of task $3's instances in run $2 of DAG $1, in order: [-1] for an unmapped
+-- task (or a mapped one not expanded yet), 0..n-1 for a mapped one; none: no such task
+-- instance.
+SELECT ti.map_index FROM deferral_task_instances ti
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+ORDER BY ti.map_index;
 
 -- name: xcom_of_tasks
 -- The values task instances $1 pushed under keys of their own in their current tries (their
@@ -2507,7 +2562,7 @@ WHERE x.ti_id = ANY ($1::bigint[])
 ORDER BY x.ti_id, x.key;
 
 -- name: xcom_of_task
--- Every XCom of one task instance (DAG $1, run $2, task $3) in its current try: its result
+-- Every XCom of one task instance (DAG $1, run $2, task $3, map index $4) in its current try: its result
 -- under 'return_value' (over a value pushed under that key, as xcom_pull reads it) and the
 -- values it pushed, by key. No row: no such task instance; a row with a null key: it has none.
 SELECT ti.id AS ti_id, k.key, k.value
@@ -2519,7 +2574,7 @@ LEFT JOIN LATERAL (
     UNION ALL
     SELECT 'return_value', ti.result WHERE ti.result IS NOT NULL
 ) k ON true
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3 AND ti.map_index = $4
 ORDER BY k.key;
 
 -- name: rotation_xcom

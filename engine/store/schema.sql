@@ -213,7 +213,13 @@ CREATE TABLE deferral_task_instances (
     try_queued_at             timestamptz,
     deferred_at               timestamptz,
     fired_at                  timestamptz,
-    UNIQUE (dag_run_id, task_id)
+    -- a mapped task's instance number, 0..n-1; -1: not mapped (or not yet expanded); added by
+    -- 0022. A mapped instance's tries and log lines are kept under its name (deferral_ti_name).
+    map_index                 integer NOT NULL DEFAULT -1 CHECK (map_index >= -1),
+    -- a mapped instance's own arguments as its expansion read them (encoded, encrypted):
+    -- returned by its claims; added by 0022
+    map_value                 bytea,
+    UNIQUE (dag_run_id, task_id, map_index)
 );
 CREATE INDEX deferral_ti_runnable ON deferral_task_instances (priority DESC, run_after, id)
     WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule');
@@ -258,14 +264,21 @@ CREATE TABLE deferral_task_tries (
 -- try_number, and only a new try raises it: the trigger fires for nothing else. A cleared try
 -- was archived by clear_tasks before it was reset (a clear empties first_try_at, which a
 -- claim sets again): the cleared row holds nothing of that try any more, and is not kept.
+-- The name of a task instance where rows are keyed by names (tries, log lines): its task id,
+-- or TASK[i] for mapped instance i (added by 0022).
+CREATE FUNCTION deferral_ti_name(task_id text, map_index integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN map_index < 0 THEN task_id ELSE task_id || '[' || map_index || ']' END
+$$;
+
 CREATE FUNCTION deferral_archive_try() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO deferral_task_tries (dag_id, run_id, task_id, try_number, state, queued_at,
                                      started_at, resumed_at, deferred_at, fired_at, ended_at,
                                      error, rendered_fields)
-    VALUES (OLD.dag_id, OLD.run_id, OLD.task_id, OLD.try_number, OLD.state, OLD.try_queued_at,
-            OLD.try_started_at, OLD.started_at, OLD.deferred_at, OLD.fired_at, OLD.ended_at,
-            OLD.error, OLD.rendered_fields)
+    VALUES (OLD.dag_id, OLD.run_id, deferral_ti_name(OLD.task_id, OLD.map_index),
+            OLD.try_number, OLD.state, OLD.try_queued_at, OLD.try_started_at, OLD.started_at,
+            OLD.deferred_at, OLD.fired_at, OLD.ended_at, OLD.error, OLD.rendered_fields)
     ON CONFLICT DO NOTHING;
     RETURN NULL;
 END;

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Deferred",
     "ExecutionTimeout",
+    "Expanded",
     "Failed",
     "InvalidDeferral",
     "Raised",
@@ -110,7 +111,16 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
     message: str
 
 
-TryOutcome = Returned | Raised | Deferred | Rescheduled | Skipped | Failed
+class Expanded(msgspec.Struct, frozen=True, tag="expanded"):
+    """A mapped task's values are known: it becomes ``count`` task instances (the worker's
+    doing, not the task's: no call of the task's own ran), with each one's own arguments
+    encoded (None: each instance reads them from the upstream values itself)."""
+
+    count: int
+    values: list[bytes] | None = None
+
+
+TryOutcome = Returned | Raised | Deferred | Rescheduled | Skipped | Failed | Expanded
 
 
 def outcome_of_call(call: Callable[[], Any], *, task: str = "") -> TryOutcome:

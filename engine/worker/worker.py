@@ -101,6 +101,7 @@ class Worker:
             stopping=self._leaving,
             freed=self._slot_freed,
             xcom_max_bytes=config.xcom_max_bytes,
+            max_map_length=config.max_map_length,
             callback_timeout_s=config.callback_timeout_s,
         )
         #: Runs the callbacks of outcomes (written by whoever wrote the outcome) and alerts.
@@ -374,7 +375,7 @@ class Worker:
         assert worker_id is not None
         key = (ti.id, ti.try_number)
         with (
-            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number),
+            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.name, attempt=ti.try_number),
             self.logs.bound(ti),
         ):
             try:

@@ -58,6 +58,7 @@ from engine.store.models.tasks import (
     StopRequest,
     TaskClaim,
     TaskOutcome,
+    ti_name,
 )
 from engine.store.models.triggers import (
     ClaimedTrigger,
@@ -139,4 +140,5 @@ __all__ = [
     "WhyTask",
     "WorkLeft",
     "WorkerRow",
+    "ti_name",
 ]
