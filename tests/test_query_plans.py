@@ -167,6 +167,7 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
             "resume",
             b"\x80",
             1,
+            "deferred to trigger tests.triggers_for_tests.NeverTrigger",
         ),
     }
 
