@@ -546,3 +546,26 @@ async def test_values_from_upstream_are_not_templates_but_literal_ones_are(store
     assert _result(tis["echo[0]"]) == ["{{ run_id }} from upstream", "run1 fixed"]
     assert _result(tis["echo__1[0]"]) == ["run1 literal", "n"]
     assert _result(tis["classic[0]"]) == "{{ run_id }} as op_args"
+
+
+async def test_a_mapped_instance_cleared_or_marked_says_so_in_its_own_log(store: Store) -> None:
+    # The clear's and the mark's log line, audit and archived try are under TASK[i], the name
+    # a mapped instance's lines are read by (not the bare task id, which no address reaches).
+    def double(x: int) -> int:
+        return x * 2
+
+    with DAG(dag_id="map_override") as dag:
+        PythonOperator.partial(task_id="double", python_callable=double).expand(
+            op_kwargs=[{"x": 1}, {"x": 2}]
+        )
+    tis = await _run(store, dag)
+    first, second = _mapped(tis, "double")
+    assert await store.clear_task(second["id"], who="ops", via="the command line")
+    assert await store.mark_task(first["id"], "failed", who="ops", via="the command line")
+
+    cleared = await store.task_logs("map_override", "run1", "double[1]", try_number=1)
+    assert any(line.message.startswith("cleared by ops") for line in cleared.lines)
+    marked = await store.task_logs("map_override", "run1", "double[0]", try_number=1)
+    assert any(line.message.startswith("marked failed by ops") for line in marked.lines)
+    bare = await store.task_logs("map_override", "run1", "double", try_number=1)
+    assert not any("by ops" in line.message for line in bare.lines)

@@ -1582,7 +1582,8 @@ WHERE ti.pool = $1 AND ti.state = ANY ($2::text[]) AND (NOT $3 OR ti.run_after <
 -- cleared.
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
-           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag,
+           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id,
+           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.max_active_tis_per_dag,
            ti.try_queued_at, ti.try_started_at, ti.started_at, ti.deferred_at, ti.fired_at,
            ti.ended_at, ti.error, ti.rendered_fields, ti.first_try_at
     FROM deferral_task_instances ti
@@ -1596,7 +1597,7 @@ WITH old AS (
     INSERT INTO deferral_task_tries (dag_id, run_id, task_id, try_number, state, queued_at,
                                      started_at, resumed_at, deferred_at, fired_at, ended_at,
                                      error, rendered_fields)
-    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, o.state, o.try_queued_at,
+    SELECT o.dag_id, o.run_id, o.name, o.try_number, o.state, o.try_queued_at,
            o.try_started_at, o.started_at, o.deferred_at, o.fired_at,
            COALESCE(o.ended_at, now()), o.error, o.rendered_fields
     FROM old o
@@ -1640,7 +1641,7 @@ WITH old AS (
     FROM (SELECT DISTINCT stopping.worker_id FROM stopping) s
 ), audited AS (
     INSERT INTO deferral_audit (who, action, target, detail)
-    SELECT $2::text, 'clear', o.dag_id || '/' || o.run_id || '/' || o.task_id,
+    SELECT $2::text, 'clear', o.dag_id || '/' || o.run_id || '/' || o.name,
            jsonb_strip_nulls(jsonb_build_object(
                'ti', o.id, 'try', o.try_number, 'was', o.state, 'via', $3::text,
                'stopping_worker', s.worker_id, 'left_trigger', o.trigger_id))
@@ -1649,7 +1650,7 @@ WITH old AS (
     -- a line in the log of the try it happened to (the latest)
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, now(), 'WARNING', 'log',
+    SELECT o.dag_id, o.run_id, o.name, o.try_number, now(), 'WARNING', 'log',
            'deferral.override',
            format('cleared by %s from %s', $2::text, $3::text) || CASE
                WHEN s.worker_id IS NOT NULL
@@ -1693,7 +1694,8 @@ ORDER BY c.id;
 -- Returns one row per task instance changed (the caller settles the downstream tasks).
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
-           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag
+           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id,
+           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.max_active_tis_per_dag
     FROM deferral_task_instances ti
     WHERE ti.id = ANY ($1::bigint[]) AND ti.state <> $2
     ORDER BY ti.id
@@ -1731,7 +1733,7 @@ WITH old AS (
     FROM (SELECT DISTINCT stopping.worker_id FROM stopping) s
 ), audited AS (
     INSERT INTO deferral_audit (who, action, target, detail)
-    SELECT $3::text, 'mark_' || $2::text, o.dag_id || '/' || o.run_id || '/' || o.task_id,
+    SELECT $3::text, 'mark_' || $2::text, o.dag_id || '/' || o.run_id || '/' || o.name,
            jsonb_strip_nulls(jsonb_build_object(
                'ti', o.id, 'try', o.try_number, 'was', o.state, 'via', $4::text,
                'stopping_worker', s.worker_id, 'left_trigger', o.trigger_id))
@@ -1740,7 +1742,7 @@ WITH old AS (
     -- a line in the log of the try it happened to (the latest)
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, now(), 'WARNING', 'log',
+    SELECT o.dag_id, o.run_id, o.name, o.try_number, now(), 'WARNING', 'log',
            'deferral.override',
            format('marked %s by %s from %s', $2::text, $3::text, $4::text) || CASE
                WHEN s.worker_id IS NOT NULL
