@@ -173,6 +173,9 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     done = TaskOutcome(ti_id=by_name["a"].id, worker_id=worker, try_number=1, kind="success")
     finished = await s.finish_tasks([done])
     assert [f.state for f in finished] == ["success"]
+    # (a try no longer held expands nothing; an unmapped task has map index -1)
+    assert await s.expand_task(by_name["a"].id, worker, 1, 2) == 0
+    assert await s.task_map_indexes("rows", "r1", "a") == [-1]
     await downstream.settle(s, finished)  # resolve_pending, wake_workers
     await s.notify_finished_runs([run_pk])
     assert await s.runs_with_pending() == []

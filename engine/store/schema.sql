@@ -213,11 +213,15 @@ CREATE TABLE deferral_task_instances (
     try_queued_at             timestamptz,
     deferred_at               timestamptz,
     fired_at                  timestamptz,
+    -- the callback kinds the task declares ('success', 'failure', 'retry', 'skipped'; null:
+    -- none), copied from the DAG's serialized tasks when the run's task instances are
+    -- created; added by 0022
+    callbacks                 text[],
     -- a mapped task's instance number, 0..n-1; -1: not mapped (or not yet expanded); added by
-    -- 0022. A mapped instance's tries and log lines are kept under its name (deferral_ti_name).
+    -- 0023. A mapped instance's tries and log lines are kept under its name (deferral_ti_name).
     map_index                 integer NOT NULL DEFAULT -1 CHECK (map_index >= -1),
     -- a mapped instance's own arguments as its expansion read them (encoded, encrypted):
-    -- returned by its claims; added by 0022
+    -- returned by its claims; added by 0023
     map_value                 bytea,
     UNIQUE (dag_run_id, task_id, map_index)
 );
@@ -265,7 +269,7 @@ CREATE TABLE deferral_task_tries (
 -- was archived by clear_tasks before it was reset (a clear empties first_try_at, which a
 -- claim sets again): the cleared row holds nothing of that try any more, and is not kept.
 -- The name of a task instance where rows are keyed by names (tries, log lines): its task id,
--- or TASK[i] for mapped instance i (added by 0022).
+-- or TASK[i] for mapped instance i (added by 0023).
 CREATE FUNCTION deferral_ti_name(task_id text, map_index integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN map_index < 0 THEN task_id ELSE task_id || '[' || map_index || ']' END
@@ -688,10 +692,6 @@ CREATE INDEX deferral_endpoints_process ON deferral_endpoints (hostname, pid);
 -- What the DAG declares beyond its tasks (null: nothing): {"callbacks": ["success",
 -- "failure"], "deadlines": [{"reference": "logical_date" | "queued_at", "interval_s": 60.0}]}
 ALTER TABLE deferral_dags ADD COLUMN alerts jsonb;
-
--- The callback kinds the task declares ('success', 'failure', 'retry', 'skipped'; null: none),
--- copied from the DAG's serialized tasks when the run's task instances are created.
-ALTER TABLE deferral_task_instances ADD COLUMN callbacks text[];
 
 -- Callbacks to run: one row per outcome that has one, deleted by the worker that ran it. A
 -- worker holds a request it claimed until lease_until (its callback_timeout_s and a margin); a
