@@ -408,3 +408,26 @@ async def test_an_on_execute_callback_that_raises_does_not_fail_its_try(store: S
     lines = await store.task_logs("cb_execute_raises", "run1", "a", 1)
     text = "\n".join(line.message for line in lines.lines)
     assert "RuntimeError: execute callback exploded" in text
+
+
+def _record_mapped_failure(context: Any) -> None:
+    SEEN.append(("failure", context["task_id"], context["ti"].map_index, context["exception"]))
+
+
+def _fail_on(x: int) -> None:
+    raise ValueError(f"boom {x}")
+
+
+async def test_every_instance_of_a_mapped_task_calls_back_as_itself(store: Store) -> None:
+    # Instances 1..n-1 are inserted by the expansion: they carry the task's callbacks too, and
+    # each request runs with its own instance (its map index, its log under TASK[i]).
+    with DAG(dag_id="cb_mapped") as dag:
+        PythonOperator.partial(
+            task_id="each", python_callable=_fail_on, on_failure_callback=_record_mapped_failure
+        ).expand(op_args=[[0], [1], [2]])
+    await _run(store, dag)
+    assert sorted((kind, who, index) for kind, who, index, _ in SEEN) == [
+        ("failure", "each", 0),
+        ("failure", "each", 1),
+        ("failure", "each", 2),
+    ]

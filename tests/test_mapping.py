@@ -569,3 +569,31 @@ async def test_a_mapped_instance_cleared_or_marked_says_so_in_its_own_log(store:
     assert any(line.message.startswith("marked failed by ops") for line in marked.lines)
     bare = await store.task_logs("map_override", "run1", "double", try_number=1)
     assert not any("by ops" in line.message for line in bare.lines)
+
+
+#: What the upstream of test_a_cleared_mapped_instance_reads_its_values_again returns.
+VALUES = {"now": [1, 2]}
+
+
+async def test_a_cleared_mapped_instance_reads_its_values_again(store: Store) -> None:
+    # A clear of the upstream and its downstream reruns the mapped instances on the values
+    # the upstream returns now, not on those their expansion read.
+    def numbers() -> list[list[int]]:
+        return [[x] for x in VALUES["now"]]
+
+    def double(x: int) -> int:
+        return x * 2
+
+    with DAG(dag_id="map_clear") as dag:
+        up = PythonOperator(task_id="numbers", python_callable=numbers)
+        PythonOperator.partial(task_id="double", python_callable=double).expand(op_args=up.output)
+    VALUES["now"] = [1, 2]
+    tis = await _run(store, dag)
+    assert [_result(ti) for ti in _mapped(tis, "double")] == [2, 4]
+
+    VALUES["now"] = [10, 20]
+    targets = await store.override_targets("map_clear", "run1", ["numbers"], downstream=True)
+    assert await store.clear_tasks([t.id for t in targets], who="ops", via="the command line")
+    async with run_engine(store, dags=[dag]) as engine:
+        tis = await engine.finish("map_clear", "run1")
+    assert [_result(ti) for ti in _mapped(tis, "double")] == [20, 40]

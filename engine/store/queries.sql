@@ -234,9 +234,11 @@ WITH reset AS (
     UPDATE deferral_dag_runs r
     SET state = 'queued', ended_at = NULL, started_at = NULL,
         tries_before = COALESCE(r.tries_before, '{}'::jsonb) || COALESCE(
-            (SELECT jsonb_object_agg(ti.task_id, ti.try_number)
-             FROM deferral_task_instances ti
-             WHERE ti.dag_run_id = r.id AND ti.try_number > 0),
+            (SELECT jsonb_object_agg(t.task_id, t.tries)
+             FROM (SELECT ti.task_id, max(ti.try_number) AS tries
+                   FROM deferral_task_instances ti
+                   WHERE ti.dag_run_id = r.id AND ti.try_number > 0
+                   GROUP BY ti.task_id) t),
             '{}'::jsonb)
     WHERE r.id = ANY ($1::bigint[]) AND r.state IN ('success', 'failed')
     RETURNING r.id
@@ -245,9 +247,9 @@ WITH reset AS (
     INSERT INTO deferral_task_tries (dag_id, run_id, task_id, try_number, state, queued_at,
                                      started_at, resumed_at, deferred_at, fired_at, ended_at,
                                      error, rendered_fields)
-    SELECT ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.state, ti.try_queued_at,
-           ti.try_started_at, ti.started_at, ti.deferred_at, ti.fired_at, ti.ended_at,
-           ti.error, ti.rendered_fields
+    SELECT ti.dag_id, ti.run_id, deferral_ti_name(ti.task_id, ti.map_index), ti.try_number,
+           ti.state, ti.try_queued_at, ti.try_started_at, ti.started_at, ti.deferred_at,
+           ti.fired_at, ti.ended_at, ti.error, ti.rendered_fields
     FROM deferral_task_instances ti JOIN reset ON ti.dag_run_id = reset.id
     WHERE ti.try_number > 0 AND ti.first_try_at IS NOT NULL  -- (see clear_tasks)
     ON CONFLICT DO NOTHING
@@ -546,12 +548,13 @@ WITH held AS (
         dag_run_id, dag_id, run_id, task_id, map_index, state, try_number, retries,
         retry_delay_s, retry_exponential_backoff, max_retry_delay_s, execution_timeout_s,
         soft_fail, trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout,
-        pool_slots, queue, trigger_queue, max_active_tis_per_dag, run_after, map_value)
+        pool_slots, queue, trigger_queue, max_active_tis_per_dag, run_after, map_value,
+        callbacks)
     SELECT h.dag_run_id, h.dag_id, h.run_id, h.task_id, g.i, 'scheduled', h.try_number - 1,
            h.retries, h.retry_delay_s, h.retry_exponential_backoff, h.max_retry_delay_s,
            h.execution_timeout_s, h.soft_fail, h.trigger_rule, h.upstream, h.is_leaf,
            h.priority, h.pool, h.no_retry_on_timeout, h.pool_slots, h.queue, h.trigger_queue,
-           h.max_active_tis_per_dag, now(), ($5::bytea[])[g.i + 1]
+           h.max_active_tis_per_dag, now(), ($5::bytea[])[g.i + 1], h.callbacks
     FROM held h, generate_series(1, $4::integer - 1) AS g(i)
     RETURNING 1
 )
@@ -1611,6 +1614,8 @@ WITH old AS (
         trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
         next_method = NULL, next_kwargs = NULL, next_event = NULL, result = NULL,
         error = NULL, ended_at = NULL, first_try_at = NULL,
+        -- (a mapped instance reads its value again: its upstream may have changed)
+        map_value = NULL,
         retries = ti.try_number + COALESCE(
             (SELECT (task ->> 'retries')::int
              FROM deferral_dags d, jsonb_array_elements(d.tasks) task
@@ -2618,7 +2623,7 @@ WITH picked AS (
 SELECT c.id, c.kind, c.dag_id, c.ti_id, c.try_number, c.error, c.deadline_index,
        c.deadline_at, c.claims, c.created_at, r.run_id, r.logical_date, r.conf,
        r.data_interval_start, r.data_interval_end, r.run_type, r.state AS run_state,
-       r.created_at AS queued_at, ti.task_id, ti.first_try_at, ti.try_started_at,
+       r.created_at AS queued_at, ti.task_id, ti.map_index, ti.first_try_at, ti.try_started_at,
        ti.execution_timeout_s, now() AS db_now
 FROM claimed c
 JOIN deferral_dag_runs r ON r.id = c.dag_run_id

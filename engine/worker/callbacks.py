@@ -249,7 +249,7 @@ class CallbackRunner:
         ti = _claimed_task(request)
         key = (ti.id, ti.try_number)
         with (
-            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number),
+            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.name, attempt=ti.try_number),
             self._logs.bound(ti),
         ):
             context = build_context(ti, op, dag, default_deferrable=self._default_deferrable)
@@ -349,6 +349,7 @@ def _claimed_task(request: ClaimedCallback) -> ClaimedTask:
         dag_id=request.dag_id,
         run_id=request.run_id,
         task_id=request.task_id or "",
+        map_index=request.map_index if request.map_index is not None else -1,
         try_number=request.try_number or 0,
         logical_date=request.logical_date,
         conf=request.conf,

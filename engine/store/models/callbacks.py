@@ -34,6 +34,8 @@ class ClaimedCallback(msgspec.Struct, frozen=True, kw_only=True):
     #: The task instance and try whose outcome it is (None: a run's).
     ti_id: int | None = None
     task_id: str | None = None
+    #: The mapped instance's index (-1: not mapped, or a run's request).
+    map_index: int | None = -1
     try_number: int | None = None
     first_try_at: dt.datetime | None = None
     try_started_at: dt.datetime | None = None
