@@ -9,10 +9,13 @@ however long."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
 import shlex
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -320,9 +323,29 @@ def show_outcome(dag_id: str, outcome: RunOutcome, *, wide: bool = False) -> Non
 WAIT_EXIT = {"success": 0, "failed": 1, "running": 3}
 
 
-def interrupted_wait(dag_id: str, run_id: str) -> NoReturn:
-    """Ctrl-C while waiting for a run: the run is not stopped; say how to follow it, exit 130
-    (the shell's code for SIGINT)."""
+@contextlib.contextmanager
+def wait_ends_on_interrupt(dag_id: str, run_id: str) -> Iterator[None]:
+    """Within the block (a wait for a run), Ctrl-C ends the process at once with
+    :func:`interrupted_wait`'s message and code, whatever the wait was doing: a wait only
+    reads, so nothing is left half-done, and the cancellation of a wait blocked in a
+    connection's close (a busy or unreachable database) would otherwise hold the command
+    until a second Ctrl-C."""
+
+    def on_interrupt(_signum: int, _frame: Any) -> None:
+        try:
+            _say_interrupted(dag_id, run_id)
+            sys.stderr.flush()
+        finally:
+            os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _say_interrupted(dag_id: str, run_id: str) -> None:
     err_console.print(
         f"interrupted (only the wait stopped): the run goes on; follow it with: "
         f"deferral runs wait {shlex.quote(dag_id)} {shlex.quote(run_id)}",
@@ -330,4 +353,10 @@ def interrupted_wait(dag_id: str, run_id: str) -> NoReturn:
         soft_wrap=True,
         markup=False,
     )
+
+
+def interrupted_wait(dag_id: str, run_id: str) -> NoReturn:
+    """Ctrl-C while waiting for a run: the run is not stopped; say how to follow it, exit 130
+    (the shell's code for SIGINT)."""
+    _say_interrupted(dag_id, run_id)
     sys.exit(130)
