@@ -9,6 +9,7 @@ however long."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
 import os
@@ -335,6 +336,9 @@ def wait_ends_on_interrupt(dag_id: str, run_id: str) -> Iterator[None]:
         try:
             _say_interrupted(dag_id, run_id)
             sys.stderr.flush()
+            # (what a normal exit runs: the embedded server stops if this process was its
+            # last user)
+            atexit._run_exitfuncs()
         finally:
             os._exit(130)
 
