@@ -16,6 +16,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -342,6 +343,9 @@ def wait_ends_on_interrupt(dag_id: str, run_id: str) -> Iterator[None]:
         finally:
             os._exit(130)
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (a command run in a thread, as tests do: no SIGINT reaches it there)
+        return
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         yield
