@@ -52,6 +52,14 @@ MODES = ("poke", "reschedule", "deferrable")
     "and the compute tasks in a pool 'compute', each with a slot for every task: admission "
     "at work, never holding one back.",
 )
+@click.option(
+    "--mapped",
+    is_flag=True,
+    help="One run whose upstream task returns the N files and a deferrable FileSensor "
+    "expanded over them (expand): reports the time from the upstream's end to all N "
+    "instances deferred, the slot-seconds and the statements per sensor (--mode, --pools "
+    "and --compute-ms do not apply).",
+)
 @out_option
 @click.option(
     "--plot",
@@ -65,6 +73,22 @@ def fleet(**options: Any) -> None:
 
     plot = options.pop("plot")
     out = options.pop("out")
+    if options.pop("mapped"):
+        if plot:
+            raise click.UsageError("--plot is for the fleet's modes, not --mapped")
+        from benchmarks.fleet_mapped import print_mapped, run_mapped_fleet
+
+        result = run_mapped_fleet(
+            n=options["n"],
+            slots=options["slots"],
+            window_s=options["window_s"],
+            poke_interval_s=options["poke_interval_s"],
+            seed=options["seed"],
+            keep_db=options["keep_db"],
+        )
+        write_result(result, out)
+        print_mapped(result)
+        return
     if plot:
         require_matplotlib()  # now, not after the run
     mode = options.pop("mode")

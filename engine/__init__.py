@@ -2,7 +2,8 @@
 
 Public names: :class:`DAG`, :class:`Variable` and :class:`Connection` (what task code reads at
 run time: ``Variable.get("bucket")``, ``Connection.get("warehouse")``), :class:`Settings` and
-:func:`load_settings`; TaskFlow's :data:`task` decorator, :func:`get_current_context` and
+:func:`load_settings`; :class:`DeadlineAlert` and :class:`DeadlineReference`
+(``DAG(deadline=...)``); TaskFlow's :data:`task` decorator, :func:`get_current_context` and
 :class:`XComArg`. The processes
 (``engine.worker.worker.Worker``, ``engine.triggerer.Triggerer``,
 ``engine.scheduler.scheduler.Scheduler``) and the store (``engine.store``) are importable from their
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from engine.config import Settings, load_settings
 from engine.dags.dag import DAG
+from engine.dags.deadline import DeadlineAlert, DeadlineReference
 from engine.usercode.variables import Variable
 from engine.version import __version__
 from operators.taskflow import PokeReturnValue, task
@@ -22,6 +24,8 @@ from triggers.connections import Connection
 __all__ = [
     "DAG",
     "Connection",
+    "DeadlineAlert",
+    "DeadlineReference",
     "PokeReturnValue",
     "Settings",
     "Variable",

@@ -73,7 +73,10 @@ TRY_OUTCOME_STATES: frozenset[TaskState] = frozenset(
 #: (from, to) -> what makes the move.
 TRANSITIONS: dict[tuple[TaskState, TaskState], str] = {
     ("pending", "scheduled"): "upstreams satisfy the trigger rule",
-    ("pending", "skipped"): "trigger rule can no longer be met (skipped upstreams)",
+    (
+        "pending",
+        "skipped",
+    ): "trigger rule can no longer be met (skipped upstreams), or a branch skipped it",
     ("pending", "upstream_failed"): "trigger rule can no longer be met (failed upstreams)",
     ("scheduled", "queued"): "pool admission (reserved)",
     ("queued", "running"): "a worker claims it (reserved)",

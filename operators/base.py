@@ -15,11 +15,18 @@ import inspect
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn, TypedDict
 
+from operators.callbacks import TASK_CALLBACK_KINDS, Callbacks, check_callbacks
 from operators.copying import fresh_copy
-from operators.dagcontext import DagLike, current_dag, dag_context, with_default_args
+from operators.dagcontext import (
+    DagLike,
+    accepted_args,
+    current_dag,
+    dag_context,
+    with_default_args,
+)
 from operators.defaults import (
     DEFAULT_POOL,
     DEFAULT_QUEUE,
@@ -30,6 +37,7 @@ from operators.defaults import (
     TRIGGER_RULES,
     WEIGHT_RULES,
 )
+from operators.mapping import MapInputError, check_literal
 from operators.signals import FailTask, RescheduleRequested, SkipTask, TaskDeferred
 from operators.xcom import XComArg, find_refs
 from triggers.base import (
@@ -54,6 +62,9 @@ __all__ = [
     "Context",
     "DagLike",
     "FailTask",
+    "MapInputError",
+    "MappedOperator",
+    "OperatorPartial",
     "RescheduleRequested",
     "SkipTask",
     "TaskDeferred",
@@ -202,6 +213,11 @@ class BaseOperator:
         trigger_queue: str = DEFAULT_QUEUE,
         max_active_tis_per_dag: int | None = None,
         isolation: str = "none",
+        on_execute_callback: Callbacks = None,
+        on_success_callback: Callbacks = None,
+        on_failure_callback: Callbacks = None,
+        on_retry_callback: Callbacks = None,
+        on_skipped_callback: Callbacks = None,
         dag: DagLike | None = None,
     ) -> None:
         if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
@@ -257,6 +273,16 @@ class BaseOperator:
         #: "none": ``execute`` runs in the worker process (a ``def`` in a thread, which an
         #: execution_timeout cannot stop); "process": in a child process the timeout ends.
         self.isolation = isolation
+        #: Callbacks (operators/callbacks.py): each a callable taking the context, or a list.
+        self.on_execute_callback = on_execute_callback
+        self.on_success_callback = on_success_callback
+        self.on_failure_callback = on_failure_callback
+        self.on_retry_callback = on_retry_callback
+        self.on_skipped_callback = on_skipped_callback
+        for kind in ("execute", *TASK_CALLBACK_KINDS):
+            check_callbacks(
+                f"task {task_id}", f"on_{kind}_callback", getattr(self, f"on_{kind}_callback")
+            )
         self.upstream_task_ids: set[str] = set()
         self.downstream_task_ids: set[str] = set()
         self.dag: DagLike | None = None
@@ -389,6 +415,15 @@ class BaseOperator:
         self.set_downstream(other)
         return self
 
+    # -- dynamic mapping -------------------------------------------------------------------
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> OperatorPartial:
+        """The arguments every instance of a mapped task shares (``task_id`` among them);
+        ``.expand(name=values)`` or ``.expand_kwargs(list_of_dicts)`` then makes the mapped
+        task, one instance per value, once the values are known."""
+        return OperatorPartial(cls, kwargs)
+
     def fresh_copy(self) -> BaseOperator:
         """An independent instance for one execution; nothing set on it leaks back.
 
@@ -403,3 +438,192 @@ class BaseOperator:
 
 
 BaseOperator.__init__ = with_default_args(BaseOperator.__init__)  # type: ignore[method-assign]
+
+
+#: The arguments of BaseOperator itself: a mapped task's own (its retries, pool, ...), never
+#: mapped.
+_BASE_ARGS = frozenset(inspect.signature(BaseOperator.__init__).parameters) - {"self"}
+
+
+def _ids(value: Any) -> set[int]:
+    """The ids of ``value`` and of every item nested in its lists, tuples, sets and dicts."""
+    found = {id(value)}
+    if isinstance(value, list | tuple | set | frozenset):
+        for item in value:
+            found |= _ids(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            found |= _ids(item)
+    return found
+
+
+class OperatorPartial:
+    """``SomeOperator.partial(task_id=..., **fixed)``: what the instances of a mapped task
+    share, waiting for ``.expand(...)`` or ``.expand_kwargs(...)``. ``mapped_into``: the
+    argument (a dict) the mapped values go into instead of the operator's own arguments (a
+    TaskFlow function's ``op_kwargs``)."""
+
+    def __init__(
+        self,
+        operator_class: type[BaseOperator],
+        kwargs: Mapping[str, Any],
+        *,
+        mapped_into: str | None = None,
+    ) -> None:
+        task_id = kwargs.get("task_id")
+        if not isinstance(task_id, str):
+            raise TypeError(
+                f"{operator_class.__qualname__}.partial() needs task_id=..., got {task_id!r}"
+            )
+        fixed = dict(kwargs)
+        # The DAG's default_args, as the operator's own __init__ would take them: a mapped
+        # task's instances are made on the worker, outside the DAG's `with` block.
+        dag = fixed.get("dag") or current_dag()
+        defaults = getattr(dag, "default_args", None) or {}
+        accepted = accepted_args(operator_class)
+        for name, value in defaults.items():
+            if name not in fixed and name in accepted:
+                fixed[name] = value
+        self.operator_class = operator_class
+        self.kwargs = fixed
+        self.mapped_into = mapped_into
+
+    @property
+    def task_id(self) -> str:
+        return str(self.kwargs["task_id"])
+
+    def expand(self, **mapped: Any) -> MappedOperator:
+        """One task instance per value (per combination, for several arguments): each
+        argument a list, a tuple, a dict (its ``(key, value)`` pairs) or a reference to an
+        upstream task's value."""
+        if not mapped:
+            raise TypeError(f"task {self.task_id}: expand() needs at least one argument to map")
+        for name, value in mapped.items():
+            self._check_name(name)
+            if not isinstance(value, XComArg):
+                check_literal(self.task_id, name, value)
+        return MappedOperator(self, expand_input=dict(mapped))
+
+    def expand_kwargs(self, value: Any) -> MappedOperator:
+        """One task instance per dict of arguments: a list of dicts, or a reference to an
+        upstream task's value that is one."""
+        if not isinstance(value, XComArg):
+            if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+                raise MapInputError(
+                    f"task {self.task_id}: expand_kwargs() needs a list of dicts or a reference "
+                    f"to an upstream task's value (XComArg), got {type(value).__name__}"
+                )
+            for i, item in enumerate(value):
+                if isinstance(item, XComArg):
+                    continue
+                if not isinstance(item, dict) or not all(isinstance(k, str) for k in item):
+                    raise MapInputError(
+                        f"task {self.task_id}: expand_kwargs() item {i} must be a dict with str "
+                        f"keys, got {type(item).__name__}"
+                    )
+                for name in item:
+                    self._check_name(name)
+        return MappedOperator(self, expand_kwargs_input=value)
+
+    def _check_name(self, name: str) -> None:
+        if self.mapped_into is not None:
+            return  # a TaskFlow function's arguments: checked against its signature
+        if name in self.kwargs:
+            raise TypeError(
+                f"task {self.task_id}: {name!r} is given to both partial() and expand()"
+            )
+        if name in _BASE_ARGS:
+            raise TypeError(
+                f"task {self.task_id}: {name!r} is an argument of every task and cannot be "
+                "mapped; give it to partial()"
+            )
+        if name not in accepted_args(self.operator_class):
+            raise TypeError(
+                f"task {self.task_id}: {self.operator_class.__qualname__} has no argument "
+                f"{name!r} to expand"
+            )
+
+    def __repr__(self) -> str:
+        return f"<{self.operator_class.__qualname__}.partial {self.task_id}>"
+
+
+class MappedOperator(BaseOperator):
+    """A mapped task: one task instance per value it is expanded over (``map_index`` 0..n-1),
+    made when those values are known (an upstream task's value once that task has ended).
+    An empty list skips the task; more instances than the setting ``max_map_length`` fail
+    it. Each instance runs an operator of ``operator_class`` built from the shared arguments
+    and its own (:meth:`unmap`): deferrable ones defer as any task does. Downstream tasks
+    see its value as the list of its instances' values, in map index order."""
+
+    def __init__(
+        self,
+        partial: OperatorPartial,
+        *,
+        expand_input: dict[str, Any] | None = None,
+        expand_kwargs_input: Any = None,
+    ) -> None:
+        fixed = partial.kwargs
+        super().__init__(**{k: v for k, v in fixed.items() if k in _BASE_ARGS})
+        self.operator_class = partial.operator_class
+        self.partial_kwargs = {k: v for k, v in fixed.items() if k != "dag"}
+        self.mapped_into = partial.mapped_into
+        #: ``expand(**expand_input)``, or ``expand_kwargs(expand_kwargs_input)``.
+        self.expand_input = expand_input
+        self.expand_kwargs_input = expand_kwargs_input
+        # What the store keeps of the task (DAG.serialize_tasks) is the operator class's.
+        self.soft_fail = bool(fixed.get("soft_fail", False))
+        self.no_retry_on_timeout = bool(getattr(self.operator_class, "no_retry_on_timeout", False))
+        self.multiple_outputs = bool(fixed.get("multiple_outputs", False))
+        for ref in find_refs([fixed, expand_input, expand_kwargs_input]):
+            self.set_upstream(ref.operator)
+
+    def resolved_names(self, values: Mapping[str, Any], map_index: int) -> list[str]:
+        """Which of instance ``map_index``'s arguments ``values`` come from upstream XComs:
+        the ones expanded over a reference (for ``expand_kwargs``, all of them when its list,
+        or the instance's item, is a reference)."""
+        if self.expand_input is not None:
+            return [n for n, v in self.expand_input.items() if isinstance(v, XComArg)]
+        spec = self.expand_kwargs_input
+        if isinstance(spec, XComArg) or (
+            isinstance(spec, list | tuple)
+            and 0 <= map_index < len(spec)
+            and isinstance(spec[map_index], XComArg)
+        ):
+            return list(values)
+        return []
+
+    def references(self) -> list[XComArg]:
+        """The upstream values the instances are made from (resolved on the worker)."""
+        return find_refs(
+            self.expand_input if self.expand_input is not None else self.expand_kwargs_input
+        )
+
+    def unmap(self, values: Mapping[str, Any], resolved: Iterable[str] = ()) -> BaseOperator:
+        """The operator one instance runs: the shared arguments with ``values``, its own.
+        ``resolved``: the names among them whose values came from upstream XComs, which are
+        not rendered as templates (literal values of the DAG are, as any argument)."""
+        kwargs = dict(self.partial_kwargs)
+        if self.mapped_into is not None:
+            kwargs[self.mapped_into] = {**(kwargs.get(self.mapped_into) or {}), **values}
+        else:
+            kwargs.update(values)
+        op = self.operator_class(**kwargs)
+        #: The arguments this instance was mapped with, and those of them read from upstream
+        #: XComs (the worker's templating leaves those objects as they are).
+        names = sorted(set(resolved) & set(values))
+        op.mapped_values = dict(values)
+        op.mapped_resolved = names
+        # (by identity, nested items too: an operator may copy a list it is given)
+        op.resolved_value_ids = _ids([values[name] for name in names])
+        op.dag = self.dag
+        op.upstream_task_ids = set(self.upstream_task_ids)
+        op.downstream_task_ids = set(self.downstream_task_ids)
+        return op
+
+    def execute(self, context: Context) -> Any:
+        raise RuntimeError(
+            f"task {self.task_id} is mapped: each of its instances runs an operator of its own"
+        )
+
+    def __repr__(self) -> str:
+        return f"<mapped {self.operator_class.__qualname__} {self.task_id}>"

@@ -8,21 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from operators.base import BaseOperator, Context, SkipTask
+from triggers.bash import KEPT_ENV, clean_env
 
 __all__ = ["KEPT_ENV", "BashCommandFailed", "BashOperator", "clean_env"]
-
-#: What every command gets of the worker's environment (those that are set), plus every
-#: ``LC_*`` locale variable: enough for a shell to find programs, a home, a locale, a time zone
-#: and a temporary folder. Nothing else of the worker's environment (the database URL,
-#: ``DEFERRAL_CONN_*`` secrets, cloud credentials) reaches a command unless the task names it.
-KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
-
-
-def clean_env(environ: Mapping[str, str], pass_env: Sequence[str] = ()) -> dict[str, str]:
-    """The variables of ``environ`` a command may see: :data:`KEPT_ENV`, ``LC_*`` and the
-    names in ``pass_env``."""
-    keep = set(KEPT_ENV) | set(pass_env)
-    return {k: v for k, v in environ.items() if k in keep or k.startswith("LC_")}
 
 
 class BashCommandFailed(RuntimeError):

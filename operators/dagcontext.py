@@ -10,7 +10,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-__all__ = ["DagLike", "current_dag", "dag_context", "with_default_args"]
+__all__ = ["DagLike", "accepted_args", "current_dag", "dag_context", "with_default_args"]
 
 
 class DagLike(Protocol):
@@ -52,6 +52,12 @@ def _accepted_args(cls: type) -> frozenset[str]:
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             break
     return frozenset(names - {"self"} - _NOT_DEFAULTED)
+
+
+def accepted_args(cls: type) -> frozenset[str]:
+    """The keyword arguments ``cls.__init__`` accepts by name, but ``task_id`` and ``dag``
+    (what a DAG's ``default_args`` may set; what a mapped task may map)."""
+    return _accepted_args(cls)
 
 
 def with_default_args(init: Callable[..., None]) -> Callable[..., None]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from operators.base import BaseOperator, Context, call_with_context
 from operators.bash import BashOperator
-from operators.python import PythonOperator
+from operators.python import BranchPythonOperator, PythonOperator, ShortCircuitOperator
 from operators.sensors.python import PythonSensor
 from operators.xcom import PokeReturnValue
 
@@ -109,4 +109,6 @@ OPERATORS: dict[str, type[BaseOperator]] = {
     "python": _PythonDecoratedOperator,
     "sensor": _DecoratedSensor,
     "bash": _DecoratedBash,
+    "branch": BranchPythonOperator,
+    "short_circuit": ShortCircuitOperator,
 }

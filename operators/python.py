@@ -1,6 +1,7 @@
 """Run a Python callable as a task.
 
-``PythonSensor`` lives in :mod:`operators.sensors` with the other sensors
+``BranchPythonOperator`` and ``ShortCircuitOperator`` skip downstream tasks
+(:mod:`operators.branch`). ``PythonSensor`` lives in :mod:`operators.sensors` with the other sensors
 (``operators/sensors/python.py``; this module imports that one, never the other way round); it
 is re-exported here, where it used to live.
 """
@@ -12,9 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from operators.base import BaseOperator, Context, call_with_context
+from operators.branch import BranchMixIn, descendants
 from operators.sensors import PythonSensor
+from operators.signals import SkipTasks
 
-__all__ = ["PythonOperator", "PythonSensor"]
+__all__ = ["BranchPythonOperator", "PythonOperator", "PythonSensor", "ShortCircuitOperator"]
 
 
 class PythonOperator(BaseOperator):
@@ -51,3 +54,42 @@ class PythonOperator(BaseOperator):
     def execute(self, context: Context) -> Any:
         with_templates: Context = {**context, "templates_dict": self.templates_dict}
         return call_with_context(self.python_callable, self.op_args, self.op_kwargs, with_templates)
+
+
+class BranchPythonOperator(BranchMixIn, PythonOperator):
+    """A ``PythonOperator`` whose callable returns the task id (or list of task ids) to follow,
+    or None to follow none: the other tasks directly downstream are skipped, and skipping
+    propagates by the trigger rules. Its result is what the callable returned."""
+
+    def execute(self, context: Context) -> Any:
+        return self.do_branch(context, super().execute(context))
+
+
+class ShortCircuitOperator(PythonOperator):
+    """Runs the callable; a truthy result lets the downstream tasks run, a falsy one skips
+    them. With ``ignore_downstream_trigger_rules=True`` (the default) every task downstream is
+    skipped, whatever its trigger rule; with False only the direct downstream tasks are, and
+    the tasks after them follow their own trigger rules (a join with ``all_done`` still
+    runs). Its result is the callable's."""
+
+    def __init__(self, *, ignore_downstream_trigger_rules: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ignore_downstream_trigger_rules = bool(ignore_downstream_trigger_rules)
+
+    def execute(self, context: Context) -> Any:
+        condition = super().execute(context)
+        return self.short_circuit(condition)
+
+    def short_circuit(self, condition: Any) -> Any:
+        """``condition`` as the result, with the downstream tasks to skip when it is falsy."""
+        if condition:
+            self.log.info("condition is %r: the downstream tasks run", condition)
+            return condition
+        if self.ignore_downstream_trigger_rules:
+            skip = descendants(self, [self.task_id])
+        else:
+            skip = set(self.downstream_task_ids)
+        self.log.info(
+            "condition is %r: skipping %s", condition, ", ".join(sorted(skip)) or "nothing"
+        )
+        return SkipTasks(condition, skip)

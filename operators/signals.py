@@ -1,5 +1,6 @@
 """The control-flow signals a task raises to end its try other than by returning: defer,
-reschedule, skip, fail without retries. The worker (and a task's child process) classify a
+reschedule, skip, fail without retries; and the value a branching task returns to skip others
+(:class:`SkipTasks`). The worker (and a task's child process) classify a
 try by them; :mod:`operators.base` re-exports them for DAG files. Imports no authoring API.
 
 ``TaskDeferred`` and ``RescheduleRequested`` derive from ``BaseException`` so that a user's
@@ -10,12 +11,13 @@ and derive from ``Exception``.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from triggers.base import SerializedTrigger
 
-__all__ = ["FailTask", "RescheduleRequested", "SkipTask", "TaskDeferred"]
+__all__ = ["FailTask", "RescheduleRequested", "SkipTask", "SkipTasks", "TaskDeferred"]
 
 
 class TaskDeferred(BaseException):
@@ -58,3 +60,24 @@ class SkipTask(Exception):
 
 class FailTask(Exception):
     """Raise from a task to end it as ``failed`` without using its remaining retries."""
+
+
+class SkipTasks:
+    """What a branching task's method returns instead of a plain value: ``value`` is its return
+    value (its ``return_value`` XCom) and ``task_ids`` are the tasks of its run to skip.
+
+    The worker skips those still pending (their upstreams had not all ended: none of them ran)
+    before it writes the try's success, then resolves their downstreams by their trigger
+    rules. The branching operators (``operators.python``) return one; a task of your own may
+    too."""
+
+    __slots__ = ("task_ids", "value")
+
+    def __init__(self, value: Any, task_ids: Iterable[str]) -> None:
+        self.value = value
+        self.task_ids = tuple(sorted(set(task_ids)))
+        if not all(isinstance(t, str) for t in self.task_ids):
+            raise TypeError(f"task ids to skip must be str, got {self.task_ids!r}")
+
+    def __repr__(self) -> str:
+        return f"SkipTasks({self.value!r}, skip={list(self.task_ids)!r})"

@@ -16,7 +16,8 @@ the context anywhere inside a running task.
 
 ``@task.sensor`` makes a sensor of a function returning a bool (or a
 :class:`PokeReturnValue`); ``@task.bash`` a ``BashOperator`` of a function returning its
-command. This module imports contracts only; the operators the decorators make
+command; ``@task.branch`` and ``@task.short_circuit`` the branching operators of
+:mod:`operators.python`. This module imports contracts only; the operators the decorators make
 (:mod:`operators.decorated`, built on the built-in ones) are imported when one is used, so
 ``from engine import task`` costs no sensor's imports.
 """
@@ -30,10 +31,10 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from operators.base import BaseOperator, current_dag
+from operators.base import BaseOperator, OperatorPartial, current_dag
 from operators.xcom import PokeReturnValue, XComArg, find_refs
 
-__all__ = ["PokeReturnValue", "TaskDecorator", "task"]
+__all__ = ["PokeReturnValue", "TaskDecorator", "TaskFlowPartial", "task"]
 
 _SUFFIX = re.compile(r"^(?P<base>.+?)__(?P<n>\d+)$")
 
@@ -87,7 +88,7 @@ class TaskDecorator:
                 "function runs in a worker thread; write an operator with an async execute"
             )
         self.function = fn
-        #: Which operator a call makes: "python", "sensor" or "bash" (operators.decorated).
+        #: Which operator a call makes: a key of operators.decorated.OPERATORS.
         self.kind = kind
         self.kwargs = dict(kwargs)
         if multiple_outputs is None:
@@ -132,8 +133,94 @@ class TaskDecorator:
             op.set_upstream(ref.operator)
         return XComArg(op)
 
+    # -- dynamic mapping -------------------------------------------------------------------
+
+    def partial(self, **kwargs: Any) -> TaskFlowPartial:
+        """Arguments every instance of the mapped task gets: ``.expand(x=...)`` then maps the
+        others."""
+        return TaskFlowPartial(self, kwargs)
+
+    def expand(self, **mapped: Any) -> XComArg:
+        """One task instance per value of each argument (per combination, for several):
+        ``fn.expand(x=upstream())``. Its reference is the list of the instances' values."""
+        return TaskFlowPartial(self, {}).expand(**mapped)
+
+    def expand_kwargs(self, value: Any) -> XComArg:
+        """One task instance per dict of arguments (a list, or a reference to one)."""
+        return TaskFlowPartial(self, {}).expand_kwargs(value)
+
     def __repr__(self) -> str:
         return f"<task {self.function.__qualname__}>"
+
+
+class TaskFlowPartial:
+    """``fn.partial(**fixed)``: a TaskFlow function's shared arguments, waiting for
+    ``.expand(...)`` or ``.expand_kwargs(...)``."""
+
+    def __init__(self, decorator: TaskDecorator, fixed: Mapping[str, Any]) -> None:
+        self.decorator = decorator
+        self.fixed = dict(fixed)
+
+    def _partial(self, names: list[str]) -> Any:
+        from operators.decorated import OPERATORS
+
+        deco = self.decorator
+        dag = deco.kwargs.get("dag") or current_dag()
+        if dag is None:
+            raise RuntimeError(
+                f"{deco.function.__qualname__}.expand() adds a task: call it inside a "
+                "`with DAG(...):` block (or give the decorator dag=...)"
+            )
+        _check_params(deco.function, [*self.fixed, *names])
+        both = sorted(set(self.fixed) & set(names))
+        if both:
+            raise TypeError(
+                f"{deco.function.__qualname__}: {', '.join(both)} given to both partial() and "
+                "expand()"
+            )
+        options = dict(deco.kwargs)
+        task_id = _unique_task_id(options.pop("task_id", deco.function.__name__), dag)
+        extra: dict[str, Any] = {}
+        if deco.kind == "python":
+            extra["multiple_outputs"] = deco.multiple_outputs
+        kwargs = {
+            "task_id": task_id,
+            "python_callable": deco.function,
+            "op_args": [],
+            "op_kwargs": self.fixed,
+            **extra,
+            **options,
+        }
+        return OperatorPartial(OPERATORS[deco.kind], kwargs, mapped_into="op_kwargs")
+
+    def expand(self, **mapped: Any) -> XComArg:
+        """One task instance per value (per combination, for several arguments)."""
+        return XComArg(self._partial(list(mapped)).expand(**mapped))
+
+    def expand_kwargs(self, value: Any) -> XComArg:
+        """One task instance per dict of arguments."""
+        names = (
+            [k for item in value if isinstance(item, dict) for k in item]
+            if isinstance(value, list | tuple)
+            else []
+        )
+        return XComArg(self._partial(names).expand_kwargs(value))
+
+
+def _check_params(fn: Callable[..., Any], names: list[str]) -> None:
+    """Each of ``names`` is a parameter of ``fn`` (or ``fn`` takes ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [n for n in names if n not in params]
+    if unknown:
+        raise TypeError(
+            f"{fn.__qualname__}() has no parameter {', '.join(map(repr, unknown))} to give "
+            "to partial() or expand()"
+        )
 
 
 def _decorator(
@@ -150,7 +237,8 @@ def _decorator(
 
 
 class _Task:
-    """``task``: ``@task``, ``@task(...)``, ``@task.python``, ``@task.sensor``, ``@task.bash``."""
+    """``task``: ``@task``, ``@task(...)``, ``@task.python``, ``@task.sensor``, ``@task.bash``,
+    ``@task.branch``, ``@task.short_circuit``."""
 
     def __call__(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
         """``@task`` or ``@task(task_id=..., retries=..., multiple_outputs=..., ...)``."""
@@ -175,6 +263,23 @@ class _Task:
         if kwargs.get("multiple_outputs"):
             raise TypeError("@task.bash does not take multiple_outputs")
         return _decorator("bash", python_callable, kwargs)
+
+    def branch(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+        """A ``BranchPythonOperator``: the function returns the task id (or list of task ids)
+        to follow, or None; the other tasks directly downstream are skipped."""
+        if kwargs.get("multiple_outputs"):
+            raise TypeError("@task.branch does not take multiple_outputs")
+        return _decorator("branch", python_callable, kwargs)
+
+    def short_circuit(
+        self, python_callable: Callable[..., Any] | None = None, **kwargs: Any
+    ) -> Any:
+        """A ``ShortCircuitOperator``: a falsy return value skips the downstream tasks
+        (``ignore_downstream_trigger_rules``, default True: all of them; False: the direct
+        ones, the others by their trigger rules)."""
+        if kwargs.get("multiple_outputs"):
+            raise TypeError("@task.short_circuit does not take multiple_outputs")
+        return _decorator("short_circuit", python_callable, kwargs)
 
 
 #: The TaskFlow decorator (``from engine import task``).

@@ -80,3 +80,32 @@ def test_fleet_with_pools_runs_sensors_and_compute_in_their_pools(
     figures = data["modes"]["deferrable"]
     assert figures["sensor_states"] == {"success": 4}
     assert figures["compute_queue_delay_ms"]["p50"] is not None  # every compute task ran
+
+
+def test_the_mapped_fleet_reports_its_fan_out(
+    admin_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEFERRAL_DATABASE_URL", admin_url)
+    out = tmp_path / "mapped.json"
+    result = CliRunner().invoke(
+        bench,
+        ["fleet", "--mapped", "--sensors", "5", "--slots", "2", "--window", "0.2",
+         "--poke-interval", "0.05", "--out", str(out)],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["mapped"] is True
+    figures = data["figures"]
+    assert figures["instances"] == 5
+    assert figures["sensors_succeeded"] == 5
+    assert figures["run_state"] == "success"
+    for key in (
+        "upstream_end_to_all_deferred_s",
+        "upstream_end_to_expanded_s",
+        "slot_seconds_waiting",
+        "db_statements_per_sensor",
+    ):
+        assert isinstance(figures[key], int | float), key
+    # Each deferrable sensor checks once on a worker, then waits off it.
+    assert figures["sensor_calls_on_workers"] == 5

@@ -47,6 +47,7 @@ TASK_KEYS = {
     "dag_id",
     "run_id",
     "task_id",
+    "map_index",
     "state",
     "try_number",
     "result",

@@ -106,6 +106,8 @@ def test_from_settings_carries_each_setting_to_its_field(tmp_path: Path) -> None
         worker_shutdown_grace_s=11.0,
         default_deferrable=True,
         xcom_max_bytes=4096,
+        callback_timeout_s=9.5,
+        max_map_length=17,
         triggerer_capacity=12,
         triggerer_lease_s=13.0,
         triggerer_poll_interval_s=0.5,
@@ -147,6 +149,8 @@ def test_from_settings_carries_each_setting_to_its_field(tmp_path: Path) -> None
         "isolation_kill_grace_s": WorkerConfig().isolation_kill_grace_s,  # not a setting
         "log_limits": limits,
         "xcom_max_bytes": 4096,
+        "callback_timeout_s": 9.5,
+        "max_map_length": 17,
     }
     assert _plain(TriggererConfig.from_settings(settings)) == {
         "capacity": 12,

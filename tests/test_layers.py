@@ -81,7 +81,15 @@ def test_the_sensors_mirror_the_triggers_one_module_per_family() -> None:
         assert package == "operators.sensors", name
         families.add(family)
     # Every family but the base waits, deferred, on the triggers of the same name.
-    assert families - {"base"} == {"temporal", "file", "http", "sql", "external_task", "python"}
+    assert families - {"base"} == {
+        "temporal",
+        "file",
+        "http",
+        "sql",
+        "external_task",
+        "python",
+        "bash",
+    }
     for family in families - {"base"}:
         assert importlib.util.find_spec(f"triggers.{family}") is not None, family
 

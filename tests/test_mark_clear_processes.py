@@ -421,3 +421,93 @@ async def test_a_deferred_task_marked_leaves_its_shared_trigger_to_its_other_wai
 
 async def _tis(engine: LocalEngine, run_id: str) -> dict[str, dict[str, Any]]:
     return await engine.task_instances("shared", run_id)
+
+
+async def test_the_command_line_marks_clears_and_ends_runs_of_a_real_worker(
+    scene: Scene, children: Children, store: Store, db_url: str
+) -> None:
+    """``deferral tasks mark-failed`` stops a running try in a worker process (its downstream
+    cannot run); ``runs clear --yes`` runs the ended run again on try 2; ``runs mark-success``
+    stops try 2 and ends the run a success without running what was left."""
+    from tests.test_clear_mark_cli import cli_json
+
+    await store.set_pool("one", 1)
+    async with explained(children), run_engine(store, worker=False, triggerer=False) as engine:
+        await _start_worker(children, store, heartbeat_s=1)
+        await engine.start_run(scene.dag("chain"), "r1")
+        await _running(store, "chain")
+        await scene.wait_for("start 1")
+
+        (marked,) = await cli_json(db_url, "tasks", "mark-failed", "chain", "r1", "work")
+        assert (marked["was"], marked["state"]) == ("running", "failed")
+        await scene.wait_for("cancelled 1", "exit 1")
+        tis = await engine.finish("chain", "r1")
+        assert tis["__run__"]["state"] == "failed", children.output()
+        assert tis["after"]["state"] == "upstream_failed"
+
+        cleared = await cli_json(db_url, "runs", "clear", "chain", "r1", "--yes")
+        assert sorted((o["task_id"], o["state"]) for o in cleared) == [
+            ("after", "pending"),
+            ("work", "scheduled"),
+        ]
+        # (Try 2 starts only once try 1 is gone: the pool of 1 slot holds it back until then.)
+        await scene.wait_for("start 2")
+        ended = await cli_json(db_url, "runs", "mark-success", "chain", "r1")
+        assert (ended["was"], ended["state"]) == ("running", "success")
+        await scene.wait_for("cancelled 2", "exit 2")
+        await _stopped(store)
+        tis = await engine.finish("chain", "r1")
+
+    assert tis["__run__"]["state"] == "success"
+    assert (tis["work"]["state"], tis["work"]["try_number"]) == ("success", 2)
+    assert tis["after"]["state"] == "success"
+    assert "after" not in scene.lines()  # marked, never run
+    _ordered(scene.lines(), "start 1", "cancelled 1", "exit 1", "start 2", "cancelled 2")
+
+
+async def test_a_deferred_sensor_marked_success_from_the_command_line_lets_its_downstream_run(
+    scene: Scene, children: Children, store: Store, db_url: str
+) -> None:
+    """``tasks mark-success`` of both sensors deferred on one trigger in a real triggerer: the
+    trigger is released, the downstream task runs, the run succeeds without the event. A
+    ``tasks clear --downstream`` then reruns the sensor on try 2, deferred anew, and its event
+    resumes that try."""
+    from tests.test_clear_mark_cli import cli_json
+
+    async with explained(children), run_engine(store, worker=False, triggerer=False) as engine:
+        await _start_worker(children, store, heartbeat_s=1)
+        children.start("triggerer", name="triggerer")
+        await engine.start_run(scene.dag("shared"), "r1")
+        for task_id in ("wait_a", "wait_b"):
+            await engine.wait_for_state("shared", task_id, "deferred", run_id="r1")
+
+        async def held() -> bool:
+            return any(t.triggerer_id for t in await store.list_triggers())
+
+        await wait_until(held, what="the triggerer to run the trigger")
+        (trigger,) = await store.list_triggers()
+
+        marked = await cli_json(db_url, "tasks", "mark-success", "shared", "r1", "wait_a", "wait_b")
+        assert sorted((o["task_id"], o["was"], o["left_trigger_id"]) for o in marked) == [
+            ("wait_a", "deferred", trigger.id),
+            ("wait_b", "deferred", trigger.id),
+        ]
+        assert await store.list_triggers() == []  # released
+        tis = await engine.finish("shared", "r1")
+        assert tis["__run__"]["state"] == "success", children.output()
+        assert tis["after_a"]["state"] == "success"
+        assert scene.lines() == ["after_a"]
+
+        cleared = await cli_json(
+            db_url, "tasks", "clear", "shared", "--run", "r1", "--task", "wait_a",
+            "--downstream", "--yes",
+        )  # fmt: skip
+        assert sorted(o["task_id"] for o in cleared) == ["after_a", "wait_a"]
+        await engine.wait_for_state("shared", "wait_a", "deferred", run_id="r1")
+        (scene.flag.parent / f"{scene.flag.name}.r1").touch()
+        tis = await engine.finish("shared", "r1")
+
+    assert tis["__run__"]["state"] == "success", children.output()
+    assert (tis["wait_a"]["state"], tis["wait_a"]["try_number"]) == ("success", 2)
+    assert (tis["wait_b"]["state"], tis["wait_b"]["try_number"]) == ("success", 1)
+    assert scene.lines() == ["after_a", "resumed wait_a r1", "after_a"]

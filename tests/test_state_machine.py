@@ -32,7 +32,6 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -234,9 +233,17 @@ def _deferral(tag: str, timeout_s: float | None) -> Deferral:
     )
 
 
-def _recent_or_any(items: list[Any]) -> st.SearchStrategy[Any]:
-    """One of the last few items (likely still current) or any (likely stale)."""
-    return st.one_of(st.sampled_from(items[-3:]), st.sampled_from(items))
+def _pick(data: st.DataObject, items: list[Any], *, recent: bool = True) -> Any:
+    """One of the last few items (likely still current) or any (likely stale); None if there
+    are none. The draws are the same whatever the list holds: its length follows the
+    database's answers (what a claim found due), which a replayed example may not repeat, and
+    hypothesis refuses draws whose range changes between replays."""
+    last = data.draw(st.booleans()) if recent else False
+    n = data.draw(st.integers(min_value=0, max_value=63))
+    if not items:
+        return None
+    pool = items[-3:] if last else items
+    return pool[n % len(pool)]
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -343,11 +350,12 @@ class StoreMachine(RuleBasedStateMachine):
         self.claims += [(ti.id, self.worker, ti.try_number) for ti in claimed]
         self.here |= {(ti.id, ti.try_number) for ti in claimed}
 
-    @precondition(lambda self: self.claims)
     @rule(data=st.data(), kind=st.sampled_from(sorted(TASK_OUTCOME_KINDS)), no_retry=st.booleans())
     def finish(self, data: st.DataObject, kind: Any, no_retry: bool) -> None:
         """Ends a try; a claim that is no longer current replays a stale or duplicate outcome."""
-        claim = data.draw(_recent_or_any(self.claims))
+        claim = _pick(data, self.claims)
+        if claim is None:
+            return
         ti_id, worker, try_number = claim
         self.last_step = f"finish({ti_id}, try {try_number}, {kind})"
         error = "x" if kind == "failed" else None
@@ -356,24 +364,26 @@ class StoreMachine(RuleBasedStateMachine):
         self._as_claim(claim, lambda: self._write(self.store.finish_tasks, [outcome]))
         self._left(claim)
 
-    @precondition(lambda self: self.claims)
     @rule(
         data=st.data(),
         tag=st.sampled_from(["x", "y", "z"]),
         timeout_s=st.sampled_from([None, 0.0, 3600.0]),
     )
     def defer(self, data: st.DataObject, tag: str, timeout_s: float | None) -> None:
-        claim = data.draw(_recent_or_any(self.claims))
+        claim = _pick(data, self.claims)
+        if claim is None:
+            return
         ti_id, worker, try_number = claim
         self.last_step = f"defer({ti_id}, try {try_number}, {tag}, {timeout_s})"
         deferral = msgspec.structs.replace(_deferral(tag, timeout_s), try_number=try_number)
         self._as_claim(claim, lambda: self._call(self.store.defer_task, ti_id, worker, deferral))
         self._left(claim)
 
-    @precondition(lambda self: self.claims)
     @rule(data=st.data())
     def reschedule(self, data: st.DataObject) -> None:
-        claim = data.draw(_recent_or_any(self.claims))
+        claim = _pick(data, self.claims)
+        if claim is None:
+            return
         ti_id, worker, try_number = claim
         self.last_step = f"reschedule({ti_id}, try {try_number})"
         at = self._call(self.store.now)
@@ -395,11 +405,12 @@ class StoreMachine(RuleBasedStateMachine):
             self.worker = self._call(self.store.register_worker, "sm", 1, 10)
             self.here = set()
 
-    @precondition(lambda self: self.claims)
     @rule(data=st.data())
     def leave(self, data: st.DataObject) -> None:
         """A try's code ends without writing anything (it was cancelled after a stop)."""
-        claim = data.draw(_recent_or_any(self.claims))
+        claim = _pick(data, self.claims)
+        if claim is None:
+            return
         self.last_step = f"leave({claim})"
         self._left(claim)
 
@@ -478,7 +489,6 @@ class StoreMachine(RuleBasedStateMachine):
         self.heartbeat()
         self.claim(3)
 
-    @precondition(lambda self: self.stopped)
     @rule(
         data=st.data(),
         write=st.sampled_from(["success", "failed", "skipped", "defer", "reschedule"]),
@@ -486,7 +496,9 @@ class StoreMachine(RuleBasedStateMachine):
     def late_write(self, data: st.DataObject, write: str) -> None:
         """A try told to stop writes what it would have (its worker had not seen the stop, or
         its thread ended after it): nothing moves, whatever try now runs."""
-        claim = data.draw(st.sampled_from(self.stopped))
+        claim = _pick(data, self.stopped, recent=False)
+        if claim is None:
+            return
         ti_id, worker, try_number = claim
         self.last_step = f"late_write({ti_id}, try {try_number}, {write})"
         if write == "defer":
@@ -511,7 +523,6 @@ class StoreMachine(RuleBasedStateMachine):
         claimed = self._call(self.store.claim_triggers, self.triggerer, 10).claimed
         self.trigger_claims += [(self.triggerer, t.id, t.fence) for t in claimed]
 
-    @precondition(lambda self: self.trigger_claims)
     @rule(
         data=st.data(),
         kind=st.sampled_from(sorted(TRIGGER_OUTCOME_KINDS)),
@@ -520,7 +531,10 @@ class StoreMachine(RuleBasedStateMachine):
     def fire(self, data: st.DataObject, kind: Any, twice: bool) -> None:
         """Fires a trigger (a claim lost to another triggerer or already fired: refused);
         ``twice``: the same event is written again at once (a duplicate)."""
-        triggerer, trigger_id, fence = data.draw(_recent_or_any(self.trigger_claims))
+        picked = _pick(data, self.trigger_claims)
+        if picked is None:
+            return
+        triggerer, trigger_id, fence = picked
         self.last_step = f"fire({trigger_id}, fence {fence}, {kind}, twice={twice})"
         outcome = TriggerOutcome(trigger_id=trigger_id, fence=fence, kind=kind,
                                  payload=encode_value(kind), error="x")  # fmt: skip

@@ -169,9 +169,13 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert await s.reschedule_task(by_name["d"].id, worker, later, try_number=1)
     assert await s.defer_task(by_name["c"].id, worker, _deferral(None))
     assert await s.push_xcom(by_name["a"].id, worker, 1, [("k", encode_value(7))])
+    assert await s.skip_branch_tasks(by_name["a"].id, worker, 1, ["not_a_task"]) == []
     done = TaskOutcome(ti_id=by_name["a"].id, worker_id=worker, try_number=1, kind="success")
     finished = await s.finish_tasks([done])
     assert [f.state for f in finished] == ["success"]
+    # (a try no longer held expands nothing; an unmapped task has map index -1)
+    assert await s.expand_task(by_name["a"].id, worker, 1, 2) == 0
+    assert await s.task_map_indexes("rows", "r1", "a") == [-1]
     await downstream.settle(s, finished)  # resolve_pending, wake_workers
     await s.notify_finished_runs([run_pk])
     assert await s.runs_with_pending() == []
@@ -185,6 +189,10 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     counts = {"rewritten": 0, "current": 0, "changed": 0, "unreadable": 0}
     await s.rotate_xcom_keys(counts)
     assert counts["current"] == 1
+    # (no task of this DAG declares a callback: no request was written)
+    assert await s.list_callback_requests() == []
+    assert await s.claim_callbacks(worker, ["default"], 5, lease_s=30.0) == []
+    assert not await s.finish_callback(0, worker)
     waits = await s.why_tasks([ti.id for ti in listed], worker_stale_s=60.0)
     assert {w.task_id: w.state for w in waits} == {ti.task_id: ti.state for ti in listed}
     found = await s.why_task("rows", "r1", "c", worker_stale_s=60.0)
@@ -271,8 +279,11 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert [o.state for o in await s.clear_tasks([a_try.id], who="t")] == ["scheduled"]
     assert [o.state for o in await s.mark_tasks([a_try.id], "skipped", who="t")] == ["skipped"]
     assert await s.cancel_trigger(-1, who="t") == []
+    targets = await s.override_targets("rows", "r1", ["a"], downstream=True)
+    assert targets[0].task_id == "a"
+    assert (await s.mark_run("rows", "r1", "success", who="t")).state == "success"
     await s.record_audit("t", "look", "rows")
-    assert len(await s.list_audit()) == 6
+    assert (await s.list_audit(1))[0].action == "look"
     await s.unregister_worker(worker)
     await _schedule_calls(s)
     await _reader_calls(s, summary.id)

@@ -373,3 +373,23 @@ def test_a_tested_task_has_the_data_interval_dags_trigger_infers(
     assert done.code == 0, done
     report = msgspec.json.decode(done.stdout)
     assert report["result"] == ["2026-11-19T00:00:00+00:00", "2026-11-20T00:00:00+00:00"]
+
+
+def test_a_mapped_task_is_refused_clearly(admin_url: str, tmp_path: Path) -> None:
+    folder = tmp_path / "mapped_dags"
+    folder.mkdir()
+    (folder / "mapped.py").write_text(
+        textwrap.dedent(
+            """
+            from engine import DAG
+            from operators.bash import BashOperator
+
+            with DAG(dag_id="mapped"):
+                BashOperator.partial(task_id="echo").expand(bash_command=["echo 1", "echo 2"])
+            """
+        )
+    )
+    done = tasks_test(admin_url, folder, "mapped", "echo")
+    assert done.code == 2, done
+    assert "task 'echo' is mapped" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -495,6 +495,79 @@ async def test_mark_success_settles_the_downstream_tasks(
     assert bad.status == 400
 
 
+async def test_clear_and_mark_take_the_downstream_and_upstream_choices(
+    scene: Scene, acting: TestClient[Any, Any]
+) -> None:
+    """The page's actions are the command line's: the same selection of relatives, the same
+    statements, one audit row per task instance."""
+    response = await acting.post(
+        "/actions/mark",
+        data=_task_form("a", state="skipped", downstream="1", token=TOKEN),
+        allow_redirects=False,
+    )
+    assert response.status == 303
+    states = {ti.task_id: ti.state for ti in await scene.store.list_task_instances(dag_id=DAG_ID)}
+    assert states == {"a": "skipped", "b": "skipped", "c": "deferred"}
+    response = await acting.post(
+        "/actions/clear", data=_task_form("b", upstream="1", token=TOKEN), allow_redirects=False
+    )
+    assert response.status == 303
+    states = {ti.task_id: ti.state for ti in await scene.store.list_task_instances(dag_id=DAG_ID)}
+    assert states == {"a": "scheduled", "b": "pending", "c": "deferred"}
+    audit = sorted((r.action, r.target) for r in await scene.store.list_audit())
+    assert audit == [
+        ("clear", f"{DAG_ID}/r1/a"), ("clear", f"{DAG_ID}/r1/b"),
+        ("mark_skipped", f"{DAG_ID}/r1/a"), ("mark_skipped", f"{DAG_ID}/r1/b"),
+    ]  # fmt: skip
+    missing = await acting.post(
+        "/actions/clear", data=_task_form("zz", token=TOKEN), allow_redirects=False
+    )
+    assert missing.status == 404
+    assert "no task &#39;zz&#39;" in await missing.text()
+    text = await page(acting, "/task?" + q(dag_id=DAG_ID, run_id="r1", task_id="a"))
+    assert 'name="downstream"' in text
+    assert 'name="upstream"' in text
+
+
+async def test_a_run_is_cleared_and_marked_from_its_page(
+    scene: Scene, acting: TestClient[Any, Any]
+) -> None:
+    text = await page(acting, "/run?" + q(dag_id=DAG_ID, run_id="r1"))
+    assert 'action="/actions/clear-run"' in text
+    assert 'action="/actions/mark-run"' in text
+    run_form = {"dag_id": DAG_ID, "run_id": "r1", "token": TOKEN}
+    response = await acting.post(
+        "/actions/mark-run", data={**run_form, "state": "failed"}, allow_redirects=False
+    )
+    assert response.status == 303
+    run = await scene.store.get_dag_run(DAG_ID, "r1")
+    assert run is not None
+    assert run.state == "failed"
+    states = {ti.task_id: ti.state for ti in await scene.store.list_task_instances(dag_id=DAG_ID)}
+    assert states == {"a": "failed", "b": "skipped", "c": "failed"}
+    # only_failed: a and c run again, b (skipped) stays.
+    response = await acting.post(
+        "/actions/clear-run", data={**run_form, "only_failed": "1"}, allow_redirects=False
+    )
+    assert response.status == 303
+    states = {ti.task_id: ti.state for ti in await scene.store.list_task_instances(dag_id=DAG_ID)}
+    assert states == {"a": "scheduled", "b": "skipped", "c": "scheduled"}
+    run = await scene.store.get_dag_run(DAG_ID, "r1")
+    assert run is not None
+    assert run.state == "running"
+    actions = {r.action for r in await scene.store.list_audit()}
+    assert {"mark_run_failed", "mark_failed", "mark_skipped", "clear"} <= actions
+    for data in (
+        {**run_form, "state": "running"},
+        {**run_form, "state": "success", "run_id": "no"},
+    ):
+        bad = await acting.post("/actions/mark-run", data=data, allow_redirects=False)
+        assert bad.status in (400, 404)
+    assert (
+        await acting.post("/actions/clear-run", data={**run_form, "run_id": "no"})
+    ).status == 404
+
+
 async def test_cancel_a_trigger_fails_its_waiting_tasks(
     scene: Scene, acting: TestClient[Any, Any]
 ) -> None:

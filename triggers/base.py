@@ -127,6 +127,11 @@ class BaseTrigger(abc.ABC):
     #: checks each of them against its allow-list, like the classpath, before it builds the
     #: trigger: a stored row cannot make the triggerer import and run any callable it names.
     import_path_kwargs: ClassVar[tuple[str, ...]] = ()
+    #: True for a trigger whose kwargs hold a command it runs (``BashTrigger``): no allow-list
+    #: can judge a command, so a triggerer with an encryption key runs one only from kwargs
+    #: stored sealed (encrypted with that key, as the engine writes them), never from a row
+    #: whose kwargs were written in plaintext by whoever can write to the database.
+    runs_commands: ClassVar[bool] = False
 
     @abc.abstractmethod
     def serialize(self) -> tuple[str, dict[str, Any]]:

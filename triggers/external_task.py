@@ -22,7 +22,9 @@ DEFAULT_FAILED_STATES = ("failed", "upstream_failed")
 class TaskStateTrigger(PollingTrigger):
     """Fires when task ``task_id`` of the run of ``dag_id`` at ``logical_date`` is in one of
     ``states`` (with ``task_id=None``: when the run itself is). A state in ``failed_states``
-    ends the waiting task as failed (skipped with ``soft_fail``) without a worker hop.
+    ends the waiting task as failed (skipped with ``soft_fail``) without a worker hop, with a
+    message naming the run. With ``run_id``, the run is that one, whatever its logical date
+    (``logical_date`` may then be None).
 
     When no run of ``dag_id`` exists at that logical date, the trigger says so in its log at
     once, naming the nearest logical dates that do exist (the two DAGs' schedules do not line
@@ -36,8 +38,9 @@ class TaskStateTrigger(PollingTrigger):
         self,
         dag_id: str,
         task_id: str | None,
-        logical_date: dt.datetime | str,
+        logical_date: dt.datetime | str | None,
         *,
+        run_id: str | None = None,
         states: Sequence[str] = DEFAULT_ALLOWED_STATES,
         failed_states: Sequence[str] = DEFAULT_FAILED_STATES,
         check_existence: bool = False,
@@ -49,7 +52,12 @@ class TaskStateTrigger(PollingTrigger):
         super().__init__(poll_interval=poll_interval, end_from_trigger=end_from_trigger)
         self.dag_id = dag_id
         self.task_id = task_id
-        self.logical_date = _aware(logical_date, "logical_date")
+        if run_id is None and logical_date is None:
+            raise ValueError("a TaskStateTrigger needs a logical_date or a run_id")
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ValueError(f"run_id must be a non-empty str, got {run_id!r}")
+        self.run_id = run_id
+        self.logical_date = None if logical_date is None else _aware(logical_date, "logical_date")
         self.states = sorted(set(states))
         self.failed_states = sorted(set(failed_states))
         if overlap := set(self.states) & set(self.failed_states):
@@ -66,6 +74,7 @@ class TaskStateTrigger(PollingTrigger):
                 "dag_id": self.dag_id,
                 "task_id": self.task_id,
                 "logical_date": self.logical_date,
+                "run_id": self.run_id,
                 "states": self.states,
                 "failed_states": self.failed_states,
                 "check_existence": self.check_existence,
@@ -78,6 +87,9 @@ class TaskStateTrigger(PollingTrigger):
     @property
     def target(self) -> str:
         what = f"task {self.task_id} of DAG {self.dag_id}" if self.task_id else f"DAG {self.dag_id}"
+        if self.run_id is not None:
+            return f"{what} in run {self.run_id}"
+        assert self.logical_date is not None
         return f"{what} at logical date {self.logical_date.isoformat()}"
 
     def _end(self, message: str) -> Any:
@@ -88,6 +100,17 @@ class TaskStateTrigger(PollingTrigger):
     async def check(self) -> Any:
         queries = load_queries("external_task.sql")
         conn = await asyncpg.connect(await aresolve_url(self.conn))
+        if self.run_id is not None:
+            try:
+                row = await conn.fetchrow(
+                    queries["run_state"], self.dag_id, self.run_id, self.task_id
+                )
+            finally:
+                await conn.close()
+            if row is None:
+                return self._missing(f"DAG {self.dag_id} has no run {self.run_id!r}")
+            return self._state_of(row)
+        assert self.logical_date is not None
         try:
             row = await conn.fetchrow(
                 queries["external_state"], self.dag_id, self.logical_date, self.task_id
@@ -114,6 +137,9 @@ class TaskStateTrigger(PollingTrigger):
                 + " (check execution_delta / execution_date_fn)"
             )
             return self._missing(message)
+        return self._state_of(row)
+
+    def _state_of(self, row: Any) -> Any:
         if self.task_id is None:
             state = row["run_state"]
         elif not row["has_task"]:

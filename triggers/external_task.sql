@@ -20,3 +20,11 @@ FROM deferral_run_states
 WHERE dag_id = $1
 ORDER BY abs(EXTRACT(EPOCH FROM logical_date - $2)), run_seq DESC
 LIMIT 3;
+
+-- name: run_state
+-- Run $2 of DAG $1, with the state of its task $3 (null task_id: the run's own state). No
+-- row: no such run.
+SELECT run_id, state AS run_state, task_states ->> $3::text AS task_state,
+       COALESCE(task_states ? $3::text, false) AS has_task
+FROM deferral_run_states
+WHERE dag_id = $1 AND run_id = $2;

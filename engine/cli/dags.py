@@ -26,6 +26,7 @@ from engine.cli.listing import (
     WAIT_EXIT,
     interrupted_wait,
     show_outcome,
+    wait_ends_on_interrupt,
     wide_option,
 )
 from engine.dags.dagbag import DagBag
@@ -137,7 +138,8 @@ def dags_trigger(
         if not wait:
             show_outcome(dag_id, created)
             return
-        outcome = _run(wait_run, settings, dag_id, created.run_id, timeout)
+        with wait_ends_on_interrupt(dag_id, created.run_id):
+            outcome = _run(wait_run, settings, dag_id, created.run_id, timeout)
     except (LookupError, ValueError) as exc:
         # Not wrapped: the message names files, which must stay whole to be copied.
         message = str(exc.args[0] if exc.args else exc)

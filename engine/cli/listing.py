@@ -9,10 +9,15 @@ however long."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime as dt
+import os
 import shlex
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -235,6 +240,9 @@ class ListedTask(msgspec.Struct, frozen=True, kw_only=True):
     #: The XComs of the current try by key: ``{"bytes": n, "preview": "..."}`` (its return
     #: value under ``return_value``); None where it was not asked for.
     xcom: dict[str, Any] | None = None
+    #: The instance of a mapped task (0..n-1; the table shows it as ``TASK[i]``); -1: not
+    #: mapped.
+    map_index: int = -1
 
 
 def listed_task(
@@ -260,6 +268,7 @@ def listed_task(
         rendered=mask_secrets(row.rendered_fields),
         waiting_reason=waiting_reason,
         xcom=xcom,
+        map_index=row.map_index,
     )
 
 
@@ -269,6 +278,8 @@ def filtered(what: str, **filters: object) -> str:
         "dag_id": "of DAG {!r}",
         "run_id": "in run {!r}",
         "state": "in state {}",
+        "task": "of task {!r}",
+        "map_index": "with map index {}",
     }
     said = [words[name].format(value) for name, value in filters.items() if value is not None]
     return " ".join([f"no {what}", *said])
@@ -291,7 +302,7 @@ def task_table(tasks: Sequence[ListedTask], *, with_run: bool, wide: bool) -> Ta
         result = "" if task.result is None else compact_json(task.result)
         table.add_row(
             *ids,
-            cell(task.task_id),
+            cell(task.task_id if task.map_index < 0 else f"{task.task_id}[{task.map_index}]"),
             cell(state_cell(task)),
             cell(task.try_number),
             cell(fmt_time(task.started_at)),
@@ -314,9 +325,35 @@ def show_outcome(dag_id: str, outcome: RunOutcome, *, wide: bool = False) -> Non
 WAIT_EXIT = {"success": 0, "failed": 1, "running": 3}
 
 
-def interrupted_wait(dag_id: str, run_id: str) -> NoReturn:
-    """Ctrl-C while waiting for a run: the run is not stopped; say how to follow it, exit 130
-    (the shell's code for SIGINT)."""
+@contextlib.contextmanager
+def wait_ends_on_interrupt(dag_id: str, run_id: str) -> Iterator[None]:
+    """Within the block (a wait for a run), Ctrl-C ends the process at once with
+    :func:`interrupted_wait`'s message and code, whatever the wait was doing: a wait only
+    reads, so nothing is left half-done, and the cancellation of a wait blocked in a
+    connection's close (a busy or unreachable database) would otherwise hold the command
+    until a second Ctrl-C."""
+
+    def on_interrupt(_signum: int, _frame: Any) -> None:
+        try:
+            _say_interrupted(dag_id, run_id)
+            sys.stderr.flush()
+            # (what a normal exit runs: the embedded server stops if this process was its
+            # last user)
+            atexit._run_exitfuncs()
+        finally:
+            os._exit(130)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (a command run in a thread, as tests do: no SIGINT reaches it there)
+        return
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _say_interrupted(dag_id: str, run_id: str) -> None:
     err_console.print(
         f"interrupted (only the wait stopped): the run goes on; follow it with: "
         f"deferral runs wait {shlex.quote(dag_id)} {shlex.quote(run_id)}",
@@ -324,4 +361,10 @@ def interrupted_wait(dag_id: str, run_id: str) -> NoReturn:
         soft_wrap=True,
         markup=False,
     )
+
+
+def interrupted_wait(dag_id: str, run_id: str) -> NoReturn:
+    """Ctrl-C while waiting for a run: the run is not stopped; say how to follow it, exit 130
+    (the shell's code for SIGINT)."""
+    _say_interrupted(dag_id, run_id)
     sys.exit(130)

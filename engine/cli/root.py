@@ -185,6 +185,7 @@ def _add_commands() -> None:
         demo,
         health,
         keys,
+        overrides,
         pools,
         processes,
         runs,
@@ -201,6 +202,10 @@ def _add_commands() -> None:
     del dags_list, tasks_logs  # (imported for their commands, added to dags and tasks)
     tasks.tasks.add_command(tasks_test.tasks_test)
     tasks.tasks.add_command(tasks_xcom.tasks_xcom)
+    for command in overrides.tasks_commands():
+        tasks.tasks.add_command(command)
+    for command in overrides.runs_commands():
+        runs.runs.add_command(command)
 
     for command in (
         processes.scheduler,

@@ -21,6 +21,7 @@ from engine.cli.listing import (
     mask_secrets,
     print_table,
     show_outcome,
+    wait_ends_on_interrupt,
     wide_option,
 )
 from engine.client.runsel import resolve_run
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 @click.group()
 def runs() -> None:
-    """List DAG runs and wait for them."""
+    """List DAG runs and wait for them; clear and mark them."""
 
 
 @runs.command("list")
@@ -130,7 +131,8 @@ def runs_wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, w
     try:
         run = _run(find)
         dag_id, run_id = run.dag_id, run.run_id
-        outcome = _run(wait_run, settings, dag_id, run_id, timeout)
+        with wait_ends_on_interrupt(dag_id, run_id):
+            outcome = _run(wait_run, settings, dag_id, run_id, timeout)
     except LookupError as exc:
         _usage_exit(str(exc.args[0] if exc.args else exc))
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 @click.group()
 def tasks() -> None:
-    """Inspect task instances."""
+    """Inspect task instances; clear and mark them."""
 
 
 @tasks.command("list")
@@ -36,6 +36,19 @@ def tasks() -> None:
     help=f"Only this run: {SELECTOR_HELP} (with --dag: of that DAG).",
 )
 @click.option("--state", type=TASK_STATE, help="Only this state.")
+@click.option(
+    "--task",
+    "task",
+    type=TEXT,
+    metavar="TASK",
+    help="Only this task's instances (all of a mapped task's; TASK[3]: instance 3 alone).",
+)
+@click.option(
+    "--map-index",
+    "map_index",
+    type=click.IntRange(min=0),
+    help="Only this instance of mapped tasks (the same as --task TASK[N]).",
+)
 @click.option("--limit", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of objects.")
 @wide_option
@@ -45,6 +58,8 @@ def tasks_list(
     dag_id: str | None,
     run_id: str | None,
     state: str | None,
+    task: str | None,
+    map_index: int | None,
     limit: int,
     as_json: bool,
     wide: bool,
@@ -58,9 +73,26 @@ def tasks_list(
     up_for_reschedule), try_started_at, duration_s, previous_error (the try before's error),
     waiting_reason (why a waiting task is not running, as `tasks why` says it; null for a task
     that runs or has ended), xcom (the current try's XComs by key, each
-    {"bytes": n, "preview": "..."}; `tasks xcom` prints them in full).
+    {"bytes": n, "preview": "..."}; `tasks xcom` prints them in full), map_index (the
+    instance of a mapped task, 0..n-1; -1: not mapped). The table names a mapped instance
+    TASK[3].
     """
     settings = _settings(ctx)
+    from engine.client.mapaddr import BadAddress, parse_task
+
+    wanted: tuple[str | None, int | None] = (None, map_index)
+    if task is not None:
+        try:
+            task_id, index = parse_task(task, map_index)
+        except BadAddress as exc:
+            _usage_exit(str(exc))
+        # (TASK alone: all its instances, mapped or not)
+        wanted = (task_id, None if index < 0 and map_index is None else index)
+
+    def chosen(row: TaskInstance) -> bool:
+        return (wanted[0] is None or row.task_id == wanted[0]) and (
+            wanted[1] is None or row.map_index == wanted[1]
+        )
 
     async def main() -> tuple[list[TaskInstance], dict[int, str], dict[int, Any]]:
         from engine.client.why import WAITING_STATES, waiting_reasons
@@ -73,8 +105,12 @@ def tasks_list(
             if run_id is not None:
                 run = (await resolve_runs(store, dag_id, run_id))[0].run_id
             rows = await store.list_task_instances(
-                dag_id=dag_id, run_id=run, state=state, limit=limit
+                dag_id=dag_id,
+                run_id=run,
+                state=state,
+                limit=limit if wanted == (None, None) else 10**9,
             )
+            rows = [row for row in rows if chosen(row)][:limit]
             # One statement for all the waiting ones, and only with --json (the table has no
             # column for it); one more for the XComs of them all.
             waiting = [row.id for row in rows if row.state in WAITING_STATES]
@@ -97,16 +133,35 @@ def tasks_list(
     print_table(
         task_table(listed, with_run=True, wide=wide),
         wide=wide,
-        empty=filtered("task instances", dag_id=dag_id, run_id=run_id, state=state),
+        empty=filtered(
+            "task instances",
+            dag_id=dag_id,
+            run_id=run_id,
+            state=state,
+            task=task,
+            map_index=map_index,
+        ),
     )
+
+
+#: ``--map-index N``: which instance of a mapped task (the same as TASK[N]).
+map_index_option = click.option(
+    "--map-index",
+    "map_index",
+    type=click.IntRange(min=0),
+    help="Which instance of a mapped task (the same as writing TASK[N]).",
+)
 
 
 @tasks.command("why")
 @click.argument("dag_id", type=TEXT, metavar="DAG")
 @click.argument("run_id", type=TEXT, metavar="RUN")
 @click.argument("task_id", type=TEXT, metavar="TASK")
+@map_index_option
 @click.pass_context
-def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> None:
+def tasks_why(
+    ctx: click.Context, dag_id: str, run_id: str, task_id: str, map_index: int | None
+) -> None:
     """Say why a task instance is not running: the first reason that holds of upstream tasks
     not done, the run not started (max_active_runs), its pool (missing, too small, full), the
     DAG's max_active_tasks, the task's max_active_tis_per_dag, the global parallelism, no live
@@ -118,10 +173,17 @@ def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> Non
     `latest`. The answer starts with a label naming the reason (`pool full:`, `retry not
     due:`, ...).
     The parallelism compared with is this command's setting (give it the workers' value).
-    Exit code 2: no such run or task.
+    TASK[3] (or --map-index 3) asks about instance 3 of a mapped task.
+    Exit code 2: no such run, task or mapped instance.
     """
     settings = _settings(ctx)
+    from engine.client.mapaddr import BadAddress, check_instance, parse_task
     from engine.client.why import why_not_running
+
+    try:
+        task_id, index = parse_task(task_id, map_index)
+    except BadAddress as exc:
+        _usage_exit(str(exc))
 
     async def main() -> str:
         from engine.store import open_store
@@ -129,7 +191,10 @@ def tasks_why(ctx: click.Context, dag_id: str, run_id: str, task_id: str) -> Non
         store = await open_store(settings)
         try:
             run = await resolve_run(store, dag_id, run_id)
-            return await why_not_running(store, dag_id, run.run_id, task_id, settings)
+            await check_instance(store, dag_id, run.run_id, task_id, index)
+            return await why_not_running(
+                store, dag_id, run.run_id, task_id, settings, map_index=index
+            )
         finally:
             await store.close()
 

@@ -36,6 +36,12 @@ __all__ = ["tasks_logs"]
     "stops. Before the first try starts, waits for it.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@click.option(
+    "--map-index",
+    "map_index",
+    type=click.IntRange(min=0),
+    help="Which instance of a mapped task (the same as writing TASK[N]).",
+)
 @click.pass_context
 def tasks_logs(
     ctx: click.Context,
@@ -45,13 +51,22 @@ def tasks_logs(
     try_number: int | None,
     follow: bool,
     as_json: bool,
+    map_index: int | None,
 ) -> None:
     """Print what a task try logged and printed (its execute and resumed methods, on the
     workers), and the ids of the logging triggers it waited on (see: triggers logs ID).
 
     RUN is a run id, a unique prefix of one, a logical date (2026-11-20, 2026-11-20T06:00) or
-    `latest`."""
+    `latest`. TASK[3] (or --map-index 3): instance 3 of a mapped task."""
     settings = _settings(ctx)
+    from engine.client.mapaddr import BadAddress, check_instance, parse_task
+
+    try:
+        bare, index = parse_task(task_id, map_index)
+    except BadAddress as exc:
+        _usage_exit(str(exc))
+    # (A mapped instance's lines are kept under its name, TASK[i].)
+    name = bare if index < 0 else f"{bare}[{index}]"
 
     async def main() -> TaskLogs | str:
         from engine.store import open_store
@@ -60,9 +75,10 @@ def tasks_logs(
         try:
             try:
                 run = (await resolve_run(store, dag_id, run_id)).run_id
+                await check_instance(store, dag_id, run, bare, index)
             except LookupError as exc:
                 return str(exc)
-            return await _show(store, dag_id, run, task_id, try_number, follow, as_json)
+            return await _show(store, dag_id, run, name, try_number, follow, as_json)
         finally:
             with anyio.move_on_after(5, shield=True):
                 await store.close()

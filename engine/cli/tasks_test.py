@@ -82,6 +82,11 @@ def _load(folder: str, dag_id: str, task_id: str, timeout_s: float) -> DagBag:
     tasks = dags[dag_id].tasks
     if task_id not in tasks:
         _usage_exit(f"DAG {dag_id!r} has no task {task_id!r}{_close_names(task_id, tasks)}")
+    if hasattr(tasks[task_id], "unmap"):
+        _usage_exit(
+            f"task {task_id!r} is mapped (expand): tasks test runs one task instance of an "
+            "unmapped task; trigger a run of the DAG instead (deferral dags trigger --wait)"
+        )
     return bag
 
 

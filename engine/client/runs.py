@@ -16,7 +16,7 @@ from engine.scheduler.dagsync import request_rescan, sync_dags
 from engine.store import CHANNEL_RUNS, Store, TaskInstance, UnknownDag, open_store
 from engine.store.models import NewRun
 
-__all__ = ["RunOutcome", "trigger_dag", "wait_for_run", "wait_run"]
+__all__ = ["RunOutcome", "create_manual_run", "trigger_dag", "wait_for_run", "wait_run"]
 
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +64,13 @@ async def _create(store: Store, run: NewRun) -> tuple[str, str]:
     if created is None:
         raise UnknownDag(f"unknown DAG {run.dag_id!r}")
     return run.run_id, created[1]
+
+
+async def create_manual_run(store: Store, run: NewRun) -> tuple[str, str]:
+    """Create a manual run as ``deferral dags trigger`` does (what TriggerDagRunOperator uses);
+    returns its run id and state. Raises UnknownDag, and DuplicateRun when the DAG has a run
+    of that id already."""
+    return await _create(store, run)
 
 
 async def _create_run(store: Store, bag: DagBag | None, run: NewRun) -> tuple[str, str]:

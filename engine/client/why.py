@@ -306,12 +306,19 @@ async def waiting_reasons(
 
 
 async def why_not_running(
-    store: Store, dag_id: str, run_id: str, task_id: str, settings: Settings
+    store: Store,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    settings: Settings,
+    *,
+    map_index: int = -1,
 ) -> str:
-    """The answer of ``deferral tasks why``: why the task instance is not running, or its
-    state when it runs or has ended. Raises NoSuchTask when there is no such run or task."""
+    """The answer of ``deferral tasks why``: why the task instance (``map_index``: of a mapped
+    task) is not running, or its state when it runs or has ended. Raises NoSuchTask when
+    there is no such run or task."""
     found = await store.why_task(
-        dag_id, run_id, task_id, worker_stale_s=settings.zombie_threshold_s
+        dag_id, run_id, task_id, worker_stale_s=settings.zombie_threshold_s, map_index=map_index
     )
     if found is None:
         raise NoSuchTask(f"DAG {dag_id!r} (DAG) has no run {run_id!r} (RUN)")

@@ -36,6 +36,8 @@ DEFAULT_LOG_MAX_LINE_BYTES = 64 << 10
 DEFAULT_LOG_BUFFER_BYTES = 32 << 20
 #: The largest encoded XCom value (a return value or a push) a task may store.
 DEFAULT_XCOM_MAX_BYTES = 1 << 20
+DEFAULT_CALLBACK_TIMEOUT_S = 60.0
+DEFAULT_MAX_MAP_LENGTH = 1024
 
 
 #: Settings whose values are secrets: never shown, also not in an error about them.
@@ -259,6 +261,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: and pass its path.
     #: Default: `1048576` (1 MiB)
     xcom_max_bytes: int = DEFAULT_XCOM_MAX_BYTES
+    #: The most instances one mapped task (`expand`) may have. A task expanded over more
+    #: values fails, naming the task, the count and this setting.
+    #: Default: `1024`
+    max_map_length: int = DEFAULT_MAX_MAP_LENGTH
+
+    #: How long a callback (`on_failure_callback`, a DAG's, a deadline alert's ...) may run on
+    #: a worker, in seconds. One that runs longer is given up, logged with the try's lines and
+    #: changes nothing (a `def` callback's thread cannot be stopped and runs on). See
+    #: [alerting](../howto/alerting.md).
+    #: Default: `60`
+    callback_timeout_s: float = DEFAULT_CALLBACK_TIMEOUT_S
 
     #: Patterns of the trigger classpaths, and of the import paths given to triggers
     #: (`PythonTrigger`'s `check`, `HttpTrigger`'s `response_check`), that workers accept at
@@ -291,6 +304,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             "log_max_trigger_bytes": self.log_max_trigger_bytes,
             "log_max_line_bytes": self.log_max_line_bytes,
             "xcom_max_bytes": self.xcom_max_bytes,
+            "callback_timeout_s": self.callback_timeout_s,
+            "max_map_length": self.max_map_length,
         }
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(

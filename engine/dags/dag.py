@@ -6,12 +6,13 @@ import datetime as dt
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import Token
 from typing import Any
 
 import msgspec
 
+from engine.dags.deadline import DeadlineAlert
 from engine.dags.defaults import authoring
 from engine.dags.timetables import (
     ContinuousTimetable,
@@ -23,6 +24,13 @@ from engine.dags.timetables import (
     to_aware,
 )
 from operators.base import INT32_MAX, BaseOperator, DagLike, dag_context
+from operators.callbacks import (
+    DAG_CALLBACK_KINDS,
+    TASK_CALLBACK_KINDS,
+    Callbacks,
+    check_callbacks,
+    declared_kinds,
+)
 
 __all__ = ["DAG", "DagCycleError", "dags_of_module", "forget_module"]
 
@@ -124,6 +132,9 @@ class DAG:
         render_template_as_native_obj: bool = False,
         template_undefined: type | None = None,
         jinja_environment_kwargs: Mapping[str, Any] | None = None,
+        on_success_callback: Callbacks = None,
+        on_failure_callback: Callbacks = None,
+        deadline: DeadlineAlert | Sequence[DeadlineAlert] | None = None,
     ) -> None:
         if not isinstance(dag_id, str) or not _DAG_ID.match(dag_id):
             raise ValueError(
@@ -200,6 +211,29 @@ class DAG:
         #: The Jinja ``Undefined`` class (None: strict, an undefined name is an error).
         self.template_undefined = template_undefined
         self.jinja_environment_kwargs: dict[str, Any] = dict(jinja_environment_kwargs or {})
+        #: Called when a run ends (operators/callbacks.py): a callable taking the context (its
+        #: ``reason``: ``success`` or ``task_failure``), or a list of them.
+        self.on_success_callback = on_success_callback
+        self.on_failure_callback = on_failure_callback
+        for kind in DAG_CALLBACK_KINDS:
+            check_callbacks(
+                f"DAG {dag_id}", f"on_{kind}_callback", getattr(self, f"on_{kind}_callback")
+            )
+        alerts = (
+            []
+            if deadline is None
+            else [deadline]
+            if isinstance(deadline, DeadlineAlert)
+            else list(deadline)
+        )
+        for alert in alerts:
+            if not isinstance(alert, DeadlineAlert):
+                raise TypeError(
+                    f"DAG {dag_id}: deadline must be a DeadlineAlert or a list of them, "
+                    f"got {alert!r}"
+                )
+        #: The deadline alerts (engine/dags/deadline.py), each timed for every run.
+        self.deadlines: list[DeadlineAlert] = alerts
         self.tasks: dict[str, BaseOperator] = {}
         self._tokens: list[Token[DagLike | None]] = []
         caller = sys._getframe(1).f_globals
@@ -258,6 +292,7 @@ class DAG:
                 "queue": t.queue,
                 "trigger_queue": t.trigger_queue,
                 "max_active_tis_per_dag": t.max_active_tis_per_dag,
+                "callbacks": declared_kinds(t, TASK_CALLBACK_KINDS),
             }
             for t in self.tasks.values()
         ]
@@ -328,7 +363,15 @@ class DAG:
             "is_paused_upon_creation": self.is_paused_upon_creation,
             "params": self.params,
             "tags": self.tags,
+            "alerts": self.serialize_alerts(),
         }
+
+    def serialize_alerts(self) -> dict[str, Any] | None:
+        """What the store keeps of the DAG's callbacks and deadline alerts (None: none)."""
+        callbacks = declared_kinds(self, DAG_CALLBACK_KINDS)
+        if not callbacks and not self.deadlines:
+            return None
+        return {"callbacks": callbacks, "deadlines": [a.serialize() for a in self.deadlines]}
 
     def __repr__(self) -> str:
         return f"<DAG {self.dag_id}: {len(self.tasks)} tasks>"

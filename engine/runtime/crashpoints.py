@@ -22,6 +22,8 @@ CRASH_POINTS: dict[str, str] = {
     "worker.resume.before_method": "a resumed task is claimed; its method has not run",
     "worker.outcome.before_write": "a try ended; its outcome is not written",
     "worker.outcome.after_write": "the outcome is committed; the worker has not moved on",
+    "worker.callback.before_run": "a callback request is claimed; its callbacks have not run",
+    "worker.callback.after_run": "a request's callbacks ran; the request is not deleted",
     "triggerer.claim.after_commit": "triggers claimed and committed, not yet started",
     "triggerer.fire.before_write": "a trigger yielded its event; the event is not written",
     "triggerer.fire.after_write": "the event is committed; the trigger is still held",

@@ -70,6 +70,7 @@ from engine.store.models import (
     TriggerWaiters,
     WaitingTask,
     WorkLeft,
+    ti_name,
 )
 from engine.store.overrides import MARK_STATES, VIA_PAGE
 from engine.store.pools import PoolInUse, PoolNotFound
@@ -124,6 +125,7 @@ __all__ = [
     "WorkLeft",
     "database_url",
     "open_store",
+    "ti_name",
 ]
 
 

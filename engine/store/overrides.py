@@ -32,23 +32,134 @@ import msgspec
 from engine.states import TaskOutcomeKind
 from engine.store.core import structs
 from engine.store.downstream import settle
-from engine.store.models import MovedTask, Override
+from engine.store.models import MovedTask, Override, OverrideTarget, RunOverride
 from engine.store.runs import RunQueries
 
-__all__ = ["MARK_STATES", "VIA_PAGE", "OverrideQueries"]
+__all__ = [
+    "FAILED_STATES",
+    "MARK_STATES",
+    "RUN_MARK_STATES",
+    "UNFINISHED_STATES",
+    "VIA_PAGE",
+    "NoSuchTarget",
+    "OverrideQueries",
+]
 
 log = logging.getLogger(__name__)
 
 #: The states a task instance can be marked with.
 MARK_STATES: frozenset[str] = frozenset(get_args(TaskOutcomeKind))
 
+#: The states a whole run can be marked with.
+RUN_MARK_STATES: frozenset[str] = frozenset({"success", "failed"})
+
+#: What ``only_failed`` keeps.
+FAILED_STATES: frozenset[str] = frozenset({"failed", "upstream_failed"})
+
+#: The task states a run's mark changes (success: every task not a success already).
+UNFINISHED_STATES: frozenset[str] = frozenset(
+    {"pending", "scheduled", "queued", "running", "deferred", "up_for_reschedule", "up_for_retry"}
+)
+
+#: The unfinished states a run marked failed fails (the others it skips), as Airflow does: the
+#: tries under way, whether on a worker, a trigger or waiting for a reschedule.
+_UNDER_WAY = ("queued", "running", "deferred", "up_for_reschedule")
+
 #: How the status page names itself in the audit rows, the errors and the log lines.
 VIA_PAGE = "the status page"
+
+
+class NoSuchTarget(LookupError):
+    """A clear or a mark named a DAG, a run or a task that does not exist (nothing changed)."""
 
 
 class OverrideQueries(RunQueries):
     """The statements that mark and clear task instances (they settle what they moved, with
     the runs reader's statements)."""
+
+    async def override_targets(
+        self,
+        dag_id: str,
+        run_id: str,
+        task_ids: Sequence[str] | None = None,
+        *,
+        downstream: bool = False,
+        upstream: bool = False,
+        only_failed: bool = False,
+    ) -> list[OverrideTarget]:
+        """The task instances of run ``run_id`` of ``dag_id`` that a clear or a mark of
+        ``task_ids`` (None: every task of the run) reaches, as they are now: those tasks, with
+        ``downstream`` their downstream tasks (transitively), with ``upstream`` their upstream
+        tasks; ``only_failed``: only those failed or upstream_failed. Raises
+        :class:`NoSuchTarget` for an unknown DAG, run or task (naming it)."""
+        run = await self.get_dag_run(dag_id, run_id)
+        if run is None:
+            if await self.get_dag(dag_id) is None:
+                raise NoSuchTarget(f"no DAG {dag_id!r} (deferral dags list shows the DAGs)")
+            raise NoSuchTarget(
+                f"no run {run_id!r} of DAG {dag_id!r} (deferral runs list --dag {dag_id} "
+                "shows its runs)"
+            )
+        if task_ids is not None:
+            known = {r["task_id"] for r in await self._pool.fetch(self._q["run_task_ids"], run.id)}
+            unknown = sorted(set(task_ids) - known)
+            if unknown:
+                names = ", ".join(repr(t) for t in unknown)
+                raise NoSuchTarget(
+                    f"no task {names} in run {run_id!r} of DAG {dag_id!r}"
+                    + (f" (its tasks: {', '.join(sorted(known))})" if known else " (it has none)")
+                )
+        rows = await self._pool.fetch(
+            self._q["override_targets"],
+            run.id,
+            None if task_ids is None else sorted(set(task_ids)),
+            downstream,
+            upstream,
+            only_failed,
+        )
+        return [OverrideTarget(dag_id=dag_id, run_id=run_id, **dict(r)) for r in rows]
+
+    async def mark_run(
+        self, dag_id: str, run_id: str, state: str, *, who: str, via: str = VIA_PAGE
+    ) -> RunOverride:
+        """End run ``run_id`` of ``dag_id`` in ``state`` (``success`` or ``failed``), with its
+        task instances, in one transaction. Success: every task instance not a success is
+        marked success. Failed: the tries under way (queued, running, deferred, up for
+        reschedule) are marked failed, the task instances that have not started or wait for a
+        retry skipped; ended ones are kept. Each task instance as :meth:`mark_tasks` marks it
+        (a running try told to stop, a trigger left, audited), then the run ends in ``state``
+        (audited; announced as a run the scheduler ended is). Raises :class:`NoSuchTarget`."""
+        if state not in RUN_MARK_STATES:
+            raise ValueError(f"a run can be marked failed or success, not {state!r}")
+        run = await self.get_dag_run(dag_id, run_id)
+        if run is None:
+            await self.override_targets(dag_id, run_id)  # (raises, naming what is missing)
+            raise NoSuchTarget(f"no run {run_id!r} of DAG {dag_id!r}")
+        rows: list[asyncpg.Record] = []
+        async with self._pool.acquire() as conn, conn.transaction():
+            # The triggers its deferred tasks wait on first (as a trigger firing), then its
+            # task instances, read as they are now (a task that ended before these locks keeps
+            # its end under a mark failed), then the run's row, written last as a clear or a
+            # mark of tasks writes it (a scheduler ending the run meanwhile is ended over).
+            was = await conn.fetchval(self._q["run_state"], run.id)
+            left = [r["id"] for r in await conn.fetch(self._q["lock_run_triggers"], run.id)]
+            marks: dict[str, list[int]] = {}
+            for t in await conn.fetch(self._q["lock_run_tasks"], run.id):
+                if state == "success":
+                    mark = "success" if t["state"] != "success" else None
+                elif t["state"] in _UNDER_WAY:
+                    mark = "failed"
+                else:
+                    mark = "skipped" if t["state"] in UNFINISHED_STATES else None
+                if mark is not None:
+                    marks.setdefault(mark, []).append(t["id"])
+            for mark, group in sorted(marks.items()):
+                rows += await conn.fetch(self._q["mark_tasks"], group, mark, who, via)
+            if left:
+                await conn.fetch(self._q["delete_orphan_triggers"], left)
+            await conn.fetch(self._q["end_marked_run"], run.id, state, who, via)
+        done = await _settle(self, structs(rows, Override))
+        return RunOverride(dag_id=dag_id, run_id=run_id, was=str(was), state=state, tasks=done)
 
     async def mark_tasks(
         self, ti_ids: Sequence[int], state: str, *, who: str, via: str = VIA_PAGE

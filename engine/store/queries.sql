@@ -36,7 +36,8 @@ SELECT pg_notify($1, $2);
 -- name: upsert_dag
 -- Record a DAG's structure and schedule as parsed from its file ($11: whether a new DAG starts
 -- paused; a known DAG keeps its paused flag; $14: max_active_tasks, null: no limit; $15: the
--- hash of it all, engine.scheduler.dagrecord). Returns whether anything changed and whether the next
+-- hash of it all, engine.scheduler.dagrecord; $16: its callbacks and deadline alerts, null:
+-- none). Returns whether anything changed and whether the next
 -- scheduled run must be computed again (a new DAG, or a changed schedule).
 -- A DAG recorded as it is now is not written at all (the INSERT has no row): an upsert that
 -- changes nothing still locks the row, which took a transaction id and a WAL flush per DAG,
@@ -45,17 +46,19 @@ SELECT pg_notify($1, $2);
 WITH old AS (
     SELECT timetable, start_date, end_date, catchup, is_active,
            (fileloc, tasks, description, timetable, schedule, start_date, end_date, catchup,
-            max_active_runs, params, tags, is_active, max_active_tasks, fingerprint)
+            max_active_runs, params, tags, is_active, max_active_tasks, fingerprint, alerts)
            IS NOT DISTINCT FROM ($2::text, $3::jsonb, $4::text, $5::jsonb, $6::text,
                                  $7::timestamptz, $8::timestamptz, $9::boolean, $10::integer,
-                                 $12::jsonb, $13::text[], true, $14::integer, $15::text) AS same
+                                 $12::jsonb, $13::text[], true, $14::integer, $15::text,
+                                 $16::jsonb) AS same
     FROM deferral_dags
     WHERE dag_id = $1
 ), up AS (
     INSERT INTO deferral_dags (dag_id, fileloc, tasks, description, updated_at, timetable,
                                schedule, start_date, end_date, catchup, max_active_runs,
-                               is_paused, params, tags, max_active_tasks, fingerprint)
-    SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11::boolean, $12, $13, $14, $15
+                               is_paused, params, tags, max_active_tasks, fingerprint, alerts)
+    SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11::boolean, $12, $13, $14, $15,
+           $16
     WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.same)
     ON CONFLICT (dag_id) DO UPDATE
     SET fileloc = EXCLUDED.fileloc, tasks = EXCLUDED.tasks, description = EXCLUDED.description,
@@ -63,17 +66,18 @@ WITH old AS (
         start_date = EXCLUDED.start_date, end_date = EXCLUDED.end_date,
         catchup = EXCLUDED.catchup, max_active_runs = EXCLUDED.max_active_runs,
         params = EXCLUDED.params, tags = EXCLUDED.tags, updated_at = now(), is_active = true,
-        max_active_tasks = EXCLUDED.max_active_tasks, fingerprint = EXCLUDED.fingerprint
+        max_active_tasks = EXCLUDED.max_active_tasks, fingerprint = EXCLUDED.fingerprint,
+        alerts = EXCLUDED.alerts
     WHERE (deferral_dags.fileloc, deferral_dags.tasks, deferral_dags.description,
            deferral_dags.timetable, deferral_dags.schedule, deferral_dags.start_date,
            deferral_dags.end_date, deferral_dags.catchup, deferral_dags.max_active_runs,
            deferral_dags.params, deferral_dags.tags, deferral_dags.is_active,
-           deferral_dags.max_active_tasks, deferral_dags.fingerprint)
+           deferral_dags.max_active_tasks, deferral_dags.fingerprint, deferral_dags.alerts)
           IS DISTINCT FROM (EXCLUDED.fileloc, EXCLUDED.tasks, EXCLUDED.description,
                             EXCLUDED.timetable, EXCLUDED.schedule, EXCLUDED.start_date,
                             EXCLUDED.end_date, EXCLUDED.catchup, EXCLUDED.max_active_runs,
                             EXCLUDED.params, EXCLUDED.tags, true, EXCLUDED.max_active_tasks,
-                            EXCLUDED.fingerprint)
+                            EXCLUDED.fingerprint, EXCLUDED.alerts)
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM up) AS changed,
@@ -211,7 +215,7 @@ WITH free AS (
         dag_run_id, dag_id, run_id, task_id, state, try_number, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
-        trigger_queue, max_active_tis_per_dag)
+        trigger_queue, max_active_tis_per_dag, callbacks)
     SELECT run.id, run.dag_id, run.run_id, t.*
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
@@ -230,9 +234,11 @@ WITH reset AS (
     UPDATE deferral_dag_runs r
     SET state = 'queued', ended_at = NULL, started_at = NULL,
         tries_before = COALESCE(r.tries_before, '{}'::jsonb) || COALESCE(
-            (SELECT jsonb_object_agg(ti.task_id, ti.try_number)
-             FROM deferral_task_instances ti
-             WHERE ti.dag_run_id = r.id AND ti.try_number > 0),
+            (SELECT jsonb_object_agg(t.task_id, t.tries)
+             FROM (SELECT ti.task_id, max(ti.try_number) AS tries
+                   FROM deferral_task_instances ti
+                   WHERE ti.dag_run_id = r.id AND ti.try_number > 0
+                   GROUP BY ti.task_id) t),
             '{}'::jsonb)
     WHERE r.id = ANY ($1::bigint[]) AND r.state IN ('success', 'failed')
     RETURNING r.id
@@ -241,9 +247,9 @@ WITH reset AS (
     INSERT INTO deferral_task_tries (dag_id, run_id, task_id, try_number, state, queued_at,
                                      started_at, resumed_at, deferred_at, fired_at, ended_at,
                                      error, rendered_fields)
-    SELECT ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.state, ti.try_queued_at,
-           ti.try_started_at, ti.started_at, ti.deferred_at, ti.fired_at, ti.ended_at,
-           ti.error, ti.rendered_fields
+    SELECT ti.dag_id, ti.run_id, deferral_ti_name(ti.task_id, ti.map_index), ti.try_number,
+           ti.state, ti.try_queued_at, ti.try_started_at, ti.started_at, ti.deferred_at,
+           ti.fired_at, ti.ended_at, ti.error, ti.rendered_fields
     FROM deferral_task_instances ti JOIN reset ON ti.dag_run_id = reset.id
     WHERE ti.try_number > 0 AND ti.first_try_at IS NOT NULL  -- (see clear_tasks)
     ON CONFLICT DO NOTHING
@@ -308,7 +314,7 @@ WITH run AS (
         dag_run_id, dag_id, run_id, task_id, state, try_number, retries, retry_delay_s,
         retry_exponential_backoff, max_retry_delay_s, execution_timeout_s, soft_fail,
         trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout, pool_slots, queue,
-        trigger_queue, max_active_tis_per_dag)
+        trigger_queue, max_active_tis_per_dag, callbacks)
     SELECT run.id, run.dag_id, run.run_id, t.*
     FROM run
     JOIN deferral_dags d ON d.dag_id = run.dag_id
@@ -434,13 +440,14 @@ WITH admitted AS MATERIALIZED (
     RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
               ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
               ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
-              r.data_interval_start, r.data_interval_end, r.run_type, ti.pool,
-              ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
+              r.data_interval_start, r.data_interval_end, r.run_type, ti.pool, ti.map_index,
+              ti.map_value, ti.id = ANY (ARRAY(SELECT a.id FROM admitted a WHERE a.missing_pool))
                   AS missing_pool
 ), resumed AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT c.dag_id, c.run_id, c.task_id, c.try_number, now(), 'INFO', 'log', 'engine.worker',
+    SELECT c.dag_id, c.run_id, deferral_ti_name(c.task_id, c.map_index), c.try_number, now(),
+           'INFO', 'log', 'engine.worker',
            format('resuming at %s on worker %s (%s, pid %s), claimed %ss after its trigger '
                   'fired', c.next_method, w.id, w.hostname, w.pid,
                   to_char(GREATEST(EXTRACT(EPOCH FROM now() - c.run_after), 0),
@@ -465,7 +472,7 @@ SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, ti.next_kwargs,
        ti.next_event, ti.first_try_at, ti.try_started_at, ti.execution_timeout_s, ti.is_leaf,
        ti.run_after, r.logical_date, r.conf, r.data_interval_start, r.data_interval_end, r.run_type,
-       ti.pool, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
+       ti.pool, ti.map_index, ti.map_value, NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
        now() AS db_now
 FROM deferral_task_instances ti
 JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
@@ -514,6 +521,46 @@ UPDATE deferral_task_instances
 SET state = 'up_for_reschedule', run_after = $3, worker_id = NULL
 WHERE id = $1 AND worker_id = $2 AND state = 'running' AND try_number = $4
 RETURNING id;
+
+-- name: expand_task
+-- Expand mapped task instance $1 (map_index -1), whose try $3 worker $2 holds, into $4 (>= 1)
+-- instances: it becomes instance 0, and instances 1..$4-1 are inserted as its copies, all
+-- scheduled, none tried yet (the claim that expanded it does not count as a try); $5 (null,
+-- or one a instance, in order) their own arguments, encoded and encrypted. Nothing is
+-- written unless the worker still holds that try. Returns the instances made (no row:
+-- nothing written) and wakes the workers.
+WITH held AS (
+    SELECT * FROM deferral_task_instances
+    WHERE id = $1 AND worker_id = $2 AND state = 'running' AND try_number = $3
+      AND map_index = -1
+    FOR UPDATE
+), first AS (
+    UPDATE deferral_task_instances ti
+    SET map_index = 0, state = 'scheduled', worker_id = NULL, heartbeat_at = NULL,
+        try_number = held.try_number - 1, first_try_at = NULL, try_started_at = NULL,
+        started_at = NULL, ended_at = NULL, try_queued_at = NULL, previous_error = NULL,
+        error = NULL, run_after = now(), map_value = ($5::bytea[])[1]
+    FROM held
+    WHERE ti.id = held.id
+    RETURNING ti.id
+), more AS (
+    INSERT INTO deferral_task_instances (
+        dag_run_id, dag_id, run_id, task_id, map_index, state, try_number, retries,
+        retry_delay_s, retry_exponential_backoff, max_retry_delay_s, execution_timeout_s,
+        soft_fail, trigger_rule, upstream, is_leaf, priority, pool, no_retry_on_timeout,
+        pool_slots, queue, trigger_queue, max_active_tis_per_dag, run_after, map_value,
+        callbacks)
+    SELECT h.dag_run_id, h.dag_id, h.run_id, h.task_id, g.i, 'scheduled', h.try_number - 1,
+           h.retries, h.retry_delay_s, h.retry_exponential_backoff, h.max_retry_delay_s,
+           h.execution_timeout_s, h.soft_fail, h.trigger_rule, h.upstream, h.is_leaf,
+           h.priority, h.pool, h.no_retry_on_timeout, h.pool_slots, h.queue, h.trigger_queue,
+           h.max_active_tis_per_dag, now(), ($5::bytea[])[g.i + 1], h.callbacks
+    FROM held h, generate_series(1, $4::integer - 1) AS g(i)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM first) + (SELECT count(*) FROM more) AS made,
+       pg_notify('deferral_tasks', '') AS notified
+FROM first;
 
 -- name: defer_tasks
 -- Running tries wait on triggers, a batch of them in one statement (the worker writes every
@@ -591,12 +638,13 @@ WITH d AS (
         next_event = NULL, worker_id = NULL, deferred_at = now()
     FROM deadline dl JOIN trig ON trig.dedup_key = dl.key
     WHERE ti.id = dl.id
-    RETURNING ti.id, ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, dl.line
+    RETURNING ti.id, ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number,
+              ti.map_index, dl.line
 ), logged AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT p.dag_id, p.run_id, p.task_id, p.try_number, now(), 'INFO', 'log', 'engine.worker',
-           p.line
+    SELECT p.dag_id, p.run_id, deferral_ti_name(p.task_id, p.map_index), p.try_number, now(),
+           'INFO', 'log', 'engine.worker', p.line
     FROM parked p
     WHERE p.line IS NOT NULL
 ), notified AS (
@@ -716,7 +764,8 @@ WHERE NOT EXISTS (
 SELECT DISTINCT dag_run_id AS id FROM deferral_task_instances WHERE state = 'pending';
 
 -- name: list_task_instances
--- Task instances, optionally filtered by DAG, run and state. retry_at: when a task waiting for
+-- Task instances, optionally filtered by DAG, run and state (a mapped task's in map_index
+-- order). retry_at: when a task waiting for
 -- its next try (or check) becomes runnable; duration_s: from the start of the first try to the
 -- end of the last (to now while the task has not ended), on the database clock.
 SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.result, ti.error,
@@ -726,7 +775,7 @@ SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.resu
            AS retry_at,
        EXTRACT(EPOCH FROM COALESCE(ti.ended_at, now()) - ti.first_try_at)::double precision
            AS duration_s,
-       ti.rendered_fields
+       ti.rendered_fields, ti.map_index
 FROM deferral_task_instances ti
 WHERE ($1::text IS NULL OR ti.dag_id = $1) AND ($2::text IS NULL OR ti.run_id = $2)
   AND ($3::text IS NULL OR ti.state = $3)
@@ -1008,11 +1057,11 @@ WITH outcome AS (
     WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id,
               ti.dag_id, ti.run_id, ti.try_number, ti.next_method, f.classpath, f.kind,
-              f.error, f.shown
+              f.error, f.shown, ti.map_index
 ), logged AS (
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT m.dag_id, m.run_id, m.task_id, m.try_number, now(),
+    SELECT m.dag_id, m.run_id, deferral_ti_name(m.task_id, m.map_index), m.try_number, now(),
            CASE WHEN m.kind = 'failed' THEN 'ERROR' ELSE 'INFO' END, 'log', 'engine.triggerer',
            CASE m.kind
                WHEN 'event' THEN format('trigger %s (%s) fired with event %s; the try resumes '
@@ -1110,6 +1159,7 @@ DELETE FROM deferral_triggers t
 WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id IS NOT DISTINCT FROM $1  -- see fire_triggers
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+  AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: lock_orphan_triggers
@@ -1118,6 +1168,7 @@ SELECT t.id FROM deferral_triggers t
 WHERE t.created_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+  AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
 ORDER BY t.id
 FOR UPDATE OF t;
 
@@ -1128,6 +1179,7 @@ DELETE FROM deferral_triggers t
 WHERE t.id = ANY ($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
+  AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: list_triggers
@@ -1349,7 +1401,7 @@ ORDER BY d.dag_id;
 -- state $2 only (NULL: all), a page of them ($3 rows, NULL: all, after skipping $4).
 SELECT ti.id, ti.task_id, ti.state, ti.try_number, ti.first_try_at, ti.started_at, ti.ended_at,
        extract(epoch FROM COALESCE(ti.ended_at, now()) - ti.started_at)::float8 AS duration_s,
-       ti.trigger_id, ti.upstream
+       ti.trigger_id, ti.upstream, ti.map_index
 FROM deferral_task_instances ti
 WHERE ti.dag_run_id = $1 AND ($2::text IS NULL OR ti.state = $2)
 ORDER BY ti.id
@@ -1363,8 +1415,9 @@ WHERE dag_run_id = $1
 GROUP BY state;
 
 -- name: task_try
--- One task instance by DAG, run and task id, with its trigger and the triggerer holding it,
--- and what its templated fields rendered to.
+-- One task instance by DAG, run and name (its task id; TASK[i] for a mapped instance,
+-- deferral_ti_name), with its trigger and the triggerer holding it, and what its templated
+-- fields rendered to.
 -- (next_kwargs, result and the trigger's kwargs are encrypted: the store opens them.)
 SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number,
        ti.retries, ti.priority, ti.pool, ti.trigger_rule, ti.upstream, ti.worker_id,
@@ -1374,11 +1427,11 @@ SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_
        t.classpath AS trigger_classpath, t.kwargs AS trigger_kwargs,
        t.triggerer_id, t.created_at AS trigger_created_at,
        tr.hostname AS triggerer_hostname, tr.pid AS triggerer_pid,
-       now() AS db_now, ti.rendered_fields
+       now() AS db_now, ti.rendered_fields, ti.map_index
 FROM deferral_task_instances ti
 LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id AND ti.state = 'deferred'
 LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3;
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND deferral_ti_name(ti.task_id, ti.map_index) = $3;
 
 -- name: triggers_page
 -- Triggers with their owner, waiters and age, filtered by classpath substring ($1), owner ($2;
@@ -1470,7 +1523,8 @@ FROM (
 GROUP BY c.dag_run_id, c.task_id;
 
 -- name: task_tries
--- Every recorded try of one task instance ($1 DAG, $2 run, $3 task), oldest first: those kept
+-- Every recorded try of one task instance ($1 DAG, $2 run, $3 its name: TASK[i] for a mapped
+-- instance), oldest first: those kept
 -- in deferral_task_tries and its current one (current: true; started: false when it was
 -- cleared and not claimed since, and holds nothing of a try), with the database's now.
 SELECT k.try_number, k.state, k.queued_at, k.started_at, k.resumed_at, k.deferred_at,
@@ -1483,15 +1537,15 @@ SELECT ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at, ti.started_
        ti.deferred_at, ti.fired_at, ti.ended_at, ti.error, ti.rendered_fields, true,
        ti.first_try_at IS NOT NULL, ti.run_after, now()
 FROM deferral_task_instances ti
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND deferral_ti_name(ti.task_id, ti.map_index) = $3
 ORDER BY 1, 11;
 
 -- name: run_tries
 -- The tries of a page of one run's task instances (run $1: DAG $2, run id $3; $4 task
 -- instances in the DAG's order after skipping $5) for its Gantt view, as task_tries: the
--- kept ones and the current one of each.
+-- kept ones and the current one of each; task_id is the name (TASK[i] for a mapped instance).
 WITH page AS (
-    SELECT ti.id, ti.task_id, ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at,
+    SELECT ti.id, deferral_ti_name(ti.task_id, ti.map_index) AS task_id, ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at,
            ti.started_at, ti.deferred_at, ti.fired_at, ti.ended_at, ti.first_try_at,
            ti.run_after
     FROM deferral_task_instances ti
@@ -1553,11 +1607,13 @@ WHERE ti.pool = $1 AND ti.state = ANY ($2::text[]) AND (NOT $3 OR ti.run_after <
 -- without upstreams (or whose rule is 'always') is scheduled, the others pending (the caller
 -- resolves them by their trigger rules: a task whose upstream failed does not run). A running
 -- try is told to stop as mark_tasks tells it, and no new try of the task starts until it has
--- stopped; a deferred task leaves its trigger; an audit row and a line in the log of its
--- latest try; its run runs again if it had ended. Returns one row per task instance cleared.
+-- stopped; a deferred task leaves its trigger; its XComs go; an audit row and a line in the
+-- log of its latest try; its run runs again if it had ended. Returns one row per task instance
+-- cleared.
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
-           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag,
+           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id,
+           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.max_active_tis_per_dag,
            ti.try_queued_at, ti.try_started_at, ti.started_at, ti.deferred_at, ti.fired_at,
            ti.ended_at, ti.error, ti.rendered_fields, ti.first_try_at
     FROM deferral_task_instances ti
@@ -1571,7 +1627,7 @@ WITH old AS (
     INSERT INTO deferral_task_tries (dag_id, run_id, task_id, try_number, state, queued_at,
                                      started_at, resumed_at, deferred_at, fired_at, ended_at,
                                      error, rendered_fields)
-    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, o.state, o.try_queued_at,
+    SELECT o.dag_id, o.run_id, o.name, o.try_number, o.state, o.try_queued_at,
            o.try_started_at, o.started_at, o.deferred_at, o.fired_at,
            COALESCE(o.ended_at, now()), o.error, o.rendered_fields
     FROM old o
@@ -1585,6 +1641,8 @@ WITH old AS (
         trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
         next_method = NULL, next_kwargs = NULL, next_event = NULL, result = NULL,
         error = NULL, ended_at = NULL, first_try_at = NULL,
+        -- (a mapped instance reads its value again: its upstream may have changed)
+        map_value = NULL,
         retries = ti.try_number + COALESCE(
             (SELECT (task ->> 'retries')::int
              FROM deferral_dags d, jsonb_array_elements(d.tasks) task
@@ -1615,7 +1673,7 @@ WITH old AS (
     FROM (SELECT DISTINCT stopping.worker_id FROM stopping) s
 ), audited AS (
     INSERT INTO deferral_audit (who, action, target, detail)
-    SELECT $2::text, 'clear', o.dag_id || '/' || o.run_id || '/' || o.task_id,
+    SELECT $2::text, 'clear', o.dag_id || '/' || o.run_id || '/' || o.name,
            jsonb_strip_nulls(jsonb_build_object(
                'ti', o.id, 'try', o.try_number, 'was', o.state, 'via', $3::text,
                'stopping_worker', s.worker_id, 'left_trigger', o.trigger_id))
@@ -1624,7 +1682,7 @@ WITH old AS (
     -- a line in the log of the try it happened to (the latest)
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, now(), 'WARNING', 'log',
+    SELECT o.dag_id, o.run_id, o.name, o.try_number, now(), 'WARNING', 'log',
            'deferral.override',
            format('cleared by %s from %s', $2::text, $3::text) || CASE
                WHEN s.worker_id IS NOT NULL
@@ -1639,6 +1697,10 @@ WITH old AS (
     -- looks again: finish_dag_runs.)
     UPDATE deferral_dag_runs r SET state = 'running', ended_at = NULL
     WHERE r.id IN (SELECT o.dag_run_id FROM old o)
+), forgotten AS (
+    -- the XComs it pushed go with the try (its return value, the result, went above): the
+    -- next try starts with none, and nothing reads a cleared try's values meanwhile
+    DELETE FROM deferral_xcom x USING old o WHERE x.ti_id = o.id
 )
 SELECT c.id, c.dag_run_id, c.task_id, c.state, c.is_leaf, o.dag_id, o.run_id,
        o.state AS was, o.try_number, s.worker_id AS stopping_worker_id,
@@ -1664,7 +1726,8 @@ ORDER BY c.id;
 -- Returns one row per task instance changed (the caller settles the downstream tasks).
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
-           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id, ti.max_active_tis_per_dag
+           ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id,
+           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.max_active_tis_per_dag
     FROM deferral_task_instances ti
     WHERE ti.id = ANY ($1::bigint[]) AND ti.state <> $2
     ORDER BY ti.id
@@ -1702,7 +1765,7 @@ WITH old AS (
     FROM (SELECT DISTINCT stopping.worker_id FROM stopping) s
 ), audited AS (
     INSERT INTO deferral_audit (who, action, target, detail)
-    SELECT $3::text, 'mark_' || $2::text, o.dag_id || '/' || o.run_id || '/' || o.task_id,
+    SELECT $3::text, 'mark_' || $2::text, o.dag_id || '/' || o.run_id || '/' || o.name,
            jsonb_strip_nulls(jsonb_build_object(
                'ti', o.id, 'try', o.try_number, 'was', o.state, 'via', $4::text,
                'stopping_worker', s.worker_id, 'left_trigger', o.trigger_id))
@@ -1711,7 +1774,7 @@ WITH old AS (
     -- a line in the log of the try it happened to (the latest)
     INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
                                     logger, message)
-    SELECT o.dag_id, o.run_id, o.task_id, o.try_number, now(), 'WARNING', 'log',
+    SELECT o.dag_id, o.run_id, o.name, o.try_number, now(), 'WARNING', 'log',
            'deferral.override',
            format('marked %s by %s from %s', $2::text, $3::text, $4::text) || CASE
                WHEN s.worker_id IS NOT NULL
@@ -1735,6 +1798,89 @@ JOIN old o ON o.id = c.id
 LEFT JOIN stopping s ON s.ti_id = c.id
 ORDER BY c.id;
 
+-- name: override_targets
+-- The task instances of run $1 (its primary key) that a clear or a mark of tasks $2 (null: every
+-- task of the run) reaches: those tasks; with $3 their downstream tasks, transitively (along
+-- the upstream lists); with $4 their upstream tasks, transitively; $5: only those failed or
+-- upstream_failed. relation says why each is in: 'task', 'downstream' or 'upstream'.
+WITH RECURSIVE tis AS (
+    SELECT ti.id, ti.task_id, ti.upstream, ti.state, ti.try_number
+    FROM deferral_task_instances ti
+    WHERE ti.dag_run_id = $1
+), roots AS (
+    SELECT DISTINCT t.task_id FROM tis t WHERE $2::text[] IS NULL OR t.task_id = ANY ($2::text[])
+), down (task_id) AS (
+    SELECT r.task_id FROM roots r WHERE $3::boolean
+    UNION
+    SELECT t.task_id FROM tis t JOIN down d ON d.task_id = ANY (t.upstream)
+), up (task_id) AS (
+    SELECT r.task_id FROM roots r WHERE $4::boolean
+    UNION
+    SELECT u.task_id FROM up JOIN tis t ON t.task_id = up.task_id
+    CROSS JOIN LATERAL unnest(t.upstream) AS u(task_id)
+)
+SELECT t.id, t.task_id, t.state, t.try_number,
+       CASE WHEN t.task_id IN (SELECT task_id FROM roots) THEN 'task'
+            WHEN t.task_id IN (SELECT task_id FROM down) THEN 'downstream'
+            ELSE 'upstream' END AS relation
+FROM tis t
+WHERE (t.task_id IN (SELECT task_id FROM roots)
+       OR t.task_id IN (SELECT task_id FROM down)
+       OR t.task_id IN (SELECT task_id FROM up))
+  AND (NOT $5::boolean OR t.state IN ('failed', 'upstream_failed'))
+ORDER BY t.task_id, t.id;
+
+-- name: run_task_ids
+-- The task ids of run $1 (its primary key).
+SELECT DISTINCT task_id FROM deferral_task_instances WHERE dag_run_id = $1 ORDER BY task_id;
+
+-- name: run_state
+-- The state of run $1 (its primary key), as a mark of the whole run finds it. Not locked: the
+-- mark locks the run's row last (by writing it), after its triggers and task instances, in
+-- the order a clear or a mark of tasks takes them; locking it first could deadlock with one.
+SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1;
+
+-- name: lock_run_triggers
+-- Lock the triggers the deferred task instances of run $1 (its primary key) wait on, before a
+-- mark of the whole run locks its task instances (as lock_left_triggers does for some).
+SELECT t.id FROM deferral_triggers t
+WHERE t.id IN (SELECT ti.trigger_id FROM deferral_task_instances ti
+               WHERE ti.dag_run_id = $1 AND ti.state = 'deferred')
+ORDER BY t.id
+FOR UPDATE OF t;
+
+-- name: lock_run_tasks
+-- Lock the task instances of run $1 (its primary key) for a mark of the whole run; their states.
+SELECT ti.id, ti.state FROM deferral_task_instances ti
+WHERE ti.dag_run_id = $1
+ORDER BY ti.id
+FOR UPDATE;
+
+-- name: end_marked_run
+-- End run $1 (its primary key) in state $2 ('success' or 'failed') after its unfinished task
+-- instances were marked in the same transaction ($3 who, $4 how): the run's row, an audit row,
+-- and the notifications of a run ended (deferral_runs: "dag run state", for those waiting on
+-- it; deferral_finished: the scheduler, which may start a queued run now). Returns the run.
+WITH ended AS (
+    UPDATE deferral_dag_runs r
+    -- (a run already so, none of whose tasks the mark changed, keeps when it ended)
+    SET state = $2,
+        ended_at = CASE WHEN r.state = $2 THEN COALESCE(r.ended_at, now()) ELSE now() END,
+        started_at = COALESCE(r.started_at, now())
+    WHERE r.id = $1
+    RETURNING r.id, r.dag_id, r.run_id, r.state
+), audited AS (
+    INSERT INTO deferral_audit (who, action, target, detail)
+    SELECT $3::text, 'mark_run_' || $2::text, e.dag_id || '/' || e.run_id,
+           jsonb_build_object('run', e.id, 'via', $4::text)
+    FROM ended e
+), told AS (
+    SELECT pg_notify('deferral_runs', e.dag_id || ' ' || e.run_id || ' ' || e.state),
+           pg_notify('deferral_finished', e.id::text)
+    FROM ended e
+)
+SELECT e.id, e.dag_id, e.run_id, e.state, (SELECT count(*) FROM told) AS told FROM ended e;
+
 -- name: lock_left_triggers
 -- Lock the triggers that the deferred task instances among $1 wait on, before a mark or a clear
 -- makes them leave (in the same transaction, first: a trigger firing locks its row before its
@@ -1756,6 +1902,9 @@ WITH failed AS (
         next_kwargs = NULL, next_event = NULL
     WHERE ti.trigger_id = $1 AND ti.state = 'deferred'
     RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf
+), silenced AS (
+    -- (a run's deadline alert timed by this trigger is dropped, not fired: migration 0022)
+    DELETE FROM deferral_deadline_alerts WHERE trigger_id = $1
 ), gone AS (
     DELETE FROM deferral_triggers WHERE id = $1 RETURNING id
 )
@@ -1784,7 +1933,8 @@ WITH lines AS (
     ORDER BY l.n
 ), waiters AS (
     INSERT INTO deferral_trigger_log_tasks (dag_id, run_id, task_id, try_number, trigger_id)
-    SELECT ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.trigger_id
+    SELECT ti.dag_id, ti.run_id, deferral_ti_name(ti.task_id, ti.map_index), ti.try_number,
+           ti.trigger_id
     FROM deferral_task_instances ti
     WHERE ti.trigger_id = ANY ($6::bigint[]) AND ti.state = 'deferred'
     ON CONFLICT DO NOTHING
@@ -1848,14 +1998,15 @@ WHERE trigger_id = $1
 ORDER BY dag_id, run_id, task_id, try_number;
 
 -- name: task_logs
--- Up to $6 lines of a task try ($1 DAG, $2 run, $3 task, $4 try; null: the latest) after seq
+-- Up to $6 lines of a task try ($1 DAG, $2 run, $3 task: its name, TASK[i] for a mapped
+-- instance, deferral_ti_name; $4 try; null: the latest) after seq
 -- $5, oldest first, with the task instance's state and latest try (null: no such task
 -- instance). One statement, so one snapshot: a try seen ended has every line it logged before
 -- its outcome stored (the worker writes them before the outcome). Without lines: one row with
 -- a null seq.
 WITH ti AS (
     SELECT state, try_number FROM deferral_task_instances
-    WHERE dag_id = $1 AND run_id = $2 AND task_id = $3
+    WHERE dag_id = $1 AND run_id = $2 AND deferral_ti_name(task_id, map_index) = $3
 ), try AS (
     SELECT COALESCE($4::integer, (SELECT try_number FROM ti)) AS n
 ), page AS (
@@ -2111,7 +2262,7 @@ ORDER BY t.id;
 -- Run $2 of DAG $1, for "why is task $3 not running": its state and type, the DAG's
 -- max_active_runs, its runs counted against it (running, not backfills: as start_queued_runs
 -- counts them) and the queued ones that start before this one, whether the DAG has task $3,
--- and the task instance's id (null while the run is queued: its task instances are created
+-- and the id of its task instance of map index $4 (-1: not mapped) (null while the run is queued: its task instances are created
 -- when it starts). No row: no such run.
 SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active_runs,
        (SELECT count(*) FROM deferral_dag_runs x
@@ -2123,7 +2274,7 @@ SELECT r.id, r.dag_id, r.run_id, r.state, r.run_type, r.created_at, d.max_active
        COALESCE(d.tasks @> jsonb_build_array(jsonb_build_object('task_id', $3::text)), false)
            AS has_task,
        (SELECT ti.id FROM deferral_task_instances ti
-        WHERE ti.dag_run_id = r.id AND ti.task_id = $3) AS ti_id,
+        WHERE ti.dag_run_id = r.id AND ti.task_id = $3 AND ti.map_index = $4) AS ti_id,
        now() AS db_now
 FROM deferral_dag_runs r
 LEFT JOIN deferral_dags d ON d.dag_id = r.dag_id
@@ -2411,8 +2562,9 @@ RETURNING key;
 -- name: xcom_pull
 -- The values under key $4 of the tasks $3 (null: every task) of run $2 of DAG $1, from the
 -- current try of each task instance (the return value, key 'return_value', is its result, or
--- what it pushed under that key). Only tasks that have one; the latest first.
-SELECT ti.task_id, v.value
+-- what it pushed under that key). Only tasks that have one; the latest first (a mapped task's
+-- instances by map_index).
+SELECT ti.task_id, ti.map_index, v.value
 FROM deferral_dag_runs r
 JOIN deferral_task_instances ti ON ti.dag_run_id = r.id
 LEFT JOIN deferral_xcom x ON x.ti_id = ti.id AND x.key = $4 AND x.try_number = ti.try_number
@@ -2423,7 +2575,16 @@ CROSS JOIN LATERAL (
 WHERE r.dag_id = $1 AND r.run_id = $2
   AND ($3::text[] IS NULL OR ti.task_id = ANY ($3::text[]))
   AND v.value IS NOT NULL
-ORDER BY COALESCE(x.pushed_at, ti.ended_at) DESC NULLS LAST, ti.task_id;
+ORDER BY ti.map_index >= 0, ti.map_index,
+         COALESCE(x.pushed_at, ti.ended_at) DESC NULLS LAST, ti.task_id;
+
+-- name: task_map_indexes
+-- The map indexes of task $3's instances in run $2 of DAG $1, in order: [-1] for an unmapped
+-- task (or a mapped one not expanded yet), 0..n-1 for a mapped one; none: no such task
+-- instance.
+SELECT ti.map_index FROM deferral_task_instances ti
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+ORDER BY ti.map_index;
 
 -- name: xcom_of_tasks
 -- The values task instances $1 pushed under keys of their own in their current tries (their
@@ -2435,7 +2596,7 @@ WHERE x.ti_id = ANY ($1::bigint[])
 ORDER BY x.ti_id, x.key;
 
 -- name: xcom_of_task
--- Every XCom of one task instance (DAG $1, run $2, task $3) in its current try: its result
+-- Every XCom of one task instance (DAG $1, run $2, task $3, map index $4) in its current try: its result
 -- under 'return_value' (over a value pushed under that key, as xcom_pull reads it) and the
 -- values it pushed, by key. No row: no such task instance; a row with a null key: it has none.
 SELECT ti.id AS ti_id, k.key, k.value
@@ -2447,7 +2608,7 @@ LEFT JOIN LATERAL (
     UNION ALL
     SELECT 'return_value', ti.result WHERE ti.result IS NOT NULL
 ) k ON true
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3 AND ti.map_index = $4
 ORDER BY k.key;
 
 -- name: rotation_xcom
@@ -2467,3 +2628,55 @@ FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bytea[])
     AS o(ti_id, key, old_value, new_value)
 WHERE x.ti_id = o.ti_id AND x.key = o.key AND x.value = o.old_value
 RETURNING x.ti_id;
+
+-- name: claim_callbacks
+-- Claim up to $3 callback requests (migration 0022) for worker $1, of the queues $2 or of
+-- none (a run's), oldest first: those nobody holds (never claimed, or their worker's row went)
+-- and those whose lease passed. The claim holds each for $4 seconds. Returns what a worker
+-- needs to build the callback's context (the task instance's try, its run).
+WITH picked AS (
+    SELECT c.id FROM deferral_callback_requests c
+    WHERE (c.worker_id IS NULL OR c.lease_until < now())
+      AND (c.queue IS NULL OR c.queue = ANY ($2::text[]))
+    ORDER BY c.id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE deferral_callback_requests c
+    SET worker_id = $1, lease_until = now() + make_interval(secs => $4), claims = c.claims + 1
+    WHERE c.id = ANY (ARRAY(SELECT p.id FROM picked p))
+    RETURNING c.*
+)
+SELECT c.id, c.kind, c.dag_id, c.ti_id, c.try_number, c.error, c.deadline_index,
+       c.deadline_at, c.claims, c.created_at, r.run_id, r.logical_date, r.conf,
+       r.data_interval_start, r.data_interval_end, r.run_type, r.state AS run_state,
+       r.created_at AS queued_at, ti.task_id, ti.map_index, ti.first_try_at, ti.try_started_at,
+       ti.execution_timeout_s, now() AS db_now
+FROM claimed c
+JOIN deferral_dag_runs r ON r.id = c.dag_run_id
+LEFT JOIN deferral_task_instances ti ON ti.id = c.ti_id
+ORDER BY c.id;
+
+-- name: finish_callback
+-- A callback request ran (or was given up): it goes, if worker $2 still holds it.
+DELETE FROM deferral_callback_requests WHERE id = $1 AND worker_id = $2 RETURNING id;
+
+-- name: list_callback_requests
+-- The callback requests not run yet, oldest first (tests, the CLI).
+SELECT c.id, c.kind, c.dag_id, c.ti_id, c.try_number, c.error, c.deadline_index,
+       c.deadline_at, c.worker_id, c.lease_until, c.claims, c.created_at
+FROM deferral_callback_requests c ORDER BY c.id;
+
+-- Branching (operators/python.py: BranchPythonOperator, ShortCircuitOperator).
+
+-- name: skip_branch_tasks
+-- A branching task skips the tasks $4 of its run that are still pending (none of them ran:
+-- they wait on it), just before its success is written: only while worker $2 holds try $3 of
+-- task instance $1 (a late write of a reaped try skips nothing). Returns what moved, for the
+-- caller to resolve their downstreams by their trigger rules.
+UPDATE deferral_task_instances ti
+SET state = 'skipped', ended_at = now(), run_after = now()
+FROM deferral_task_instances b
+WHERE b.id = $1 AND b.worker_id = $2 AND b.try_number = $3 AND b.state = 'running'
+  AND ti.dag_run_id = b.dag_run_id AND ti.task_id = ANY ($4::text[]) AND ti.state = 'pending'
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;

@@ -9,6 +9,7 @@ unwritten: the worker writes them as it writes every outcome.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,8 @@ from engine.store.models import (
 )
 from engine.version import __version__
 from operators.defaults import DEFAULT_QUEUE
+
+log = logging.getLogger("engine.store")
 
 __all__ = ["TaskQueries"]
 
@@ -163,6 +166,7 @@ class TaskQueries(StoreCore):
                 try:
                     row["next_kwargs"] = self.keyring.decrypt_opt(row["next_kwargs"])
                     row["next_event"] = self.keyring.decrypt_opt(row["next_event"])
+                    row["map_value"] = self._open_map_value(row)
                 except UnreadableValue as exc:
                     failed.append(
                         TaskOutcome(
@@ -176,6 +180,15 @@ class TaskQueries(StoreCore):
                     continue
             opened.append(row)
         return opened, failed
+
+    def _open_map_value(self, row: dict[str, Any]) -> bytes | None:
+        """A mapped instance's own arguments, decrypted; None when no configured key opens
+        them (the worker reads them from the upstream values again)."""
+        try:
+            return self.keyring.decrypt_opt(row.get("map_value"))
+        except UnreadableValue as exc:
+            log.warning("task instance %s: its mapped arguments: %s", row["id"], exc)
+            return None
 
     async def unacknowledged_claims(self, worker_id: int, running: Sequence[int]) -> TaskClaim:
         """The task instances the database says worker ``worker_id`` runs, other than the ones
@@ -217,6 +230,29 @@ class TaskQueries(StoreCore):
             self._q["reschedule_task"], ti_id, worker_id, at, try_number
         )
         return row is not None
+
+    async def expand_task(
+        self,
+        ti_id: int,
+        worker_id: int,
+        try_number: int,
+        count: int,
+        values: Sequence[bytes] | None = None,
+    ) -> int:
+        """Expand mapped task instance ``ti_id`` (map index -1), whose try ``try_number``
+        worker ``worker_id`` holds, into ``count`` (>= 1) scheduled instances, 0..count-1, in
+        one statement (``values``: each instance's own arguments, encoded, kept encrypted and
+        returned by its claims); how many were made (0: the worker no longer held it, nothing
+        written)."""
+        if count < 1:
+            raise ValueError(f"a mapped task expands into at least 1 instance, got {count}")
+        if values is not None and len(values) != count:
+            raise ValueError(f"{len(values)} values for {count} mapped instances")
+        sealed = None if values is None else [self.keyring.encrypt(v) for v in values]
+        row = await self._pool.fetchrow(
+            self._q["expand_task"], ti_id, worker_id, try_number, count, sealed
+        )
+        return 0 if row is None else int(row["made"])
 
     async def defer_task(self, ti_id: int, worker_id: int, deferral: Deferral) -> bool:
         """Store the trigger (or join an identical waiting one) and park the task on it, in one

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from engine.security.keys import Keyring, UnreadableValue
+from engine.security.keys import MARKER, Keyring, UnreadableValue
 from engine.store.connection import Conn
 from engine.store.core import StoreCore, from_dicts, off_loop, one, storable_opt, structs
 from engine.store.models import (
@@ -255,6 +255,7 @@ class TriggerQueries(StoreCore):
                 continue
             row = dict(r)
             row["kwargs"] = kwargs
+            row["sealed"] = not self.keyring.encrypts or r["kwargs"].startswith(MARKER)
             opened.append(row)
         return TriggerClaim(claimed=from_dicts(opened, ClaimedTrigger), refused=refused)
 

@@ -26,10 +26,17 @@ class WhyQueries(StoreCore):
         return structs(rows, TaskWait)
 
     async def why_task(
-        self, dag_id: str, run_id: str, task_id: str, *, worker_stale_s: float
+        self,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        *,
+        worker_stale_s: float,
+        map_index: int = -1,
     ) -> WhyTask | None:
-        """The run and the task instance asked about (None: no such run)."""
-        record = await self._pool.fetchrow(self._q["why_run"], dag_id, run_id, task_id)
+        """The run and the task instance asked about (``map_index``: which instance of a
+        mapped task; None: no such run)."""
+        record = await self._pool.fetchrow(self._q["why_run"], dag_id, run_id, task_id, map_index)
         if record is None:
             return None
         run = struct(record, RunWait)

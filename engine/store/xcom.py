@@ -35,6 +35,8 @@ class XComRow(msgspec.Struct, frozen=True):
     task_id: str
     key: str
     value: bytes
+    #: The mapped instance it belongs to (-1: an unmapped task's).
+    map_index: int = -1
 
 
 class XComStore:
@@ -71,8 +73,9 @@ class XComStore:
         self, dag_id: str, run_id: str, task_ids: Sequence[str] | None, key: str
     ) -> list[XComRow]:
         """The encoded values under ``key`` of ``task_ids`` (None: any task) of one run, from
-        each task instance's current try, the latest first; tasks without one are left out.
-        A value no configured key opens raises :class:`UnreadableValue`."""
+        each task instance's current try, the latest first (a mapped task's instances after,
+        by map index); tasks without one are left out. A value no configured key opens raises
+        :class:`UnreadableValue`."""
         rows = await self._pool.fetch(
             self._q["xcom_pull"],
             dag_id,
@@ -80,7 +83,10 @@ class XComStore:
             None if task_ids is None else list(task_ids),
             key,
         )
-        return [XComRow(r["task_id"], key, self.keyring.decrypt(r["value"])) for r in rows]
+        return [
+            XComRow(r["task_id"], key, self.keyring.decrypt(r["value"]), r["map_index"])
+            for r in rows
+        ]
 
     async def xcom_of_tasks(self, ti_ids: Sequence[int]) -> dict[int, dict[str, bytes]]:
         """The values task instances pushed under keys of their own in their current tries
@@ -98,14 +104,22 @@ class XComStore:
             found.setdefault(r["ti_id"], {})[r["key"]] = value
         return found
 
-    async def xcom_of_task(self, dag_id: str, run_id: str, task_id: str) -> dict[str, bytes] | None:
+    async def xcom_of_task(
+        self, dag_id: str, run_id: str, task_id: str, map_index: int = -1
+    ) -> dict[str, bytes] | None:
         """Every XCom of one task instance's current try (its return value included), by key;
-        None when there is no such task instance. Raises :class:`UnreadableValue` for a value
-        no configured key opens."""
-        rows = await self._pool.fetch(self._q["xcom_of_task"], dag_id, run_id, task_id)
+        None when there is no such task instance (``map_index``: which mapped instance).
+        Raises :class:`UnreadableValue` for a value no configured key opens."""
+        rows = await self._pool.fetch(self._q["xcom_of_task"], dag_id, run_id, task_id, map_index)
         if not rows:
             return None
         return {r["key"]: self.keyring.decrypt(r["value"]) for r in rows if r["key"] is not None}
+
+    async def task_map_indexes(self, dag_id: str, run_id: str, task_id: str) -> list[int]:
+        """The map indexes of a task's instances in one run, in order: ``[-1]`` for a task
+        not mapped (or not expanded yet); empty when there is no such task instance."""
+        rows = await self._pool.fetch(self._q["task_map_indexes"], dag_id, run_id, task_id)
+        return [r["map_index"] for r in rows]
 
     async def rotate_xcom_keys(self, counts: dict[str, int], *, batch_size: int = 500) -> None:
         """Re-encrypt the pushed XCom values with the primary key (see ``rotate_keys``)."""

@@ -38,6 +38,7 @@ from engine.store import (
     CHANNEL_TASKS,
     CHANNEL_TRIGGERS,
     Store,
+    ti_name,
 )
 from engine.triggerer import Triggerer
 from engine.usercode.variables import bind_store
@@ -135,10 +136,10 @@ class LocalEngine:
     async def task_instances(
         self, dag_id: str, run_id: str | None = None
     ) -> dict[str, dict[str, Any]]:
-        """The task instances of a DAG (of one run), by task_id (each the fields of
-        :class:`engine.store.TaskInstance` as a dict)."""
+        """The task instances of a DAG (of one run), by task_id, ``TASK[i]`` for a mapped
+        instance (each the fields of :class:`engine.store.TaskInstance` as a dict)."""
         tis = await self.store.list_task_instances(dag_id=dag_id, run_id=run_id)
-        return {ti.task_id: msgspec.structs.asdict(ti) for ti in tis}
+        return {ti_name(ti.task_id, ti.map_index): msgspec.structs.asdict(ti) for ti in tis}
 
     async def wait_for_state(
         self,
@@ -197,6 +198,10 @@ class LocalEngine:
         if "scheduler" not in self.running:
             counts.pop("runs_to_end")
         counts["worker_busy"] = len(self.worker.running) if "worker" in self.running else 0
+        # (callbacks not run yet: requests waiting, and those the worker runs now)
+        counts["callbacks"] = (
+            len(await self.store.list_callback_requests()) if "worker" in self.running else 0
+        )
         counts["events_unwritten"] = (
             _unwritten_events(self.triggerer) if "triggerer" in self.running else 0
         )

@@ -17,7 +17,7 @@ import anyio
 
 from engine.runtime.crashpoints import crash_point
 from engine.runtime.retry import Backoff
-from engine.security.allow import check_classpath, check_import_paths
+from engine.security.allow import TriggerNotAllowed, check_classpath, check_import_paths
 from engine.store import ClaimedTrigger, TriggerOutcome
 from engine.triggerer.classes import TriggerClasses
 from engine.triggerer.deadlines import Deadlines
@@ -163,8 +163,9 @@ class Claimer:
             except TriggerSerializationError:
                 continue  # _start reports it, for each trigger of that classpath
 
-    def _rebuild(self, classpath: str, kwargs: dict[str, Any]) -> BaseTrigger:
-        """``rebuild_trigger``, importing and checking each class once per triggerer."""
+    def _rebuild(self, classpath: str, kwargs: dict[str, Any], sealed: bool = True) -> BaseTrigger:
+        """``rebuild_trigger``, importing and checking each class once per triggerer; a
+        trigger that runs commands only from ``sealed`` kwargs."""
         if self._allow is not None:
             check_classpath(self._allow, classpath)  # before the import
         cls = self._classes.get(classpath)
@@ -172,13 +173,19 @@ class Claimer:
             cls = self._classes.load(classpath)
         if self._allow is not None:
             check_import_paths(self._allow, classpath, cls, kwargs)  # before __init__ imports
+        if not sealed and getattr(cls, "runs_commands", False):
+            raise TriggerNotAllowed(
+                f"trigger {classpath} runs a command its kwargs hold, and this row's kwargs "
+                "were stored in plaintext while the engine has an encryption key: no engine "
+                "process wrote them, so the command is not run"
+            )
         return rebuild_trigger(classpath, kwargs, cls)
 
     def _start(self, row: ClaimedTrigger) -> None:
         classpath = self._classpaths.setdefault(row.classpath, row.classpath)
         held = self._state.held.take(row.id, row.fence, classpath)
         try:
-            trigger = self._rebuild(classpath, decode_value(row.kwargs))
+            trigger = self._rebuild(classpath, decode_value(row.kwargs), row.sealed)
         except Exception as exc:
             self._outcomes.emit(
                 TriggerOutcome(

@@ -13,9 +13,10 @@ from aiohttp import web
 from engine.store import Store
 from engine.store.downstream import settle
 from engine.store.models import MovedTask
+from engine.store.overrides import MARK_STATES, RUN_MARK_STATES, NoSuchTarget
 from engine.web import hooks
 from engine.web.guard import local_path
-from engine.web.views import dag_url, task_url
+from engine.web.views import dag_url, run_url, task_url
 
 __all__ = ["ACTION_ROUTES", "TOKEN_ENV", "authorized"]
 
@@ -51,33 +52,84 @@ def _back(form: Any, default: str) -> web.HTTPSeeOther:
     return web.HTTPSeeOther(local_path(form.get("next")) or default)
 
 
-async def _task(store: Store, form: Any) -> tuple[int, str, str]:
-    dag_id, run_id, task_id = (_field(form, n) for n in ("dag_id", "run_id", "task_id"))
-    ti = await store.task_try(dag_id, run_id, task_id)
-    if ti is None:
-        raise web.HTTPNotFound(text=f"no task {task_id!r} in run {run_id!r} of DAG {dag_id!r}")
-    return ti.id, f"{dag_id}/{run_id}/{task_id}", task_url(dag_id, run_id, task_id)
-
-
 async def _settled(store: Store, moved: list[MovedTask]) -> None:
     await settle(store, moved, woke=any(m.state == "scheduled" for m in moved))
 
 
+def _flag(form: Any, name: str) -> bool:
+    """An optional checkbox (``downstream``, ``upstream``): on when sent as 1/true/yes/on."""
+    return str(form.get(name, "")).lower() in ("1", "true", "yes", "on")
+
+
+async def _targets(store: Store, form: Any) -> tuple[list[int], str]:
+    """The task instances an action on the form's task reaches (with its ``downstream`` and
+    ``upstream`` choices), as the command line selects them; its page to go back to."""
+    dag_id, run_id, task_id = (_field(form, n) for n in ("dag_id", "run_id", "task_id"))
+    try:
+        targets = await store.override_targets(
+            dag_id,
+            run_id,
+            [task_id],
+            downstream=_flag(form, "downstream"),
+            upstream=_flag(form, "upstream"),
+        )
+    except NoSuchTarget as exc:
+        raise web.HTTPNotFound(text=str(exc)) from None
+    return [t.id for t in targets], task_url(dag_id, run_id, task_id)
+
+
 async def clear(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
-    ti_id, _target, page = await _task(store, form)
-    # (The store's clear: a running try is stopped first; audited and settled there.)
-    await store.clear_task(ti_id, who=actor)
+    ids, page = await _targets(store, form)
+    # (The store's clear, as `deferral tasks clear` runs it: a running try is stopped first,
+    # XComs dropped; audited and settled there.)
+    await store.clear_tasks(ids, who=actor)
     raise _back(form, page)
 
 
 async def mark(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
     state = _field(form, "state")
-    if state not in ("success", "failed"):
-        raise web.HTTPBadRequest(text="state must be success or failed")
-    ti_id, _target, page = await _task(store, form)
-    # (The store's mark: a running try is stopped; audited and settled there.)
-    await store.mark_task(ti_id, state, who=actor)
+    if state not in MARK_STATES:
+        raise web.HTTPBadRequest(text="state must be success, failed or skipped")
+    ids, page = await _targets(store, form)
+    # (The store's mark, as `deferral tasks mark-*` runs it: a running try is stopped;
+    # audited and settled there.)
+    await store.mark_tasks(ids, state, who=actor)
     raise _back(form, page)
+
+
+async def _run_of(store: Store, form: Any) -> tuple[str, str]:
+    dag_id, run_id = _field(form, "dag_id"), _field(form, "run_id")
+    if await store.get_dag_run(dag_id, run_id) is None:
+        raise web.HTTPNotFound(text=f"no run {run_id!r} of DAG {dag_id!r}")
+    return dag_id, run_id
+
+
+async def clear_run(
+    request: web.Request, store: Store, form: Any, actor: str
+) -> web.StreamResponse:
+    dag_id, run_id = await _run_of(store, form)
+    # (As `deferral runs clear`: every task instance, or with only_failed the failed ones.)
+    try:
+        targets = await store.override_targets(
+            dag_id, run_id, only_failed=_flag(form, "only_failed")
+        )
+    except NoSuchTarget as exc:
+        raise web.HTTPNotFound(text=str(exc)) from None
+    await store.clear_tasks([t.id for t in targets], who=actor)
+    raise _back(form, run_url(dag_id, run_id))
+
+
+async def mark_run(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
+    state = _field(form, "state")
+    if state not in RUN_MARK_STATES:
+        raise web.HTTPBadRequest(text="a run's state must be success or failed")
+    dag_id, run_id = await _run_of(store, form)
+    # (As `deferral runs mark-*`: the tasks marked and the run ended in one transaction.)
+    try:
+        await store.mark_run(dag_id, run_id, state, who=actor)
+    except NoSuchTarget as exc:
+        raise web.HTTPNotFound(text=str(exc)) from None
+    raise _back(form, run_url(dag_id, run_id))
 
 
 async def pause(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:
@@ -116,6 +168,8 @@ async def cancel_trigger(
 ACTION_ROUTES: dict[str, Action] = {
     "/actions/clear": clear,
     "/actions/mark": mark,
+    "/actions/clear-run": clear_run,
+    "/actions/mark-run": mark_run,
     "/actions/pause": pause,
     "/actions/cancel-trigger": cancel_trigger,
 }

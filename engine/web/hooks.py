@@ -52,7 +52,7 @@ async def task_log_lines(
 ) -> list[str] | None:
     """The log of the task's try ``try_number`` (None: its latest), oldest line first (up to
     ``LOG_PAGE_LINES``)."""
-    logs = await store.task_logs(ti.dag_id, ti.run_id, ti.task_id, try_number, limit=LOG_PAGE_LINES)
+    logs = await store.task_logs(ti.dag_id, ti.run_id, ti.name, try_number, limit=LOG_PAGE_LINES)
     return [_line(line) for line in logs.lines]
 
 
@@ -68,7 +68,7 @@ async def try_xcoms(store: Store, ti: TaskTry, try_number: int) -> list[tuple[st
     if try_number != ti.try_number:
         return None
     try:
-        found = await store.xcom_of_task(ti.dag_id, ti.run_id, ti.task_id)
+        found = await store.xcom_of_task(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
     except UnreadableValue as exc:
         return [("(unreadable)", str(exc))]
     return [
@@ -91,7 +91,7 @@ async def try_trigger_logs(
     """The lines of the triggers try ``try_number`` of the task waited on and that logged,
     (trigger id, its lines) each, also after they fired, the latest :data:`TRIGGER_LOGS_SHOWN`
     of them; not trigger ``besides`` (the one the page shows as the current wait)."""
-    logs = await store.task_logs(ti.dag_id, ti.run_id, ti.task_id, try_number, limit=0)
+    logs = await store.task_logs(ti.dag_id, ti.run_id, ti.name, try_number, limit=0)
     shown = []
     # (The latest few: a try that deferred again and again would cost a read each.)
     for trigger_id in logs.trigger_ids[-TRIGGER_LOGS_SHOWN:]:

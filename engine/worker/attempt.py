@@ -30,7 +30,8 @@ from engine.runtime.crashpoints import crash_point
 from engine.runtime.retry import with_db_retry
 from engine.store import ClaimedTask, Store
 from engine.usercode import guard as usercode
-from engine.worker import isolation, templating, xcom
+from engine.worker import isolation, mapping, templating, xcom
+from engine.worker.callbacks import call_callbacks
 from engine.worker.outcomes import (
     Raised,
     TryOutcome,
@@ -42,9 +43,11 @@ from engine.worker.outcomes import (
     worker_cancelled,
 )
 from engine.worker.trylogs import TryLogs
-from operators.base import BaseOperator, Context
+from operators.base import BaseOperator, Context, MappedOperator
+from operators.callbacks import callbacks_of
 from operators.xcom import current_context
 from triggers.base import decode_value, encode_value
+from triggers.values import encode_data
 
 __all__ = ["Attempts"]
 
@@ -82,6 +85,8 @@ class Attempts:
         stopping: Mapping[tuple[int, int], str],
         freed: Callable[[bool], None],
         xcom_max_bytes: int,
+        callback_timeout_s: float = 60.0,
+        max_map_length: int = 1024,
     ) -> None:
         self._store = store
         self._dagbag = dagbag
@@ -92,6 +97,10 @@ class Attempts:
         self._freed = freed
         #: Setting xcom_max_bytes: the largest return value or pushed XCom, encoded.
         self._xcom_max_bytes = xcom_max_bytes
+        #: Setting callback_timeout_s: how long on_execute_callback may run.
+        self._callback_timeout_s = callback_timeout_s
+        #: Setting max_map_length: the most instances of one mapped task.
+        self._max_map_length = max_map_length
         self._limiter = anyio.CapacityLimiter(slots)
         self._dag_lock = anyio.Lock()
         #: Threads of tries failed at their execution_timeout (or told to stop) that still run
@@ -113,6 +122,12 @@ class Attempts:
 
     async def _run(self, ti: ClaimedTask, worker_id: int) -> TryOutcome:
         op = await self._operator(ti)
+        if isinstance(op, MappedOperator):
+            # Expand it (map index -1), or build the operator of this instance.
+            made = await mapping.prepare(op, ti, self._store, self._max_map_length)
+            if not isinstance(made, BaseOperator):
+                return made
+            op = made
         context = await self._context(op, ti, worker_id)
         fn, kwargs = _method(op, ti)
         remaining = _remaining_s(ti)
@@ -120,6 +135,14 @@ class Attempts:
             return timed_out(ti)
         if ti.next_method:
             crash_point("worker.resume.before_method")
+        elif op.on_execute_callback is not None:  # (before execute, not before a resume)
+            with current_context(context):
+                await call_callbacks(
+                    callbacks_of(op.on_execute_callback),
+                    (context,),
+                    timeout_s=self._callback_timeout_s,
+                    what="on_execute_callback",
+                )
         if getattr(op, "isolation", "none") == "process":
             return await self._in_child(op, ti, context, kwargs, remaining)
         call = functools.partial(fn, context, **kwargs)
@@ -275,6 +298,8 @@ class Attempts:
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             log_format="json",  # read back line by line and stored with the try's lines
             parent_pid=os.getpid(),
+            map_value=_map_value(op),
+            map_resolved=list(getattr(op, "mapped_resolved", None) or []),
         )
         try:
             outcome = await isolation.run_isolated(
@@ -304,6 +329,12 @@ def _method(op: BaseOperator, ti: ClaimedTask) -> tuple[Callable[..., Any], dict
     kwargs = decode_value(ti.next_kwargs) if ti.next_kwargs else {}
     kwargs["event"] = decode_value(ti.next_event) if ti.next_event else None
     return fn, kwargs
+
+
+def _map_value(op: BaseOperator) -> bytes | None:
+    """A mapped instance's own arguments, for its child process (None: not mapped)."""
+    values = getattr(op, "mapped_values", None)
+    return None if values is None else encode_data(values)
 
 
 def _remaining_s(ti: ClaimedTask) -> float | None:

@@ -9,6 +9,8 @@ from collections.abc import Callable
 import msgspec
 
 from engine.config import (
+    DEFAULT_CALLBACK_TIMEOUT_S,
+    DEFAULT_MAX_MAP_LENGTH,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
     DEFAULT_XCOM_MAX_BYTES,
@@ -50,6 +52,10 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     log_limits: LogLimits | None = None
     #: The largest return value or pushed XCom, encoded (setting ``xcom_max_bytes``).
     xcom_max_bytes: int = DEFAULT_XCOM_MAX_BYTES
+    #: How long a callback may run (setting ``callback_timeout_s``).
+    callback_timeout_s: float = DEFAULT_CALLBACK_TIMEOUT_S
+    #: The most instances of one mapped task (setting ``max_map_length``).
+    max_map_length: int = DEFAULT_MAX_MAP_LENGTH
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -73,4 +79,6 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
             default_deferrable=settings.default_deferrable,
             log_limits=LogLimits.from_settings(settings),
             xcom_max_bytes=settings.xcom_max_bytes,
+            callback_timeout_s=settings.callback_timeout_s,
+            max_map_length=settings.max_map_length,
         )

@@ -143,6 +143,8 @@ class TaskInstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str
     task_id: str
     try_number: int
+    #: The instance of a mapped task (0..n-1); -1: not mapped.
+    map_index: int = -1
 
 
 def build_context(
@@ -157,7 +159,7 @@ def build_context(
     )
     task_instance = TaskInstanceInfo(
         id=ti.id, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
-        try_number=ti.try_number,
+        try_number=ti.try_number, map_index=ti.map_index,
     )  # fmt: skip
     return {
         "dag_id": ti.dag_id,

@@ -87,6 +87,10 @@ class Request(msgspec.Struct, frozen=True):
     log_format: str = "text"
     #: The worker's pid: the child ends itself (and its process group) once it is gone.
     parent_pid: int = 0
+    #: A mapped instance's own arguments (``encode_data``; None: not mapped), and which of
+    #: them came from upstream XComs (not rendered as templates).
+    map_value: bytes | None = None
+    map_resolved: list[str] = []
 
 
 class ChildEnded(Exception):
@@ -256,12 +260,17 @@ def _locate(request: Request) -> Any:
     from engine.dags.dag import dags_of_module
     from engine.dags.dagbag import add_to_sys_path
     from engine.dags.dagparse import import_dag_file
+    from triggers.base import decode_value
 
     folder = add_to_sys_path(request.folder)
     module = import_dag_file(folder, Path(request.file))
     for dag in dags_of_module(module):
         if dag.dag_id == request.dag_id:
-            return dag.get_task(request.task_id)
+            op = dag.get_task(request.task_id)
+            if request.map_value is not None and hasattr(op, "unmap"):
+                # a mapped instance's own operator
+                return op.unmap(decode_value(request.map_value), request.map_resolved)
+            return op
     raise LookupError(f"the DAG file {request.file} defines no DAG {request.dag_id!r}")
 
 

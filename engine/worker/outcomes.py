@@ -27,6 +27,7 @@ import msgspec
 
 from engine.usercode.tracebacks import format_user_exception
 from operators.base import MAX_WAIT_S, FailTask, RescheduleRequested, SkipTask, TaskDeferred
+from operators.signals import SkipTasks
 from operators.xcom import RETURN_KEY, XComError
 from triggers.base import SerializedTrigger, encode_value
 from triggers.values import encode_data
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Deferred",
     "ExecutionTimeout",
+    "Expanded",
     "Failed",
     "InvalidDeferral",
     "Raised",
@@ -65,9 +67,12 @@ class InvalidDeferral(ValueError):
 
 class Returned(msgspec.Struct, frozen=True, tag="returned"):
     """The method returned: ``triggers.values.encode_data`` of its value (None for None), its
-    ``return_value`` XCom (the worker checks its size against ``xcom_max_bytes``)."""
+    ``return_value`` XCom (the worker checks its size against ``xcom_max_bytes``). ``skip``:
+    the tasks of the run a branching task skips (it returned
+    :class:`operators.signals.SkipTasks`)."""
 
     result: bytes | None
+    skip: tuple[str, ...] = ()
 
 
 class Raised(msgspec.Struct, frozen=True, tag="raised"):
@@ -106,7 +111,16 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
     message: str
 
 
-TryOutcome = Returned | Raised | Deferred | Rescheduled | Skipped | Failed
+class Expanded(msgspec.Struct, frozen=True, tag="expanded"):
+    """A mapped task's values are known: it becomes ``count`` task instances (the worker's
+    doing, not the task's: no call of the task's own ran), with each one's own arguments
+    encoded (None: each instance reads them from the upstream values itself)."""
+
+    count: int
+    values: list[bytes] | None = None
+
+
+TryOutcome = Returned | Raised | Deferred | Rescheduled | Skipped | Failed | Expanded
 
 
 def outcome_of_call(call: Callable[[], Any], *, task: str = "") -> TryOutcome:
@@ -196,11 +210,15 @@ def xcom_size_error(task: str, key: str, what: str, size: int, max_bytes: int) -
 
 def _returned(value: Any, task: str) -> Returned | Raised:
     """The return value as its ``return_value`` XCom, or why it cannot be stored (no
-    retry: the same value would be refused again)."""
+    retry: the same value would be refused again). A :class:`SkipTasks` is its value and the
+    tasks to skip."""
+    skip: tuple[str, ...] = ()
+    if isinstance(value, SkipTasks):
+        value, skip = value.value, value.task_ids
     if value is None:
-        return Returned(None)
+        return Returned(None, skip)
     try:
-        return Returned(encode_data(value))
+        return Returned(encode_data(value), skip)
     except (TypeError, ValueError, OverflowError) as exc:
         return Raised(xcom_type_error(task or "?", RETURN_KEY, exc), no_retry=True)
 

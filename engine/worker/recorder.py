@@ -29,6 +29,7 @@ from engine.store import ClaimedTask, Deferral, Store, TaskOutcome
 from engine.store.downstream import settle
 from engine.worker.outcomes import (
     Deferred,
+    Expanded,
     Failed,
     InvalidDeferral,
     Raised,
@@ -177,6 +178,8 @@ class Recorder:
                 log.info("skipped: %s", message)
             case Failed(message=message):
                 await self._record_failure(ti, worker_id, f"FailTask: {message}", no_retry=True)
+            case Expanded(count=count, values=values):
+                await self._record_expansion(ti, worker_id, count, values)
             case _:
                 assert_never(outcome)
 
@@ -212,6 +215,22 @@ class Recorder:
             deferral.method_name,
             f", timeout {deferral.timeout_s:.1f}s" if deferral.timeout_s is not None else "",
         )
+
+    async def _record_expansion(
+        self, ti: ClaimedTask, worker_id: int, count: int, values: list[bytes] | None
+    ) -> None:
+        """A mapped task becomes ``count`` instances (see engine/worker/mapping.py)."""
+        try:
+            made = await with_db_retry(
+                "expand",
+                lambda: self._store.expand_task(ti.id, worker_id, ti.try_number, count, values),
+            )
+        except Exception as exc:  # not transient: the database refused it
+            await self._refuse(ti, worker_id, "the mapped task could not be expanded", exc)
+            return
+        self._lost_if_not(made > 0, ti)
+        if made:
+            log.info("expanded into %d mapped instances", made)
 
     async def _record_reschedule(self, ti: ClaimedTask, worker_id: int, at: dt.datetime) -> None:
         # (The try may have run a while since the claim: allow for a day of that.)

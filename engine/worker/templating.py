@@ -249,9 +249,11 @@ def prepare(op: BaseOperator) -> Prepared:
     if not templated:  # the common case: no Jinja environment, nothing compiled
         return Prepared(op, fields, frozenset())
     env = env_for(op)
+    # (A mapped instance's arguments read from upstream XComs are values, not templates.)
+    resolved = frozenset(getattr(op, "resolved_value_ids", ()) or ())
     for name, value in templated:
         try:
-            compiled, found = _compile_value(env, value, ext, set())
+            compiled, found = _compile_value(env, value, ext, set(resolved))
         except jinja2.TemplateError as exc:
             raise _error(op, name, exc, None, env) from None
         if found is not None:
@@ -264,7 +266,10 @@ def _compile_value(
     env: Env, value: Any, ext: tuple[str, ...], seen: set[int]
 ) -> tuple[Any, set[str] | None]:
     """``value`` with its templates compiled and the names they read; None instead of the
-    names when it holds no template (an empty set: templates that read no variable)."""
+    names when it holds no template (an empty set: templates that read no variable). A value
+    in ``seen`` is left as it is."""
+    if id(value) in seen:
+        return value, None
     if isinstance(value, str):
         if ext and value.endswith(ext):
             tpl = env.from_file(value)

@@ -61,7 +61,7 @@ class TryLogs:
         # (A try this claim started has nothing stored yet: its total starts at 0.)
         fresh = ti.next_method is None and ti.try_started_at == ti.db_now
         token = self.sink.bind_task(
-            ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, fresh=fresh
+            ti.id, ti.dag_id, ti.run_id, ti.name, ti.try_number, fresh=fresh
         )
         try:
             yield

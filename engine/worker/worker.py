@@ -29,6 +29,7 @@ from engine.store import CHANNEL_STOP, CHANNEL_TASKS, ClaimedTask, Store
 from engine.usercode import guard as usercode
 from engine.worker import registration
 from engine.worker.attempt import Attempts
+from engine.worker.callbacks import CallbackRunner
 from engine.worker.config import WorkerConfig
 from engine.worker.outcomes import describe
 from engine.worker.recorder import Recorder
@@ -100,6 +101,20 @@ class Worker:
             stopping=self._leaving,
             freed=self._slot_freed,
             xcom_max_bytes=config.xcom_max_bytes,
+            max_map_length=config.max_map_length,
+            callback_timeout_s=config.callback_timeout_s,
+        )
+        #: Runs the callbacks of outcomes (written by whoever wrote the outcome) and alerts.
+        self.callbacks = CallbackRunner(
+            store,
+            dagbag,
+            self.logs,
+            queues=config.queues,
+            timeout_s=config.callback_timeout_s,
+            limit=slots,
+            poll_interval_s=config.poll_interval_s,
+            default_deferrable=config.default_deferrable,
+            xcom_max_bytes=config.xcom_max_bytes,
         )
         #: Writes how each try ended (``allow``: the trigger allow-list, setting trigger_allow).
         self.recorder = Recorder(
@@ -150,6 +165,7 @@ class Worker:
                 tg.start_soon(self._heartbeat_loop, listener)
                 tg.start_soon(self.recorder.run, name="worker-writer")
                 tg.start_soon(self.logs.run, name="worker-logs")
+                tg.start_soon(self.callbacks.run, self._registration, name="worker-callbacks")
                 task_status.started()
                 async with anyio.create_task_group() as tasks:
                     await self._claim_loop(tasks)
@@ -175,6 +191,10 @@ class Worker:
                             describe(run.ti),
                         )
                     tasks.cancel_scope.cancel()
+                # (A callback cut short runs again on another worker: let it finish.)
+                self.callbacks.stop()
+                with anyio.move_on_after(self.shutdown_grace_s):
+                    await self.callbacks.drain()
                 tg.cancel_scope.cancel()
         finally:
             with anyio.move_on_after(5, shield=True):
@@ -182,6 +202,10 @@ class Worker:
                 if self.id is not None and not self.running:
                     await registration.unregister(self.store, self.id)
             log.info("worker %s stopped", self.id)
+
+    def _registration(self) -> int | None:
+        """The worker's current registration (None: not registered)."""
+        return self.id
 
     async def _register(self) -> int:
         worker_id = await registration.register(self.store, self.slots, self.queues)
@@ -208,6 +232,7 @@ class Worker:
                 self._keepalive.poke()
             return
         self._wake.set()
+        self.callbacks.wake()
 
     async def _claim_loop(self, tasks: anyio.abc.TaskGroup) -> None:
         backoff = Backoff()
@@ -350,7 +375,7 @@ class Worker:
         assert worker_id is not None
         key = (ti.id, ti.try_number)
         with (
-            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.task_id, attempt=ti.try_number),
+            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.name, attempt=ti.try_number),
             self.logs.bound(ti),
         ):
             try:

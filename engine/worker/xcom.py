@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from engine.masking import redact
 from engine.runtime.retry import with_db_retry
+from engine.store.downstream import settle
+from engine.worker.mapping import ref_value
 from engine.worker.outcomes import (
     Deferred,
     Raised,
@@ -53,6 +56,8 @@ __all__ = [
     "write_pushes",
 ]
 
+
+log = logging.getLogger(__name__)
 
 #: The ``ti`` of the try this asyncio task (one per try on the worker) runs.
 _bound: ContextVar[RuntimeTaskInstance | None] = ContextVar("deferral_xcom_ti", default=None)
@@ -90,7 +95,30 @@ async def finish_try(
             return Raised(why, no_retry=True)
     if isinstance(outcome, Returned | Deferred | Rescheduled | Skipped):
         await write_pushes(store, ti, worker_id)
+    if isinstance(outcome, Returned) and outcome.skip:
+        await skip_tasks(store, ti, worker_id, outcome.skip)
     return outcome
+
+
+async def skip_tasks(
+    store: Store, ti: ClaimedTask, worker_id: int, task_ids: Sequence[str]
+) -> None:
+    """A branching try skips ``task_ids`` (those still pending) before its success is written,
+    so that its downstream tasks, resolved once it succeeds, find them skipped; their own
+    downstreams are resolved at once (skipping propagates by the trigger rules)."""
+    moved = await with_db_retry(
+        "skip the tasks a branch does not follow",
+        lambda: store.skip_branch_tasks(ti.id, worker_id, ti.try_number, task_ids),
+    )
+    if moved:
+        log.info(
+            "%s.%s (run %s) skipped %s",
+            ti.dag_id,
+            ti.task_id,
+            ti.run_id,
+            ", ".join(m.task_id for m in moved),
+        )
+    await settle(store, moved)
 
 
 class RuntimeTaskInstance:
@@ -109,8 +137,8 @@ class RuntimeTaskInstance:
         self.run_id = ti.run_id
         self.task_id = ti.task_id
         self.try_number = ti.try_number
-        #: Not a mapped task instance.
-        self.map_index = -1
+        #: The instance of a mapped task (0..n-1); -1: not mapped.
+        self.map_index = ti.map_index
         self._store = store
         self._max_bytes = max_bytes
         self._loop = loop
@@ -155,8 +183,10 @@ class RuntimeTaskInstance:
         """The XCom ``key`` of ``task_ids`` in this run (or in run ``run_id`` of ``dag_id``):
         one task id (or None: whichever task has one, the latest) gives its value, or
         ``default`` when it has none; a list of task ids gives a list of the values found, in
-        the order of ``task_ids``. From a worker thread (a ``def`` task, templates); an
-        ``async def`` task awaits :meth:`xcom_pull_async`."""
+        the order of ``task_ids``. A mapped task's value is the list of its instances' values
+        in map index order; ``map_indexes`` picks instances (an int: that one's value; a list:
+        a list). From a worker thread (a ``def`` task, templates); an ``async def`` task
+        awaits :meth:`xcom_pull_async`."""
         call = self.xcom_pull_async(
             task_ids, key, dag_id, run_id, map_indexes, default, include_prior_dates
         )
@@ -198,17 +228,32 @@ class RuntimeTaskInstance:
             wanted = list(task_ids)
             if not all(isinstance(t, str) for t in wanted):
                 raise TypeError(f"task_ids must be a str or a list of str, got {task_ids!r}")
-        if map_indexes is not None and not (
-            map_indexes == -1 or (not isinstance(map_indexes, int) and -1 in list(map_indexes))
-        ):
-            # No task instance is mapped: only index -1 (an unmapped one) has values.
-            return default if single else []
+        indexes: list[int] | None = None
+        if isinstance(map_indexes, int):
+            indexes = [map_indexes]
+        elif map_indexes is not None:
+            indexes = list(map_indexes)
+            if not all(isinstance(i, int) for i in indexes):
+                raise TypeError(f"map_indexes must be an int or a list of int, got {map_indexes!r}")
         rows = await self._read(dag_id or self.dag_id, run_id or self.run_id, wanted, key)
+        if indexes is not None:
+            rows = [row for row in rows if row.map_index in indexes]
         if single:
-            return decode_value(rows[0].value) if rows else default
-        by_task = {row.task_id: row for row in rows}
-        order = wanted if wanted is not None else sorted(by_task)
-        return [decode_value(by_task[t].value) for t in order if t in by_task]
+            if not rows:
+                return default
+            first = rows[0]
+            if map_indexes is not None or first.map_index < 0:
+                return decode_value(first.value)
+            # A mapped task: its instances' values, by map index (as Airflow gives them).
+            return [decode_value(r.value) for r in rows if r.task_id == first.task_id]
+        order = wanted if wanted is not None else sorted({row.task_id for row in rows})
+        rank = {t: n for n, t in enumerate(order)}
+        slot = {i: n for n, i in enumerate(indexes)} if indexes is not None else {}
+        found = sorted(
+            (row for row in rows if row.task_id in rank),
+            key=lambda row: (rank[row.task_id], slot.get(row.map_index, row.map_index)),
+        )
+        return [decode_value(row.value) for row in found]
 
     async def _read(
         self, dag_id: str, run_id: str, task_ids: Sequence[str] | None, key: str
@@ -216,6 +261,31 @@ class RuntimeTaskInstance:
         store = self._store
         return await with_db_retry(
             "pull XComs", lambda: store.pull_xcom(dag_id, run_id, task_ids, key)
+        )
+
+    # -- other runs ------------------------------------------------------------------------
+
+    async def trigger_dag_run(
+        self,
+        dag_id: str,
+        *,
+        run_id: str | None = None,
+        conf: dict[str, Any] | None = None,
+        logical_date: Any = None,
+        reset: bool = False,
+    ) -> dict[str, Any]:
+        """Create a run of ``dag_id`` (what ``TriggerDagRunOperator`` does; see
+        :func:`engine.worker.dagruns.trigger_dag_run`), from the worker's loop."""
+        from engine.worker.dagruns import trigger_dag_run
+
+        return await trigger_dag_run(
+            self._store,
+            f"task {_task_name(self.dag_id, self.task_id)} (run {self.run_id})",
+            dag_id,
+            run_id=run_id,
+            conf=dict(conf or {}),
+            logical_date=logical_date,
+            reset=reset,
         )
 
     def info(self) -> dict[str, Any]:
@@ -226,6 +296,7 @@ class RuntimeTaskInstance:
             "run_id": self.run_id,
             "task_id": self.task_id,
             "try_number": self.try_number,
+            "map_index": self.map_index,
         }
 
 
@@ -277,10 +348,14 @@ async def resolve_refs(
             if ref.key == RETURN_KEY or getattr(ref.operator, "multiple_outputs", False):
                 may_lack.add((ref.task_id, ref.key))
     values: dict[tuple[str, str], Any] = dict.fromkeys(may_lack)
+    refs = {(ref.task_id, ref.key): ref for v in fields.values() for ref in find_refs(v)}
     for key, task_ids in by_key.items():
         rows = await rti._read(rti.dag_id, rti.run_id, sorted(task_ids), key)
-        for row in rows:
-            values[(row.task_id, key)] = decode_value(row.value)
+        for task_id in task_ids:
+            # (a mapped task's value: the list of its instances' values, by map index)
+            found = ref_value(refs[(task_id, key)], rows, default=_NONE)
+            if found is not _NONE:
+                values[(task_id, key)] = found
         missing = sorted(t for t in task_ids if (t, key) not in values)
         if missing:
             raise XComError(
@@ -291,6 +366,9 @@ async def resolve_refs(
         setattr(op, name, replace_refs(value, values))
         if rendered is not None and name in rendered:
             rendered[name] = redact(jsonable(getattr(op, name)))
+
+
+_NONE = object()
 
 
 def plain_context(context: Any) -> Any:

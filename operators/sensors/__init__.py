@@ -8,12 +8,14 @@
 * :mod:`~operators.sensors.http`: ``HttpSensor``;
 * :mod:`~operators.sensors.sql`: ``SqlSensor``;
 * :mod:`~operators.sensors.external_task`: ``ExternalTaskSensor``;
-* :mod:`~operators.sensors.python`: ``PythonSensor`` (also re-exported by ``operators.python``).
+* :mod:`~operators.sensors.python`: ``PythonSensor`` (also re-exported by ``operators.python``);
+* :mod:`~operators.sensors.bash`: ``BashSensor``.
 
 ``from operators.sensors import FileSensor`` (and every name below) is the public path.
 """
 
 from operators.sensors.base import BaseSensorOperator, SensorConditionFailed, SensorTimeout
+from operators.sensors.bash import BashSensor
 from operators.sensors.external_task import ExternalTaskSensor
 from operators.sensors.file import FileSensor
 from operators.sensors.http import HttpSensor
@@ -23,6 +25,7 @@ from operators.sensors.temporal import DateTimeSensor, TimeDeltaSensor
 
 __all__ = [
     "BaseSensorOperator",
+    "BashSensor",
     "DateTimeSensor",
     "ExternalTaskSensor",
     "FileSensor",

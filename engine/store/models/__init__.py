@@ -25,7 +25,7 @@ from engine.store.models.logstore import (
     TriggerLogRow,
     TriggerLogs,
 )
-from engine.store.models.overrides import Override
+from engine.store.models.overrides import Override, OverrideTarget, RunOverride
 from engine.store.models.pools import PoolRow
 from engine.store.models.runs import (
     Dag,
@@ -58,6 +58,7 @@ from engine.store.models.tasks import (
     StopRequest,
     TaskClaim,
     TaskOutcome,
+    ti_name,
 )
 from engine.store.models.triggers import (
     ClaimedTrigger,
@@ -101,11 +102,13 @@ __all__ = [
     "NextRun",
     "OldestWait",
     "Override",
+    "OverrideTarget",
     "PoolRow",
     "PoolTask",
     "PrevRun",
     "RefusedTrigger",
     "RunFilter",
+    "RunOverride",
     "RunRow",
     "RunSquare",
     "RunWait",
@@ -137,4 +140,5 @@ __all__ = [
     "WhyTask",
     "WorkLeft",
     "WorkerRow",
+    "ti_name",
 ]

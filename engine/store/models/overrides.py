@@ -6,6 +6,8 @@ import msgspec
 
 __all__ = [
     "Override",
+    "OverrideTarget",
+    "RunOverride",
 ]
 
 
@@ -29,3 +31,27 @@ class Override(msgspec.Struct, frozen=True, kw_only=True):
     stopping_worker_id: int | None
     #: The trigger it was waiting on and left (None: it was not deferred).
     left_trigger_id: int | None
+
+
+class OverrideTarget(msgspec.Struct, frozen=True, kw_only=True):
+    """A task instance a clear or a mark would change (``override_targets``), as it is now."""
+
+    id: int
+    dag_id: str
+    run_id: str
+    task_id: str
+    state: str
+    try_number: int
+    #: Why it is in: ``task`` (named), ``downstream`` or ``upstream`` (of a named one).
+    relation: str
+
+
+class RunOverride(msgspec.Struct, frozen=True, kw_only=True):
+    """A run marked as a whole (``mark_run``): its state before and after, and the task
+    instances the mark changed."""
+
+    dag_id: str
+    run_id: str
+    was: str
+    state: str
+    tasks: list[Override]

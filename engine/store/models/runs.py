@@ -118,6 +118,8 @@ class TaskInstance(msgspec.Struct, frozen=True, kw_only=True):
     #: What the templated fields rendered to at the start of the latest try (field → value);
     #: None when nothing was rendered.
     rendered_fields: dict[str, Any] | None = None
+    #: The instance of a mapped task (0..n-1); -1: not mapped.
+    map_index: int = -1
 
 
 class DagRunSummary(msgspec.Struct, frozen=True, kw_only=True):

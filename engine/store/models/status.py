@@ -117,6 +117,13 @@ class GridCell(msgspec.Struct, frozen=True, kw_only=True):
     duration_s: float | None
     trigger_id: int | None
     upstream: list[str]
+    #: The instance of a mapped task (0..n-1); -1: not mapped.
+    map_index: int = -1
+
+    @property
+    def name(self) -> str:
+        """``task_id``, or ``TASK[i]`` for a mapped instance (its page's address)."""
+        return self.task_id if self.map_index < 0 else f"{self.task_id}[{self.map_index}]"
 
 
 class TaskTry(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,6 +167,14 @@ class TaskTry(msgspec.Struct, frozen=True, kw_only=True):
     #: What the templated fields rendered to at the start of the latest try (field → value);
     #: None when nothing was rendered.
     rendered_fields: dict[str, Any] | None = None
+    #: The instance of a mapped task (0..n-1); -1: not mapped.
+    map_index: int = -1
+
+    @property
+    def name(self) -> str:
+        """``task_id``, or ``TASK[i]`` for a mapped instance (its page's address, and the name
+        its tries and log lines are kept under)."""
+        return self.task_id if self.map_index < 0 else f"{self.task_id}[{self.map_index}]"
 
 
 class TriggerListing(msgspec.Struct, frozen=True, kw_only=True):

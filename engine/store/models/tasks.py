@@ -17,6 +17,7 @@ __all__ = [
     "StopRequest",
     "TaskClaim",
     "TaskOutcome",
+    "ti_name",
 ]
 
 
@@ -43,6 +44,24 @@ class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
     data_interval_start: dt.datetime | None = None
     data_interval_end: dt.datetime | None = None
     run_type: str = "manual"
+    #: The instance of a mapped task (0..n-1); -1: not mapped, or a mapped task not yet
+    #: expanded (the worker expands it).
+    map_index: int = -1
+    #: A mapped instance's own arguments as its expansion read them (encoded; None: not
+    #: mapped, or read from the upstream values again).
+    map_value: bytes | None = None
+
+    @property
+    def name(self) -> str:
+        """The task instance's name where rows are keyed by names (tries, log lines): its
+        task id, or ``TASK[i]`` for mapped instance i."""
+        return ti_name(self.task_id, self.map_index)
+
+
+def ti_name(task_id: str, map_index: int) -> str:
+    """``task_id``, or ``task_id[map_index]`` for a mapped instance (the store's
+    ``deferral_ti_name``; how the CLI and the status page address it)."""
+    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
 
 
 class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):

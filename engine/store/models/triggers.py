@@ -31,6 +31,9 @@ class ClaimedTrigger(msgspec.Struct, frozen=True, kw_only=True):
     fence: int
     timeout_at: dt.datetime | None
     db_now: dt.datetime
+    #: Its kwargs were stored encrypted with a configured key (or no key is configured, and
+    #: nothing is): False for a plaintext row while keys exist, which no engine process wrote.
+    sealed: bool = True
 
 
 class TriggerOutcome(msgspec.Struct, frozen=True, kw_only=True):

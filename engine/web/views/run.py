@@ -22,7 +22,7 @@ def _duration(c: GridCell) -> str:
 
 
 TASK_COLUMNS: list[Column] = [
-    Column("task", lambda c: c.task_id),
+    Column("task", lambda c: c.name),
     Column("state", lambda c: state_square(c.state)),
     Column("try", lambda c: c.try_number, numeric=True),
     Column("started", lambda c: _when(c.started_at)),
@@ -64,7 +64,7 @@ async def run_page(
     if dag is None or sum(counts.values()) <= MAX_DRAWN_TASKS:
         every = await store.run_task_grid(run.id)
     columns = [
-        Column("task", lambda c: Link(c.task_id, task_url(dag_id, run_id, c.task_id))),
+        Column("task", lambda c: Link(c.name, task_url(dag_id, run_id, c.name))),
         *TASK_COLUMNS[1:],
     ]
     return {

@@ -24,7 +24,7 @@ class TrySelector:
     def __init__(self, ti: TaskTry, tries: list[TryRecord], shown: int) -> None:
         self.shown = shown
         self.items = [
-            (t.try_number, t.state, task_url(ti.dag_id, ti.run_id, ti.task_id, t.try_number))
+            (t.try_number, t.state, task_url(ti.dag_id, ti.run_id, ti.name, t.try_number))
             for t in tries
         ]
 
@@ -113,12 +113,25 @@ def _deferral(ti: TaskTry) -> list[tuple[str, Any]]:
     ]
 
 
+async def _mapped_address(store: Store, dag_id: str, run_id: str, name: str) -> None:
+    """NotFound saying which instances there are, for an address that names none of a
+    mapped task's (TASK alone, TASK[7] out of range, TASK[x])."""
+    from engine.client.mapaddr import BadAddress, check_instance, parse_task
+
+    try:
+        task_id, index = parse_task(name)
+        await check_instance(store, dag_id, run_id, task_id, index)
+    except BadAddress as exc:
+        raise NotFound(str(exc)) from None
+
+
 async def task_page(
     store: Store, dag_id: str, run_id: str, task_id: str, try_number: int | None = None
 ) -> dict[str, Any]:
     """The task instance's page, showing try ``try_number`` (None: the latest)."""
     ti = await store.task_try(dag_id, run_id, task_id)
     if ti is None:
+        await _mapped_address(store, dag_id, run_id, task_id)
         raise NotFound(f"no task {task_id!r} in run {run_id!r} of DAG {dag_id!r}")
     tries = latest_tries(await store.task_tries(dag_id, run_id, task_id))
     by_number = {t.try_number: t for t in tries}
