@@ -124,6 +124,9 @@ class _Probed(Component, Protocol):
     def health_checks(self) -> dict[str, Check]: ...
 
 
+#: The process kinds whose pool is opened in full at start and kept (latency is their product).
+_WARM_POOL = frozenset({"worker", "triggerer"})
+
 _MAKERS: dict[str, Callable[[Store, Settings, Metrics], _Probed]] = {
     "worker": make_worker,
     "triggerer": make_triggerer,
@@ -138,7 +141,9 @@ async def run_component(kind: str, settings: Settings) -> None:
     supervisor = supervisor_fd()
     sock = inherited_socket() or _metrics_socket(settings)
     metrics = use_metrics(Metrics(max_series=settings.metrics_max_series, kind=kind))
-    store = await open_store(settings)
+    # Workers and triggerers open their whole pool now: a burst of resumes or events must not
+    # wait for new connections (see create_pool).
+    store = await open_store(settings, warm=kind in _WARM_POOL)
     try:
         made = _MAKERS[kind](store, settings, metrics)
         component: Component = made

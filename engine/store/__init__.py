@@ -138,10 +138,13 @@ def database_url(settings: Settings) -> str:
     return url
 
 
-async def open_store(settings: Settings, *, migrate: bool = True) -> Store:
+async def open_store(settings: Settings, *, migrate: bool = True, warm: bool = False) -> Store:
     """Connect (starting the embedded server if needed) and bring the schema up to date, with
     the encryption keys the settings name (``MissingKeyError`` with an external database and
-    no key, unless ``insecure_dev``)."""
+    no key, unless ``insecure_dev``). ``warm``: all ``pool_size`` connections opened now and
+    kept (see ``create_pool``)."""
     keyring = keyring_from_settings(settings)
     url = await anyio.to_thread.run_sync(database_url, settings)
-    return await Store.connect(url, pool_size=settings.pool_size, migrate=migrate, keyring=keyring)
+    return await Store.connect(
+        url, pool_size=settings.pool_size, migrate=migrate, keyring=keyring, warm=warm
+    )

@@ -70,11 +70,19 @@ async def create_pool(
     *,
     pool_size: int,
     on_connect: Callable[[asyncpg.Connection], Any] | None = None,
+    warm: bool = False,
 ) -> asyncpg.Pool:
     """A pool whose connections encode and decode ``jsonb`` with msgspec (``on_connect`` also
     runs for each new one). A connection lost while starting (a killed backend, a restarting
     server) is tried again a few times; a database that cannot be reached at all still fails
-    soon, with its own error."""
+    soon, with its own error.
+
+    ``warm``: every connection is opened now and kept open however long it idles (else they
+    open on demand, from one, and close after 5 idle minutes). For the processes whose
+    latency is the product (workers, triggerers): a connection opened in a burst costs the
+    statements that wait for it a new backend, its authentication and its cold caches, some
+    50 to 200 ms on this machine's two cores, and a burst (the first due triggers of a
+    window, a fleet's condition coming true) is exactly when the pool grows."""
 
     async def init(conn: asyncpg.Connection) -> None:
         await _init_connection(conn)
@@ -85,7 +93,7 @@ async def create_pool(
         "connect to the database",
         lambda: asyncpg.create_pool(
             url,
-            min_size=1,
+            min_size=pool_size if warm else 1,
             max_size=pool_size,
             init=init,
             reset=_keep_session,

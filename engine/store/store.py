@@ -63,11 +63,13 @@ class Store(
         migrate: bool = True,
         on_connect: Callable[[asyncpg.Connection], Any] | None = None,
         keyring: Keyring | None = None,
+        warm: bool = False,
     ) -> Store:
         """``on_connect`` also runs for each new pooled connection (benchmarks attach a query
         logger with it). ``keyring``: the encryption keys (none: values stored in plaintext,
-        and encrypted ones cannot be read); processes get theirs from ``open_store``."""
-        pool = await create_pool(url, pool_size=pool_size, on_connect=on_connect)
+        and encrypted ones cannot be read); processes get theirs from ``open_store``.
+        ``warm``: the pool's connections are all opened now and kept (``create_pool``)."""
+        pool = await create_pool(url, pool_size=pool_size, on_connect=on_connect, warm=warm)
         store = cls(pool, url, keyring)
         if migrate:
             try:
