@@ -77,7 +77,7 @@ async def test_a_worker_or_triggerer_process_opens_its_pool_at_start(
 
         # The pool was opened before the process registered: its connections, and its
         # notification listener one more (connected after the registration). Grown on demand,
-        # an idle process would hold one pooled connection and its listener.
+        # an idle worker's pool reached 3 (claims, heartbeats, log writes at once).
         async def opened() -> bool:
             return await _backends(conn) >= PROCESS_POOL + 1
 
