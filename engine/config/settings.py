@@ -102,7 +102,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: `trigger` and `classpath` in a trigger's lines, `dag`, `run`, `task`, `attempt` in a
     #: task's).
     log_format: str = "text"
-    #: Connections in each process's pool.
+    #: Connections in each process's pool (workers and triggerers open them all at start and keep
+    #: them).
     pool_size: int = 8
     #: Event loop of the engine's processes: `uvloop` or `asyncio`.
     event_loop: str = "uvloop"
