@@ -16,6 +16,7 @@ from benchmarks.claims import claims
 from benchmarks.fleet import fleet
 from benchmarks.plots import plot
 from benchmarks.schedule import schedule
+from benchmarks.throughput import throughput
 from benchmarks.waits import waits
 from benchmarks.web import web
 
@@ -32,4 +33,5 @@ bench.add_command(fleet)
 bench.add_command(schedule)
 bench.add_command(claims)
 bench.add_command(web)
+bench.add_command(throughput)
 bench.add_command(plot)
