@@ -30,3 +30,8 @@ WHERE status IN ('picked', 'successful')
 -- name: pgq_left
 -- Jobs still in pgqueuer's queue (0 after a drain that lost nothing).
 SELECT count(*) FROM pgqueuer
+
+-- name: count_ended
+-- How many task instances of a DAG ended (the benchmark's progress poll).
+SELECT count(*) FROM deferral_task_instances
+WHERE dag_id = $1 AND state IN ('success', 'failed', 'skipped', 'upstream_failed')
