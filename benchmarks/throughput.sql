@@ -31,7 +31,12 @@ WHERE status IN ('picked', 'successful')
 -- Jobs still in pgqueuer's queue (0 after a drain that lost nothing).
 SELECT count(*) FROM pgqueuer
 
--- name: count_ended
--- How many task instances of a DAG ended (the benchmark's progress poll).
-SELECT count(*) FROM deferral_task_instances
-WHERE dag_id = $1 AND state IN ('success', 'failed', 'skipped', 'upstream_failed')
+-- name: count_progress
+-- How many task instances of a DAG ended, and how many of them were deferred at least once or
+-- ended (the benchmark's progress poll: deferring is progress too).
+SELECT count(*) FILTER (WHERE state IN ('success', 'failed', 'skipped', 'upstream_failed'))
+           AS ended,
+       count(*) FILTER (WHERE state IN ('success', 'failed', 'skipped', 'upstream_failed')
+                        OR next_method IS NOT NULL OR state = 'deferred') AS moved
+FROM deferral_task_instances
+WHERE dag_id = $1

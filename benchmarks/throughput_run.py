@@ -151,14 +151,14 @@ async def _drain_part(
         before = await cpu.snapshot(_engine_groups(fleet))
         opened = time.monotonic()
         await store.set_pool(DEFAULT_POOL, open_slots)
-        ended = 0
+        ended = moved = 0
         last_progress = time.monotonic()
         with console.status(f"{dag_id}: {n:,} tasks") as status:
             while ended < n:
                 await asyncio.sleep(0.25)
-                now_ended = await monitor.fetchval(Q["count_ended"], dag_id)
-                if now_ended > ended:
-                    ended, last_progress = now_ended, time.monotonic()
+                row = (await monitor.fetch(Q["count_progress"], dag_id))[0]
+                if (row["ended"], row["moved"]) != (ended, moved):
+                    ended, moved, last_progress = row["ended"], row["moved"], time.monotonic()
                     status.update(f"{dag_id}: {ended:,}/{n:,} ended")
                 if time.monotonic() - last_progress > STALL_S:
                     break
