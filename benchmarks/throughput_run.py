@@ -631,10 +631,11 @@ def plot_sweep(result: dict[str, Any], path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     machine = result["machine"]
+    loads = ", ".join(f"{r['load_avg_at_start'][0]:g}" for r in runs)
     ax.set_title(
         f"bench throughput: {result['workers']} workers x {result['slots']} slots, "
-        f"{machine['cpus']} CPUs",
-        fontsize=10,
+        f"{machine['cpus']} CPUs\n1-min load average at the start of each N: {loads}",
+        fontsize=9,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=80)

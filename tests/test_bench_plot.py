@@ -60,7 +60,11 @@ def test_plotting_without_matplotlib_fails_at_once_naming_the_extra(
 
 @pytest.mark.parametrize(
     ("saved", "kind"),
-    [("waits-10k-w10.json", "waits"), ("fleet-2000x8-w60.json", "fleet")],
+    [
+        ("waits-10k-w10.json", "waits"),
+        ("fleet-2000x8-w60.json", "fleet"),
+        ("throughput-sweep-2w100-run1.json", "throughput"),
+    ],
 )
 def test_bench_plot_draws_a_saved_result(saved: str, kind: str, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
