@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import click
 
 from benchmarks.plots import require_matplotlib
@@ -142,16 +143,30 @@ def throughput(**options: Any) -> None:
             f"--pgq-batch {batch} is more than half of --slots {slots}: pgqueuer requires "
             "max_concurrent_tasks >= 2 x batch_size"
         )
-    result = run_throughput(
-        sizes=sizes,
-        cycles=options["cycles"],
-        workers=options["workers"],
-        slots=slots,
-        pgq_batch=batch,
-        pgqueuer=pgqueuer,
-        keep_db=options["keep_db"],
-        dsn=options["dsn"],
-    )
+    dsn = options["dsn"]
+    if dsn is not None:
+        from engine.config.urls import database_url_problem
+
+        problem = database_url_problem(dsn)
+        if problem:
+            raise click.BadParameter(
+                f"not a PostgreSQL URL (postgresql://USER:PASSWORD@HOST:PORT/DATABASE): {problem}",
+                param_hint="--dsn",
+            )
+    try:
+        result = run_throughput(
+            sizes=sizes,
+            cycles=options["cycles"],
+            workers=options["workers"],
+            slots=slots,
+            pgq_batch=batch,
+            pgqueuer=pgqueuer,
+            keep_db=options["keep_db"],
+            dsn=dsn,
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        where = "the server of --dsn" if dsn else "the PostgreSQL server"
+        raise click.ClickException(f"cannot use {where}: {exc}") from None
     write_result(result, options["out"])
     print_table(result)
     if options["plot"]:

@@ -89,10 +89,21 @@ def test_throughput_without_pgqueuer_names_the_extra(monkeypatch: pytest.MonkeyP
         (["--slots", "10", "--pgq-batch", "6"], "max_concurrent_tasks >= 2 x batch_size"),
         (["--sweep", "1000,x"], "comma-separated list"),
         (["--sweep", "0"], "positive"),
+        (["--dsn", "localhost:5432"], "not a PostgreSQL URL"),
     ],
-    ids=["not-whole-runs", "batch-over-half", "sweep-not-numbers", "sweep-zero"],
+    ids=["not-whole-runs", "batch-over-half", "sweep-not-numbers", "sweep-zero", "dsn"],
 )
 def test_throughput_refuses_bad_input_before_running(args: list[str], message: str) -> None:
     result = CliRunner().invoke(bench, ["throughput", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_throughput_on_a_server_it_cannot_reach_says_so() -> None:
+    result = CliRunner().invoke(
+        bench,
+        ["throughput", "--tasks", "10", "--dsn", "postgresql://nobody@/none?host=/nonexistent"],
+    )
+    assert result.exit_code == 1
+    assert "cannot use the server of --dsn" in result.output
+    assert "Traceback" not in result.output
