@@ -13,8 +13,15 @@ __all__ = ["load_queries", "migrations", "schema_sql"]
 
 
 def load_queries() -> dict[str, str]:
-    """The store's named queries (parsed by the one parser of named SQL files)."""
-    return read_queries(__package__ or "engine.store", "queries.sql")
+    """The store's named queries (parsed by the one parser of named SQL files): those of
+    ``queries.sql`` and of ``assets.sql`` (assets and their events), one set of names."""
+    package = __package__ or "engine.store"
+    queries = read_queries(package, "queries.sql")
+    for name, sql in read_queries(package, "assets.sql").items():
+        if name in queries:
+            raise RuntimeError(f"query {name!r} is named in both queries.sql and assets.sql")
+        queries[name] = sql
+    return queries
 
 
 def schema_sql() -> str:

@@ -10,6 +10,7 @@ import asyncpg
 
 from engine.runtime.retry import with_db_retry
 from engine.security.keys import Keyring
+from engine.store.assets import AssetQueries
 from engine.store.callbacks import CallbackQueries
 from engine.store.connection import CONNECT_ATTEMPTS, Listener, create_pool
 from engine.store.endpoints import Endpoints
@@ -50,6 +51,7 @@ class Store(
     FleetStats,
     XComStore,
     CallbackQueries,
+    AssetQueries,
 ):
     """A pool of connections and one method per named query (or per transaction of them),
     each defined by the reader class of its part of the engine."""

@@ -218,6 +218,7 @@ class TaskQueries(StoreCore):
             [storable_opt(o.error) for o in outcomes],
             [o.no_retry for o in outcomes],
             [o.try_number for o in outcomes],
+            [o.asset_events for o in outcomes],
         )
         return structs(rows, FinishedTask)
 

@@ -8,6 +8,15 @@ output encodes them as they are). Import them from here (or the public ones from
 
 from __future__ import annotations
 
+from engine.store.models.assets import (
+    AssetEventRow,
+    AssetRecord,
+    AssetRow,
+    AssetRunCreated,
+    AssetWatcherRow,
+    NewAssetEvent,
+    RecordedAssetEvent,
+)
 from engine.store.models.browse import (
     GridCellCounts,
     GridRun,
@@ -75,6 +84,11 @@ from engine.store.models.variables import PrevRun, StoredConnection, VariableRow
 from engine.store.models.why import RunWait, TaskWait, WhyTask
 
 __all__ = [
+    "AssetEventRow",
+    "AssetRecord",
+    "AssetRow",
+    "AssetRunCreated",
+    "AssetWatcherRow",
     "AuditRow",
     "Backlog",
     "ClaimedTask",
@@ -98,6 +112,7 @@ __all__ = [
     "LogLine",
     "LoggedTry",
     "MovedTask",
+    "NewAssetEvent",
     "NewRun",
     "NextRun",
     "OldestWait",
@@ -106,6 +121,7 @@ __all__ = [
     "PoolRow",
     "PoolTask",
     "PrevRun",
+    "RecordedAssetEvent",
     "RefusedTrigger",
     "RunFilter",
     "RunOverride",
