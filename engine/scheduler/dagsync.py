@@ -94,7 +94,23 @@ async def sync_dags(
                 dag_id,
                 dagbag.folder,
             )
+    # The asset watchers the DAGs declare now run (or stop) on the triggerers.
+    await sync_watchers(store)
     return count
+
+
+async def sync_watchers(store: Store) -> None:
+    """Start the watchers of the assets the active DAGs use, stop the others (their trigger
+    rows, engine/store/watchers.py); a failure is logged, the scheduler's duty tries again."""
+    try:
+        done = await store.sync_watchers()
+    except Exception as exc:
+        log.warning(
+            "could not sync the asset watchers (%s: %s); trying later", type(exc).__name__, exc
+        )
+        return
+    if done.started or done.stopped:
+        log.info("asset watchers: %d started, %d stopped", done.started, done.stopped)
 
 
 async def in_daemon_thread(func: Callable[[], T], *, name: str) -> T:

@@ -1147,6 +1147,7 @@ WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id IS NOT DISTINCT FROM $1  -- s
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: lock_orphan_triggers
@@ -1156,6 +1157,7 @@ WHERE t.created_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 ORDER BY t.id
 FOR UPDATE OF t;
 
@@ -1167,6 +1169,7 @@ WHERE t.id = ANY ($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: list_triggers

@@ -27,6 +27,7 @@ from engine.store.status import StatusQueries
 from engine.store.tasks import TaskQueries
 from engine.store.triggers import TriggerQueries
 from engine.store.variables import VariableQueries
+from engine.store.watchers import WatcherQueries
 from engine.store.why import WhyQueries
 from engine.store.xcom import XComStore
 
@@ -52,6 +53,7 @@ class Store(
     XComStore,
     CallbackQueries,
     AssetQueries,
+    WatcherQueries,
 ):
     """A pool of connections and one method per named query (or per transaction of them),
     each defined by the reader class of its part of the engine."""

@@ -81,6 +81,13 @@ from engine.store.models.triggers import (
     WaitingTask,
 )
 from engine.store.models.variables import PrevRun, StoredConnection, VariableRow
+from engine.store.models.watchers import (
+    ClaimedWatcher,
+    WatcherFault,
+    WatcherItem,
+    WatcherState,
+    WatcherSync,
+)
 from engine.store.models.why import RunWait, TaskWait, WhyTask
 
 __all__ = [
@@ -93,6 +100,7 @@ __all__ = [
     "Backlog",
     "ClaimedTask",
     "ClaimedTrigger",
+    "ClaimedWatcher",
     "Dag",
     "DagOverview",
     "DagRun",
@@ -153,6 +161,10 @@ __all__ = [
     "TryRecord",
     "VariableRow",
     "WaitingTask",
+    "WatcherFault",
+    "WatcherItem",
+    "WatcherState",
+    "WatcherSync",
     "WhyTask",
     "WorkLeft",
     "WorkerRow",
