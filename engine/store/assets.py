@@ -103,6 +103,10 @@ class AssetQueries:
                 [self.keyring.encrypt(w[3]) for w in watchers],
             )
 
+    async def forget_dag_fingerprint(self, dag_id: str) -> None:
+        """The next scan writes DAG ``dag_id`` again (its assets could not be recorded)."""
+        await self._pool.execute(self._q["forget_dag_fingerprint"], dag_id)
+
     async def record_asset_events(
         self, events: Sequence[NewAssetEvent], conn: Any = None
     ) -> list[RecordedAssetEvent]:
@@ -136,6 +140,11 @@ class AssetQueries:
         if not dag_run_ids:
             return []
         rows = await self._pool.fetch(self._q["run_asset_events"], list(dag_run_ids))
+        return [AssetEventRow(**_renamed(r)) for r in rows]
+
+    async def triggering_asset_events(self, dag_id: str, run_id: str) -> list[AssetEventRow]:
+        """The events that triggered run ``run_id`` of DAG ``dag_id``, oldest first."""
+        rows = await self._pool.fetch(self._q["triggering_asset_events"], dag_id, run_id)
         return [AssetEventRow(**_renamed(r)) for r in rows]
 
     async def list_assets(self, *, everything: bool = False) -> list[AssetRow]:

@@ -16,7 +16,7 @@ def load_queries() -> dict[str, str]:
     """The store's named queries (parsed by the one parser of named SQL files): those of
     ``queries.sql`` and of ``assets.sql`` (assets and their events), one set of names."""
     package = __package__ or "engine.store"
-    queries = read_queries(package, "queries.sql")
+    queries = dict(read_queries(package, "queries.sql"))
     for name, sql in read_queries(package, "assets.sql").items():
         if name in queries:
             raise RuntimeError(f"query {name!r} is named in both queries.sql and assets.sql")
