@@ -164,7 +164,8 @@ async def test_an_extra_that_is_not_json_fails_the_task_and_records_nothing(
     async with run_engine(store, dags=[dag]) as engine:
         await engine.run_dag(dag)
     tis = {ti.task_id: ti for ti in await store.list_task_instances(dag_id="bad_extra")}
-    assert tis["bad"].state == "failed" and "must be JSON data" in (tis["bad"].error or "")
+    assert tis["bad"].state == "failed"
+    assert "must be JSON data" in (tis["bad"].error or "")
     assert tis["other"].state == "failed"
     assert "is not an outlet of task other" in (tis["other"].error or "")
     assert await store.asset_events("orders") == []
@@ -175,8 +176,10 @@ def test_asset_values_and_their_errors() -> None:
     assert Asset(uri="s3://b/k").name == "s3://b/k"
     assert Asset("a", uri="x") == Asset("a", uri="x") != Asset("a", uri="y")
     cond = ORDERS & CUSTOMERS | DAILY
-    assert isinstance(cond, AssetAny) and isinstance(cond.objects[0], AssetAll)
-    assert cond.evaluate({"daily_marker"}) and not cond.evaluate({"orders"})
+    assert isinstance(cond, AssetAny)
+    assert isinstance(cond.objects[0], AssetAll)
+    assert cond.evaluate({"daily_marker"})
+    assert not cond.evaluate({"orders"})
     for bad in ("", " x", "x" * 1501, "naïve"):
         with pytest.raises(ValueError, match="Asset name"):
             Asset(bad)

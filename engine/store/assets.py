@@ -147,6 +147,23 @@ class AssetQueries:
         rows = await self._pool.fetch(self._q["triggering_asset_events"], dag_id, run_id)
         return [AssetEventRow(**_renamed(r)) for r in rows]
 
+    async def runs_asset_events(
+        self, runs: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], list[AssetEventRow]]:
+        """The events that triggered each of these runs ((dag_id, run_id) pairs), oldest
+        first; runs not triggered by assets are left out."""
+        if not runs:
+            return {}
+        rows = await self._pool.fetch(
+            self._q["runs_asset_events"], [r[0] for r in runs], [r[1] for r in runs]
+        )
+        found: dict[tuple[str, str], list[AssetEventRow]] = {}
+        for r in rows:
+            data = _renamed(r)
+            key = (data.pop("dag_id"), data.pop("run_id"))
+            found.setdefault(key, []).append(AssetEventRow(**data))
+        return found
+
     async def list_assets(self, *, everything: bool = False) -> list[AssetRow]:
         """The assets some active DAG uses (``everything``: every recorded one), by name."""
         rows = await self._pool.fetch(self._q["list_assets"], everything)

@@ -208,3 +208,15 @@ JOIN deferral_asset_events e ON e.id = l.event_id
 JOIN deferral_assets a ON a.name = e.asset
 WHERE r.dag_id = $1 AND r.run_id = $2
 ORDER BY e.id;
+
+-- name: runs_asset_events
+-- The events that triggered the runs ($1 DAG ids, $2 run ids, pairwise), oldest first per
+-- run (runs list --json).
+SELECT r.dag_id, r.run_id, e.id, e.asset, a.uri, e.extra, e.source_kind, e.source_dag_id,
+       e.source_run_id, e.source_task_id, e.source_map_index, e.source_name, e.created_at
+FROM unnest($1::text[], $2::text[]) AS u(dag_id, run_id)
+JOIN deferral_dag_runs r ON r.dag_id = u.dag_id AND r.run_id = u.run_id
+JOIN deferral_run_asset_events l ON l.dag_run_id = r.id
+JOIN deferral_asset_events e ON e.id = l.event_id
+JOIN deferral_assets a ON a.name = e.asset
+ORDER BY r.dag_id, r.run_id, e.id;
