@@ -103,6 +103,10 @@ class AssetQueries:
                 [self.keyring.encrypt(w[3]) for w in watchers],
             )
 
+    async def forget_dag_fingerprint(self, dag_id: str) -> None:
+        """The next scan writes DAG ``dag_id`` again (its assets could not be recorded)."""
+        await self._pool.execute(self._q["forget_dag_fingerprint"], dag_id)
+
     async def record_asset_events(
         self, events: Sequence[NewAssetEvent], conn: Any = None
     ) -> list[RecordedAssetEvent]:
@@ -137,6 +141,28 @@ class AssetQueries:
             return []
         rows = await self._pool.fetch(self._q["run_asset_events"], list(dag_run_ids))
         return [AssetEventRow(**_renamed(r)) for r in rows]
+
+    async def triggering_asset_events(self, dag_id: str, run_id: str) -> list[AssetEventRow]:
+        """The events that triggered run ``run_id`` of DAG ``dag_id``, oldest first."""
+        rows = await self._pool.fetch(self._q["triggering_asset_events"], dag_id, run_id)
+        return [AssetEventRow(**_renamed(r)) for r in rows]
+
+    async def runs_asset_events(
+        self, runs: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], list[AssetEventRow]]:
+        """The events that triggered each of these runs ((dag_id, run_id) pairs), oldest
+        first; runs not triggered by assets are left out."""
+        if not runs:
+            return {}
+        rows = await self._pool.fetch(
+            self._q["runs_asset_events"], [r[0] for r in runs], [r[1] for r in runs]
+        )
+        found: dict[tuple[str, str], list[AssetEventRow]] = {}
+        for r in rows:
+            data = _renamed(r)
+            key = (data.pop("dag_id"), data.pop("run_id"))
+            found.setdefault(key, []).append(AssetEventRow(**data))
+        return found
 
     async def list_assets(self, *, everything: bool = False) -> list[AssetRow]:
         """The assets some active DAG uses (``everything``: every recorded one), by name."""

@@ -193,3 +193,30 @@ ORDER BY w.asset, w.name;
 SELECT q.dag_id, q.asset, q.event_id FROM deferral_asset_queue q
 WHERE $1::text IS NULL OR q.dag_id = $1
 ORDER BY q.dag_id, q.event_id;
+
+-- name: forget_dag_fingerprint
+-- DAG $1's assets could not be recorded: its row is written again by the next scan.
+UPDATE deferral_dags SET fingerprint = NULL WHERE dag_id = $1;
+
+-- name: triggering_asset_events
+-- The events that triggered run $2 of DAG $1 (none: not an asset-triggered run), oldest first.
+SELECT l.dag_run_id, e.id, e.asset, a.uri, e.extra, e.source_kind, e.source_dag_id,
+       e.source_run_id, e.source_task_id, e.source_map_index, e.source_name, e.created_at
+FROM deferral_dag_runs r
+JOIN deferral_run_asset_events l ON l.dag_run_id = r.id
+JOIN deferral_asset_events e ON e.id = l.event_id
+JOIN deferral_assets a ON a.name = e.asset
+WHERE r.dag_id = $1 AND r.run_id = $2
+ORDER BY e.id;
+
+-- name: runs_asset_events
+-- The events that triggered the runs ($1 DAG ids, $2 run ids, pairwise), oldest first per
+-- run (runs list --json).
+SELECT r.dag_id, r.run_id, e.id, e.asset, a.uri, e.extra, e.source_kind, e.source_dag_id,
+       e.source_run_id, e.source_task_id, e.source_map_index, e.source_name, e.created_at
+FROM unnest($1::text[], $2::text[]) AS u(dag_id, run_id)
+JOIN deferral_dag_runs r ON r.dag_id = u.dag_id AND r.run_id = u.run_id
+JOIN deferral_run_asset_events l ON l.dag_run_id = r.id
+JOIN deferral_asset_events e ON e.id = l.event_id
+JOIN deferral_assets a ON a.name = e.asset
+ORDER BY r.dag_id, r.run_id, e.id;

@@ -17,7 +17,7 @@ def load_queries() -> dict[str, str]:
     ``queries.sql``, of ``assets.sql`` (assets and their events) and of ``watchers.sql`` (asset
     watchers on the triggerer), one set of names."""
     package = __package__ or "engine.store"
-    queries = read_queries(package, "queries.sql")
+    queries = dict(read_queries(package, "queries.sql"))
     for extra in ("assets.sql", "watchers.sql"):
         for name, sql in read_queries(package, extra).items():
             if name in queries:

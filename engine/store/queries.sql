@@ -486,13 +486,13 @@ ORDER BY ti.id;
 -- 'success' / 'skipped' (with $4 its result) or 'failed' (with $5 the error; up_for_retry at
 -- the policy's delay while retries remain, unless $6 says no retry). Returns the tries that changed. One
 -- statement per batch, not per task: a worker resuming a thousand tasks a second would
--- otherwise queue them on a thousand fsynced commits. $8: per task, the asset events its
--- success records (a JSON array of {"asset", "extra"}; null: none), written with the success
--- in this statement (a failure writes none; events of unknown assets are dropped).
+-- otherwise queue them on a thousand fsynced commits. $8: the asset events the successes
+-- record (a JSON array of {"ti": task instance, "asset", "extra"}; null: none), written with
+-- them in this statement (a failure writes none; events of unknown assets are dropped).
 WITH outcome AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]::deferral_task_outcome[],
-                         $4::bytea[], $5::text[], $6::boolean[], $7::integer[], $8::jsonb[])
-        AS o(id, worker_id, kind, result, error, no_retry, try_number, events)
+                         $4::bytea[], $5::text[], $6::boolean[], $7::integer[])
+        AS o(id, worker_id, kind, result, error, no_retry, try_number)
 ), done AS (
 UPDATE deferral_task_instances ti
 SET state = CASE o.kind WHEN 'success' THEN 'success'
@@ -515,16 +515,16 @@ FROM outcome o
 WHERE ti.id = o.id AND ti.worker_id IS NOT DISTINCT FROM o.worker_id AND ti.state = 'running'
   AND ti.try_number = o.try_number
 RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id, ti.dag_id,
-          ti.run_id, ti.map_index, o.events
+          ti.run_id, ti.map_index
 ), asset_events AS (
     -- (the asset events of the successes: engine/store/assets.sql)
     INSERT INTO deferral_asset_events (asset, extra, source_kind, source_dag_id, source_run_id,
                                        source_task_id, source_map_index)
     SELECT ev->>'asset', COALESCE(ev->'extra', '{}'::jsonb), 'task', d.dag_id, d.run_id,
            d.task_id, d.map_index
-    FROM done d CROSS JOIN LATERAL jsonb_array_elements(d.events) ev
-    WHERE d.state = 'success' AND d.events IS NOT NULL
-      AND EXISTS (SELECT 1 FROM deferral_assets a WHERE a.name = ev->>'asset')
+    FROM jsonb_array_elements(COALESCE($8::jsonb, '[]'::jsonb)) ev
+    JOIN done d ON d.id = (ev->>'ti')::bigint AND d.state = 'success'
+    WHERE EXISTS (SELECT 1 FROM deferral_assets a WHERE a.name = ev->>'asset')
 )
 SELECT id, dag_run_id, task_id, state, is_leaf, worker_id FROM done;
 
