@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from triggers.base import BaseTrigger, TriggerSerializationError, validate_trigger
+from triggers.base import BaseEventTrigger, BaseTrigger, TriggerSerializationError, validate_trigger
 
 __all__ = [
     "MAX_NAME_LENGTH",
@@ -95,12 +95,18 @@ class AssetWatcher:
     """``AssetWatcher(name, trigger)``: an event trigger the triggerer runs for an asset; each
     event it yields is an event of the asset. ``name``: unique among the asset's watchers."""
 
-    def __init__(self, name: str, trigger: BaseTrigger) -> None:
+    def __init__(self, name: str, trigger: BaseEventTrigger) -> None:
         self.name = _check_identifier("AssetWatcher name", name)
-        if not isinstance(trigger, BaseTrigger):
+        if not isinstance(trigger, BaseEventTrigger):
+            kind = (
+                "a trigger that ends at its first event"
+                if isinstance(trigger, BaseTrigger)
+                else "not a trigger"
+            )
             raise TypeError(
-                f"AssetWatcher {name!r}: trigger must be a trigger instance (a BaseTrigger), "
-                f"got {type(trigger).__name__}"
+                f"AssetWatcher {name!r}: trigger must be an event trigger (a BaseEventTrigger, "
+                f"such as triggers.events.DirectoryTrigger), got {type(trigger).__name__}, "
+                f"{kind}"
             )
         try:
             self.serialized = validate_trigger(trigger)

@@ -18,6 +18,7 @@ from engine.store.models import NewAssetEvent
 from engine.testing import run_engine
 from operators.python import PythonOperator
 from tests.helpers import wait_until
+from triggers.events import DirectoryTrigger
 from triggers.temporal import TimeDeltaTrigger
 
 pytestmark = pytest.mark.anyio
@@ -187,11 +188,13 @@ def test_asset_values_and_their_errors() -> None:
         Asset()
     with pytest.raises(ValueError, match="extra must be JSON data"):
         Asset("a", extra={"x": object()})
-    with pytest.raises(TypeError, match="must be a trigger instance"):
+    with pytest.raises(TypeError, match=r"must be an event trigger.*not a trigger"):
         AssetWatcher("w", trigger="not a trigger")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"must be an event trigger.*ends at its first event"):
+        AssetWatcher("w", trigger=TimeDeltaTrigger(dt.timedelta(seconds=1)))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="AssetWatcher name"):
-        AssetWatcher("", trigger=TimeDeltaTrigger(dt.timedelta(seconds=1)))
-    watcher = AssetWatcher("w", trigger=TimeDeltaTrigger(dt.timedelta(seconds=1)))
+        AssetWatcher("", trigger=DirectoryTrigger("/data"))
+    watcher = AssetWatcher("w", trigger=DirectoryTrigger("/data"))
     with pytest.raises(ValueError, match="two watchers named 'w'"):
         Asset("a", watchers=[watcher, watcher])
     with pytest.raises(TypeError, match="takes assets"):

@@ -121,7 +121,8 @@ def assets_list(ctx: click.Context, as_json: bool, everything: bool, wide: bool)
     """List the assets the DAGs use: their uri, group, watchers, latest event and the DAGs
     scheduled on them (and those whose tasks update them).
 
-    --json keys: name, uri, group, watchers (a list of {name, classpath, ...}), last_event_id,
+    --json keys: name, uri, group, watchers (a list of {name, classpath, state, triggerer,
+    triggerer_id, events, restarts, last_error, last_error_at, retry_at}), last_event_id,
     last_event_at, last_event_source, scheduled_dags, producing_dags, extra.
     """
     settings = _settings(ctx)
@@ -141,10 +142,7 @@ def assets_list(ctx: click.Context, as_json: bool, everything: bool, wide: bool)
         return
     table = Table("name", "uri", "group", "watchers", "last event", "scheduled DAGs", "updated by")
     for a in listed:
-        watchers = ", ".join(
-            str(w.get("name")) + (f" ({w['triggerer']})" if w.get("triggerer") else "")
-            for w in a.watchers
-        )
+        watchers = ", ".join(_watcher_cell(w) for w in a.watchers)
         last = (
             f"#{a.last_event_id} {fmt_time(a.last_event_at)} ({a.last_event_source})"
             if a.last_event_id is not None
@@ -160,6 +158,17 @@ def assets_list(ctx: click.Context, as_json: bool, everything: bool, wide: bool)
             cell(", ".join(a.producing_dags)),
         )
     print_table(table, wide=wide, empty="no assets (no DAG declares one)")
+
+
+def _watcher_cell(w: dict[str, Any]) -> str:
+    """A watcher in the table: its name, state and triggerer, and its restarts and last
+    error once it failed."""
+    where = f" on {w['triggerer']}" if w.get("triggerer") else ""
+    text = f"{w.get('name')} ({w.get('state', '?')}{where})"
+    if w.get("restarts"):
+        error = str(w.get("last_error") or "").strip().splitlines()
+        text += f" restarts: {w['restarts']}, last error: {error[-1] if error else '?'}"
+    return text
 
 
 async def _known(store: Any, name: str) -> None:

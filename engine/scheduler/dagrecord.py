@@ -166,6 +166,9 @@ class DagRecorder:
             )
         if changed:
             await self.store.set_next_dagruns(changed)
+        if records:
+            # Watchers of assets a DAG now uses (or no longer uses) start (or stop) at once.
+            await sync_watchers(self.store)
 
     async def _record_assets(self, record: DagRecord) -> bool:
         """Record the assets the DAG uses; False (logged, the DAG written again by the next
@@ -188,3 +191,17 @@ async def record_dags(store: Store, dags: Iterable[DAG]) -> int:
     given. A scheduler keeps one :class:`DagRecorder` for its folder instead, which remembers
     what it serialized."""
     return await DagRecorder(store).record(dags)
+
+
+async def sync_watchers(store: Store) -> None:
+    """Start the watchers of the assets the active DAGs use, stop the others (their trigger
+    rows, engine/store/watchers.py); a failure is logged, the scheduler's duty tries again."""
+    try:
+        done = await store.sync_watchers()
+    except Exception as exc:
+        log.warning(
+            "could not sync the asset watchers (%s: %s); trying later", type(exc).__name__, exc
+        )
+        return
+    if done.started or done.stopped:
+        log.info("asset watchers: %d started, %d stopped", done.started, done.stopped)

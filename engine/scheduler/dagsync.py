@@ -36,7 +36,7 @@ import anyio
 from engine.dags.dagbag import DagBag
 from engine.runtime.retry import TRANSIENT_ERRORS, Backoff
 from engine.runtime.wakeup import Wakeup
-from engine.scheduler.dagrecord import DagRecorder
+from engine.scheduler.dagrecord import DagRecorder, sync_watchers
 from engine.store import Store
 
 __all__ = [
@@ -97,20 +97,6 @@ async def sync_dags(
     # The asset watchers the DAGs declare now run (or stop) on the triggerers.
     await sync_watchers(store)
     return count
-
-
-async def sync_watchers(store: Store) -> None:
-    """Start the watchers of the assets the active DAGs use, stop the others (their trigger
-    rows, engine/store/watchers.py); a failure is logged, the scheduler's duty tries again."""
-    try:
-        done = await store.sync_watchers()
-    except Exception as exc:
-        log.warning(
-            "could not sync the asset watchers (%s: %s); trying later", type(exc).__name__, exc
-        )
-        return
-    if done.started or done.stopped:
-        log.info("asset watchers: %d started, %d stopped", done.started, done.stopped)
 
 
 async def in_daemon_thread(func: Callable[[], T], *, name: str) -> T:

@@ -142,9 +142,26 @@ ORDER BY l.dag_run_id, e.id;
 -- The assets some active DAG uses (or every recorded one, $1), by name: their watchers (name
 -- and classpath), latest event, and the DAGs scheduled on them.
 SELECT a.name, a.uri, a.asset_group, a.extra, a.updated_at,
-       COALESCE((SELECT jsonb_agg(jsonb_build_object('name', w.name, 'classpath', w.classpath)
+       -- (with each watcher's runtime, migration 0025_watchers.sql: state 'running' on a
+       -- triggerer, 'restarting' after a fault until retry_at, 'unclaimed' waiting for a
+       -- triggerer, 'stopped' with no trigger row: no active DAG uses the asset)
+       COALESCE((SELECT jsonb_agg(jsonb_build_object(
+                            'name', w.name, 'classpath', w.classpath,
+                            'state', CASE WHEN t.id IS NULL THEN 'stopped'
+                                          WHEN t.triggerer_id IS NULL THEN 'unclaimed'
+                                          WHEN w.retry_at > now() THEN 'restarting'
+                                          ELSE 'running' END,
+                            'triggerer', CASE WHEN r.id IS NOT NULL
+                                              THEN r.hostname || ':' || r.pid END,
+                            'triggerer_id', t.triggerer_id,
+                            'events', w.events, 'restarts', w.restarts,
+                            'last_error', w.last_error, 'last_error_at', w.last_error_at,
+                            'retry_at', w.retry_at)
                                   ORDER BY w.name)
-                 FROM deferral_asset_watchers w WHERE w.asset = a.name), '[]'::jsonb)
+                 FROM deferral_asset_watchers w
+                 LEFT JOIN deferral_triggers t ON t.id = w.trigger_id
+                 LEFT JOIN deferral_triggerers r ON r.id = t.triggerer_id
+                 WHERE w.asset = a.name), '[]'::jsonb)
            AS watchers,
        last.id AS last_event_id, last.created_at AS last_event_at,
        last.source_kind AS last_event_source,
