@@ -35,6 +35,8 @@ from engine.store.models import (
     RunFilter,
     TaskLogRow,
     TriggerLogRow,
+    WatcherFault,
+    WatcherItem,
 )
 from engine.store.session import TriggererSession
 from operators.python import PythonOperator
@@ -296,6 +298,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     await _schedule_calls(s)
     await _reader_calls(s, summary.id)
     await _asset_calls(s)
+    await _watcher_calls(s)
 
     assert set(_public_coroutines(Store)) - _LIFECYCLE - s.called == set()
 
@@ -323,6 +326,20 @@ async def _asset_calls(s: Any) -> None:
     assert await s.triggering_asset_events("rows", "r1") == []
     assert await s.runs_asset_events([("rows", "r1")]) == {}
     await s.forget_dag_fingerprint("rows")
+
+
+async def _watcher_calls(s: Any) -> None:
+    """Asset watchers on the triggerer (engine/store/watchers.py), on _asset_calls' asset."""
+    assert (await s.sync_watchers()).started == 1
+    triggerer = await s.register_triggerer("rows-host", 2, 10, 30.0)
+    claimed = (await s.claim_triggers(triggerer, 100)).claimed
+    (watcher,) = await s.claimed_watchers(triggerer, [t.id for t in claimed])
+    item = WatcherItem(trigger_id=watcher.trigger_id, fence=1, extra={"a": 1}, seq=1)
+    assert await s.record_watcher_events(triggerer, [item]) == {watcher.trigger_id}
+    fault = WatcherFault(trigger_id=watcher.trigger_id, fence=1, error="e", retry_in_s=1.0)
+    assert await s.watcher_failed(triggerer, fault)
+    assert [(w.name, w.restarts) for w in await s.watcher_states()] == [("w", 1)]
+    await s.release_triggerer(triggerer)
 
 
 async def _reader_calls(s: Any, run_pk: int) -> None:
