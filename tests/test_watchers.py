@@ -164,6 +164,8 @@ async def test_watcher_writes_are_fenced_and_written_once(store: Store, tmp_path
     [adopted] = await store.claimed_watchers(second, [again.id])
     assert decode_value(adopted.cursor or b"") == "cp"
     assert await store.record_watcher_events(first, [item(5)]) == set()
+    # (Nor may anyone else, even with the current fence.)
+    assert await store.record_watcher_events(first, [item(5, fence=again.fence)]) == set()
     assert await store.record_watcher_events(second, [item(1, fence=again.fence)]) == {row.id}
     assert [e["n"] for e in await _events(store, "orders")] == [1, 2, 3, 1]
 
