@@ -107,7 +107,7 @@ async def _post_event(request: web.Request) -> web.Response:
     try:
         with anyio.fail_after(DB_WAIT_S):
             written = await store.record_asset_events([event])
-    except (*TRANSIENT_ERRORS, TimeoutError) as exc:
+    except TRANSIENT_ERRORS as exc:  # (TimeoutError among them: fail_after)
         return _error(503, f"the database cannot be reached: {type(exc).__name__}")
     if not written:
         return _error(404, f"unknown asset {name!r}: no DAG declares it")

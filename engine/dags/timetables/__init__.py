@@ -48,6 +48,7 @@ from engine.dags.timetables.trigger import CronTriggerTimetable
 __all__ = [
     "PRESETS",
     "AssetTriggeredTimetable",
+    "asset_schedule",
     "ContinuousTimetable",
     "CronDataIntervalTimetable",
     "CronTimetable",
