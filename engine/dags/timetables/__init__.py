@@ -48,7 +48,6 @@ from engine.dags.timetables.trigger import CronTriggerTimetable
 __all__ = [
     "PRESETS",
     "AssetTriggeredTimetable",
-    "asset_schedule",
     "ContinuousTimetable",
     "CronDataIntervalTimetable",
     "CronTimetable",
@@ -64,6 +63,7 @@ __all__ = [
     "ScheduleError",
     "TimeRestriction",
     "Timetable",
+    "asset_schedule",
     "dag_timezone",
     "dump_with_timezone",
     "load_timetable",
