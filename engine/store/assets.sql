@@ -29,13 +29,18 @@ ORDER BY n.name, a.name, da.dag_id;
 
 -- name: set_dag_assets
 -- The assets DAG $1 uses now ($2 assets, $3 roles: 'schedule' or 'outlet'), replacing what
--- was recorded of it.
+-- was recorded of it. Events queued for the DAG of an asset it is no longer scheduled on are
+-- dropped from its queue (they stay recorded).
 WITH wanted AS (
     SELECT DISTINCT * FROM unnest($2::text[], $3::text[]) AS w(asset, role)
 ), gone AS (
     DELETE FROM deferral_dag_assets da
     WHERE da.dag_id = $1
       AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.asset = da.asset AND w.role = da.role)
+), unqueued AS (
+    DELETE FROM deferral_asset_queue q
+    WHERE q.dag_id = $1
+      AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.asset = q.asset AND w.role = 'schedule')
 )
 INSERT INTO deferral_dag_assets (dag_id, asset, role)
 SELECT $1, w.asset, w.role FROM wanted w
