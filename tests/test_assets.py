@@ -220,3 +220,45 @@ async def test_two_dags_declaring_one_name_with_two_uris_are_refused(store: Stor
     assert await store.get_dag("second") is not None  # recorded, its assets refused
     [asset] = await store.list_assets()
     assert asset.scheduled_dags == ["first"]
+
+
+#: Tries of the flaky consumer task (it fails its first).
+TRIES: list[int] = []
+CALLED: list[str] = []
+
+
+async def test_an_asset_triggered_run_has_callbacks_and_can_be_cleared(store: Store) -> None:
+    SEEN.clear()
+    TRIES.clear()
+    CALLED.clear()
+
+    def flaky(**context: Any) -> None:
+        TRIES.append(context["try_number"])
+        SEEN.append({a.name: len(e) for a, e in context["triggering_asset_events"].items()})
+        if len(TRIES) == 1:
+            raise ValueError("first time")
+
+    with DAG(
+        "flaky_consumer",
+        schedule=[ORDERS],
+        on_failure_callback=lambda context: CALLED.append(context["dag_run"].run_type),
+    ) as dag:
+        PythonOperator(task_id="use", python_callable=flaky)
+    async with run_engine(store, dags=[dag]) as engine:
+        await engine.add_dag(dag)
+        await store.record_asset_events(_emit("orders", extra={"k": 1}))
+
+        async def run_ended() -> bool:
+            runs = await _runs(store, dag.dag_id)
+            return bool(runs) and runs[0].state == "failed" and CALLED != []
+
+        await wait_until(run_ended, what="the asset-triggered run to fail and call back")
+        assert CALLED == ["asset_triggered"]
+        [run] = await _runs(store, dag.dag_id)
+        [ti] = await store.list_task_instances(dag_id=dag.dag_id)
+        await store.clear_task(ti.id, who="test")
+        await engine.finish(dag.dag_id, run.run_id)
+    [run] = await _runs(store, dag.dag_id)
+    assert run.state == "success"
+    # the cleared try saw the same triggering event as the first
+    assert SEEN == [{"orders": 1}, {"orders": 1}]
