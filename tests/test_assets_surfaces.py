@@ -193,3 +193,22 @@ async def test_the_webhook_of_a_webserver_process(
     status, body = await _post(url, {"extra": {"a": 1}}, token=TOKEN)
     assert status == 200, body
     assert [e.id for e in await store.asset_events("orders")] == [body["id"]]
+
+
+async def test_the_run_page_lists_the_triggering_events(store: Store, served: Any) -> None:
+    await _record(store)
+    from engine.store.models import NewAssetEvent
+
+    await store.record_asset_events(
+        [NewAssetEvent(asset="orders", extra={"batch": "b-77"}, source_kind="webhook")]
+    )
+    (made,) = await store.create_asset_runs()
+    base = await served(None)
+    async with aiohttp.ClientSession() as session:
+        params = {"dag_id": "consumer", "run_id": made.run_id}
+        async with session.get(f"{base}/run", params=params) as response:
+            assert response.status == 200
+            page = await response.text()
+    assert "Triggering asset events" in page
+    assert "b-77" in page
+    assert "asset_triggered" in page
