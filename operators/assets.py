@@ -206,7 +206,7 @@ class _Combined(AssetCondition):
         self.objects: tuple[AssetCondition, ...] = objects
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.objects == other.objects  # type: ignore[attr-defined]
+        return type(other) is type(self) and self.objects == other.objects
 
     def __hash__(self) -> int:
         return hash((self.kind, self.objects))

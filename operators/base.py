@@ -121,8 +121,12 @@ class Context(TypedDict, total=False):
     macros: Any
     #: PythonOperator's ``templates_dict``, rendered.
     templates_dict: dict[str, Any] | None
-    #: How the run came to be: ``scheduled``, ``manual`` or ``backfill``.
+    #: How the run came to be: ``scheduled``, ``manual``, ``backfill`` or ``asset_triggered``.
     run_type: str
+    #: What the task's success records of each outlet asset: ``outlet_events[asset].extra``.
+    outlet_events: Any
+    #: The asset events that triggered the run, by asset (empty unless asset-triggered).
+    triggering_asset_events: Any
 
 
 def to_seconds(value: dt.timedelta | float | int | None, name: str) -> float | None:

@@ -6,11 +6,13 @@ errors."""
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine import DAG, Asset, AssetAll, AssetAny, AssetWatcher
+from engine.dags.dagbag import DagBag
 from engine.dags.timetables import ScheduleError
 from engine.scheduler.dagrecord import record_dags
 from engine.store import Store
@@ -223,3 +225,93 @@ async def test_two_dags_declaring_one_name_with_two_uris_are_refused(store: Stor
     assert await store.get_dag("second") is not None  # recorded, its assets refused
     [asset] = await store.list_assets()
     assert asset.scheduled_dags == ["first"]
+
+
+#: Tries of the flaky consumer task (it fails its first).
+TRIES: list[int] = []
+CALLED: list[str] = []
+
+
+async def test_an_asset_triggered_run_has_callbacks_and_can_be_cleared(store: Store) -> None:
+    SEEN.clear()
+    TRIES.clear()
+    CALLED.clear()
+
+    def flaky(**context: Any) -> None:
+        TRIES.append(context["try_number"])
+        SEEN.append({a.name: len(e) for a, e in context["triggering_asset_events"].items()})
+        if len(TRIES) == 1:
+            raise ValueError("first time")
+
+    with DAG(
+        "flaky_consumer",
+        schedule=[ORDERS],
+        on_failure_callback=lambda context: CALLED.append(context["dag_run"].run_type),
+    ) as dag:
+        PythonOperator(task_id="use", python_callable=flaky)
+    async with run_engine(store, dags=[dag]) as engine:
+        await engine.add_dag(dag)
+        await store.record_asset_events(_emit("orders", extra={"k": 1}))
+
+        async def run_ended() -> bool:
+            runs = await _runs(store, dag.dag_id)
+            return bool(runs) and runs[0].state == "failed" and CALLED != []
+
+        await wait_until(run_ended, what="the asset-triggered run to fail and call back")
+        assert CALLED == ["asset_triggered"]
+        [run] = await _runs(store, dag.dag_id)
+        [ti] = await store.list_task_instances(dag_id=dag.dag_id)
+        await store.clear_task(ti.id, who="test")
+        await engine.finish(dag.dag_id, run.run_id)
+    [run] = await _runs(store, dag.dag_id)
+    assert run.state == "success"
+    # the cleared try saw the same triggering event as the first
+    assert SEEN == [{"orders": 1}, {"orders": 1}]
+
+
+_ISOLATED_DAGS = """
+from engine import DAG, Asset
+from operators.python import PythonOperator
+
+ORDERS = Asset("orders", uri="postgres://warehouse/orders")
+
+
+def produce(**context):
+    context["outlet_events"][ORDERS].extra = {"from": "child"}
+
+
+def consume(**context):
+    events = context["triggering_asset_events"][ORDERS]
+    assert [e.extra for e in events] == [{"from": "child"}], events
+    return [e.extra for e in events]
+
+
+with DAG(dag_id="iso_producer") as producer:
+    PythonOperator(task_id="load", python_callable=produce, outlets=[ORDERS], isolation="process")
+
+with DAG(dag_id="iso_consumer", schedule=[ORDERS]) as consumer:
+    PythonOperator(task_id="use", python_callable=consume, isolation="process")
+"""
+
+
+async def test_outlet_events_and_triggering_events_cross_a_child_process(
+    store: Store, tmp_path: Path
+) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "isolated_assets.py").write_text(_ISOLATED_DAGS)
+    dagbag = DagBag(dags)
+    assert not dagbag.import_errors, dagbag.import_errors
+    producer, consumer = dagbag.get_dag("iso_producer"), dagbag.get_dag("iso_consumer")
+    async with run_engine(store, dagbag=dagbag) as engine:
+        await engine.add_dag(consumer)
+        tis = await engine.run_dag(producer)
+        assert tis["load"]["state"] == "success"
+
+        async def consumed() -> bool:
+            runs = await _runs(store, "iso_consumer")
+            return len(runs) == 1 and runs[0].state in ("success", "failed")
+
+        await wait_until(consumed, what="the asset-triggered run to end")
+    [run] = await _runs(store, "iso_consumer")
+    assert run.state == "success"

@@ -29,13 +29,18 @@ ORDER BY n.name, a.name, da.dag_id;
 
 -- name: set_dag_assets
 -- The assets DAG $1 uses now ($2 assets, $3 roles: 'schedule' or 'outlet'), replacing what
--- was recorded of it.
+-- was recorded of it. Events queued for the DAG of an asset it is no longer scheduled on are
+-- dropped from its queue (they stay recorded).
 WITH wanted AS (
     SELECT DISTINCT * FROM unnest($2::text[], $3::text[]) AS w(asset, role)
 ), gone AS (
     DELETE FROM deferral_dag_assets da
     WHERE da.dag_id = $1
       AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.asset = da.asset AND w.role = da.role)
+), unqueued AS (
+    DELETE FROM deferral_asset_queue q
+    WHERE q.dag_id = $1
+      AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.asset = q.asset AND w.role = 'schedule')
 )
 INSERT INTO deferral_dag_assets (dag_id, asset, role)
 SELECT $1, w.asset, w.role FROM wanted w
@@ -81,21 +86,24 @@ RETURNING id, asset, created_at;
 
 -- name: create_asset_runs
 -- Create a queued asset-triggered run for each of up to $1 DAGs whose asset condition holds
--- over the assets of their queued events, unless the DAG already has max_active_runs runs
--- queued or running: every event queued for the DAG is consumed by that one run (events
+-- over the assets of their queued events (deferral_asset_condition), unless the DAG already
+-- has max_active_runs runs queued or running: every event queued for the DAG is consumed by that one run (events
 -- queued while a DAG waits, for its condition or for a free run, collapse into one run).
 -- The run's logical date is its newest event's time, its data interval spans its events'.
 -- The DAGs are locked SKIP LOCKED (another scheduler takes the others). Returns the runs.
-WITH pending AS (
-    SELECT q.dag_id, array_agg(DISTINCT q.asset) AS assets
-    FROM deferral_asset_queue q
-    GROUP BY q.dag_id
+WITH RECURSIVE queued AS (
+    -- the DAGs with queued events, one index probe each (not a read of every queued event)
+    (SELECT q.dag_id FROM deferral_asset_queue q ORDER BY q.dag_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT q.dag_id FROM deferral_asset_queue q
+            WHERE q.dag_id > queued.dag_id ORDER BY q.dag_id LIMIT 1)
+    FROM queued WHERE queued.dag_id IS NOT NULL
 ), ready AS (
     SELECT d.dag_id
     FROM deferral_dags d
-    JOIN pending p ON p.dag_id = d.dag_id
+    JOIN queued p ON p.dag_id = d.dag_id
     WHERE d.is_active AND NOT d.is_paused AND d.timetable->>'kind' = 'assets'
-      AND deferral_asset_condition(d.timetable->'condition', p.assets)
+      AND deferral_asset_condition(d.timetable->'condition', d.dag_id)
       AND (SELECT count(*) FROM deferral_dag_runs r
            WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')
              AND r.run_type <> 'backfill') < d.max_active_runs

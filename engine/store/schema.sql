@@ -907,6 +907,8 @@ CREATE TABLE deferral_asset_queue (
     asset    text NOT NULL,
     PRIMARY KEY (dag_id, event_id)
 );
+-- (whether a DAG has events of an asset queued: one probe, however many are queued)
+CREATE INDEX deferral_asset_queue_asset ON deferral_asset_queue (dag_id, asset);
 
 -- The events that triggered each asset-triggered run.
 CREATE TABLE deferral_run_asset_events (
@@ -938,26 +940,28 @@ CREATE TRIGGER deferral_asset_events_queue AFTER INSERT ON deferral_asset_events
     REFERENCING NEW TABLE AS added
     FOR EACH STATEMENT EXECUTE FUNCTION deferral_queue_asset_events();
 
--- Whether a DAG's asset condition holds given the assets with queued events: a condition is
--- {"asset": name}, {"all": [conditions]} or {"any": [conditions]} (engine's AssetAll,
--- AssetAny; a schedule list is "all").
-CREATE FUNCTION deferral_asset_condition(cond jsonb, present text[]) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE AS $$
+-- Whether DAG $2's asset condition $1 holds over the events queued for it: a condition is
+-- {"asset": name} (events of it are queued), {"all": [conditions]} or {"any": [conditions]}
+-- (engine's AssetAll, AssetAny; a schedule list is "all"). One index probe per asset looked
+-- at, however many events are queued.
+CREATE FUNCTION deferral_asset_condition(cond jsonb, dag text) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     part jsonb;
 BEGIN
     IF cond ? 'asset' THEN
-        RETURN (cond->>'asset') = ANY (present);
+        RETURN EXISTS (SELECT 1 FROM deferral_asset_queue q
+                       WHERE q.dag_id = dag AND q.asset = cond->>'asset');
     ELSIF cond ? 'all' THEN
         FOR part IN SELECT jsonb_array_elements(cond->'all') LOOP
-            IF NOT deferral_asset_condition(part, present) THEN
+            IF NOT deferral_asset_condition(part, dag) THEN
                 RETURN false;
             END IF;
         END LOOP;
         RETURN true;
     ELSIF cond ? 'any' THEN
         FOR part IN SELECT jsonb_array_elements(cond->'any') LOOP
-            IF deferral_asset_condition(part, present) THEN
+            IF deferral_asset_condition(part, dag) THEN
                 RETURN true;
             END IF;
         END LOOP;

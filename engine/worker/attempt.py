@@ -136,7 +136,7 @@ class Attempts:
         context["outlet_events"] = outlets
         context["triggering_asset_events"] = await self._triggering_events(ti)
         outcome = await self._call(op, ti, context)
-        if isinstance(outcome, Returned) and op.outlets:
+        if isinstance(outcome, Returned) and op.outlets and outcome.asset_events is None:
             # (the events its success records, written with it: finish_tasks)
             try:
                 events = outlets.events()

@@ -63,6 +63,7 @@ __all__ = [
     "ScheduleError",
     "TimeRestriction",
     "Timetable",
+    "asset_schedule",
     "dag_timezone",
     "dump_with_timezone",
     "load_timetable",
