@@ -24,14 +24,14 @@ from engine.web.server import WebServer
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 from tests.processes import Children, explained
-from tests.triggers_for_tests import NeverTrigger
+from triggers.events import DirectoryTrigger
 
 pytestmark = pytest.mark.anyio
 
 ORDERS = Asset(
     "orders",
     uri="postgres://warehouse/orders",
-    watchers=[AssetWatcher("orders_tick", trigger=NeverTrigger("orders"))],
+    watchers=[AssetWatcher("orders_tick", trigger=DirectoryTrigger("/data/orders"))],
 )
 TOKEN = "s3cret-webhook-token"
 
@@ -60,8 +60,20 @@ async def test_assets_list_events_and_emit(store: Store, db_url: str) -> None:
     assert row["name"] == "orders"
     assert row["uri"] == "postgres://warehouse/orders"
     assert row["group"] == "asset"
+    # (No triggerer runs: the watcher waits for one; tests/test_watchers.py runs them.)
     assert row["watchers"] == [
-        {"name": "orders_tick", "classpath": "tests.triggers_for_tests.NeverTrigger"}
+        {
+            "name": "orders_tick",
+            "classpath": "triggers.events.DirectoryTrigger",
+            "state": "unclaimed",
+            "triggerer": None,
+            "triggerer_id": None,
+            "events": 0,
+            "restarts": 0,
+            "last_error": None,
+            "last_error_at": None,
+            "retry_at": None,
+        }
     ]
     assert row["scheduled_dags"] == ["consumer"]
     assert row["producing_dags"] == ["producer"]

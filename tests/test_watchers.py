@@ -6,6 +6,7 @@ without losing or repeating an outside event they had recorded."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -14,11 +15,14 @@ from typing import Any
 
 import anyio
 import pytest
+from click.testing import CliRunner
 
 from engine import DAG, Asset, AssetWatcher
+from engine.cli import cli
 from engine.scheduler.dagrecord import record_dags
 from engine.store import Store
 from engine.store.models import WatcherItem, WatcherState
+from engine.testing import run_engine
 from engine.triggerer import Triggerer
 from engine.triggerer.watching import backoff_s
 from operators.python import PythonOperator
@@ -204,7 +208,9 @@ async def test_a_directory_watcher_resumes_after_its_triggerer_stops_without_los
     assert {e.source_name for e in await store.asset_events("files")} == {"in"}
 
 
-async def test_a_raising_watcher_is_restarted_with_backoff_and_shown(store: Store) -> None:
+async def test_a_raising_watcher_is_restarted_with_backoff_and_shown(
+    store: Store, db_url: str
+) -> None:
     await _declare(
         store, _dag("consumer", "orders", {"broken": FailingEventTrigger("no such queue")})
     )
@@ -228,8 +234,64 @@ async def test_a_raising_watcher_is_restarted_with_backoff_and_shown(store: Stor
         # The backoff doubles with each fault in a row (the delay written with the fault).
         delay = (state.retry_at - state.last_error_at).total_seconds()
         assert delay == backoff_s(state.restarts)
+        # The command line shows it too.
+        listed = await anyio.to_thread.run_sync(
+            lambda: CliRunner().invoke(
+                cli, ["assets", "list", "--json"], env={"DEFERRAL_DATABASE_URL": db_url}
+            )
+        )
+        assert listed.exit_code == 0, listed.output
+        [[watcher]] = [a["watchers"] for a in json.loads(listed.output)]
+        assert watcher["restarts"] >= 2
+        assert "no such queue" in watcher["last_error"]
+        table = await anyio.to_thread.run_sync(
+            lambda: CliRunner().invoke(
+                cli, ["assets", "list", "--wide"], env={"DEFERRAL_DATABASE_URL": db_url}
+            )
+        )
+        assert "last error: RuntimeError: no such queue" in table.output, table.output
     assert backoff_s(1) < backoff_s(2) < backoff_s(3)
     assert await _events(store, "orders") == []
+
+
+async def test_a_watched_file_triggers_the_downstream_run_with_its_event(
+    store: Store, tmp_path: Path
+) -> None:
+    """End to end: a file lands, the watcher records an asset event, the scheduler makes an
+    asset-triggered run whose task sees the event's extra; `assets list` shows the watcher."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    seen: list[list[dict[str, Any]]] = []
+
+    def look(**context: Any) -> None:
+        seen.append([e.extra for evs in context["triggering_asset_events"].values() for e in evs])
+
+    landing = Asset(
+        "landing", watchers=[AssetWatcher("csv", DirectoryTrigger(str(folder), "*.csv"))]
+    )
+    with DAG("load_landing", schedule=[landing]) as dag:
+        PythonOperator(task_id="look", python_callable=look)
+    async with run_engine(store, dags=[dag], poll_interval_s=0.2) as engine:
+        await engine.add_dag(dag)
+        await wait_until(lambda: _started(store, "csv"), what="the watcher's first look")
+        _put(folder, "orders.csv")
+
+        async def ran() -> bool:
+            runs = await store.list_runs(dag_id="load_landing")
+            return len(runs) == 1 and runs[0].state == "success"
+
+        await wait_until(ran, what="the asset-triggered run")
+        [asset] = await store.list_assets()
+        [shown] = asset.watchers
+        assert (shown["name"], shown["state"], shown["events"]) == ("csv", "running", 1)
+    [[extra]] = seen
+    assert (extra["name"], extra["path"]) == ("orders.csv", str(folder / "orders.csv"))
+    [run] = await store.list_runs(dag_id="load_landing")
+    assert run.run_type == "asset_triggered"
+
+
+async def _started(store: Store, name: str) -> bool:
+    return (await _state(store, name)).cursor is not None
 
 
 # -- SIGKILL ------------------------------------------------------------------------------------
