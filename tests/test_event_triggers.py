@@ -123,6 +123,45 @@ async def test_directory_reports_new_and_changed_files_and_resumes_from_its_curs
     await again.close()
 
 
+async def test_directory_triggers_of_one_loop_share_one_inotify_instance(tmp_path: Path) -> None:
+    """A process has 128 inotify instances by default and a triggerer runs thousands of
+    watchers: the DirectoryTriggers of one loop share one instance, one watch a directory."""
+    from triggers.events import _SharedInotify
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    runs = [
+        Running(DirectoryTrigger(str(folder), poll_interval=3600.0)) for folder in (one, one, two)
+    ]
+    for run in runs:
+        assert isinstance(await run.next(), Checkpoint)
+    shared = _SharedInotify.of_loop()
+    assert shared is not None
+    assert sorted(shared.watches) == sorted([str(one), str(two)])
+    _put(one, "x", "1")
+    assert [(await run.next()).payload["name"] for run in runs[:2]] == ["x", "x"]
+    # The first trigger of "one" goes: the second is still woken.
+    await runs[0].close()
+    assert str(one) in shared.watches
+    _put(one, "y", "1")
+    _put(two, "z", "1")
+    assert (await runs[1].next()).payload["name"] == "y"
+    assert (await runs[2].next()).payload["name"] == "z"
+    for run in runs[1:]:
+        await run.close()
+    assert shared.watches == {}
+    # A watched directory removed: its trigger raises, for the watcher to show and restart it.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    run = Running(DirectoryTrigger(str(gone), poll_interval=3600.0))
+    await run.next()
+    gone.rmdir()
+    with pytest.raises(FileNotFoundError):
+        await run.next()
+    await run.close()
+
+
 async def test_directory_that_does_not_exist_raises(tmp_path: Path) -> None:
     run = Running(DirectoryTrigger(str(tmp_path / "missing"), use_inotify=False))
     with pytest.raises(FileNotFoundError):

@@ -23,12 +23,15 @@ event, fenced; see ``BaseEventTrigger``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import datetime as dt
 import fnmatch
 import hashlib
 import os
 import stat
 import time
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -140,17 +143,82 @@ def _look(path: str, pattern: str) -> tuple[int, list[tuple[int, str, int, int]]
     return started, found
 
 
-def _inotify() -> Any:
-    """An inotify instance, or None where there is none (not Linux, no library, no instance
-    left: each process has 128 by default)."""
-    try:
-        from asyncinotify import Inotify
-    except ImportError:
-        return None
-    try:
-        return Inotify()
-    except OSError:
-        return None
+class _SharedInotify:
+    """One inotify instance per event loop, shared by every :class:`DirectoryTrigger` on it
+    (a process has 128 instances by default, and a triggerer runs thousands of watchers), with
+    one watch per directory: each change wakes the triggers watching that directory."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedInotify] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, inotify: Any) -> None:
+        self.inotify = inotify
+        self.watches: dict[str, Any] = {}
+        #: The events to set, by directory; a directory removed sets them and is named in gone.
+        self.waiting: dict[str, set[asyncio.Event]] = {}
+        self.gone: set[str] = set()
+        self.reader: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of_loop(cls) -> _SharedInotify | None:
+        """This loop's instance (made on first use); None where there is no inotify (not
+        Linux, no library, no instance left)."""
+        loop = asyncio.get_running_loop()
+        shared = cls._by_loop.get(loop)
+        if shared is None:
+            try:
+                from asyncinotify import Inotify
+            except ImportError:
+                return None
+            try:
+                shared = cls(Inotify())
+            except OSError:
+                return None
+            cls._by_loop[loop] = shared
+        return shared
+
+    def subscribe(self, path: str, changed: asyncio.Event) -> None:
+        """Set ``changed`` at each change of ``path``'s files (OSError: cannot watch it)."""
+        from asyncinotify import Mask
+
+        if path not in self.watches:
+            self.watches[path] = self.inotify.add_watch(
+                path, Mask.CLOSE_WRITE | Mask.MOVED_TO | Mask.ATTRIB | Mask.ONLYDIR
+            )
+            self.gone.discard(path)
+        self.waiting.setdefault(path, set()).add(changed)
+        if self.reader is None or self.reader.done():
+            # (Not any one trigger's task: it outlives each of them. Its context is emptied so
+            # that its lines are nobody's.)
+            self.reader = asyncio.get_running_loop().create_task(
+                self._read(), name="directory-trigger-inotify", context=contextvars.Context()
+            )
+
+    def unsubscribe(self, path: str, changed: asyncio.Event) -> None:
+        waiting = self.waiting.get(path)
+        if waiting is None:
+            return
+        waiting.discard(changed)
+        if not waiting:
+            del self.waiting[path]
+            watch = self.watches.pop(path, None)
+            if watch is not None and path not in self.gone:
+                with contextlib.suppress(OSError):
+                    self.inotify.rm_watch(watch)
+
+    async def _read(self) -> None:
+        from asyncinotify import Mask
+
+        async for event in self.inotify:
+            path = str(event.watch.path) if event.watch is not None else None
+            if path is None or self.watches.get(path) is not event.watch:
+                continue  # a watch removed since
+            if event.mask & Mask.IGNORED:
+                self.gone.add(path)
+                self.watches.pop(path, None)
+            for changed in self.waiting.get(path, ()):
+                changed.set()
 
 
 class DirectoryTrigger(BaseEventTrigger):
@@ -188,8 +256,8 @@ class DirectoryTrigger(BaseEventTrigger):
         self.pattern = pattern
         self.poll_interval = _poll_interval(poll_interval)
         self.use_inotify = bool(use_inotify)
-        self._inotify: Any = None
-        self._reader: asyncio.Task[None] | None = None
+        self._shared: _SharedInotify | None = None
+        self._changed: asyncio.Event | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -219,8 +287,8 @@ class DirectoryTrigger(BaseEventTrigger):
             for event in self._events(cursor, started, found):
                 cursor = event.cursor
                 yield event
-            if self._reader is not None and self._reader.done():
-                self._reader.result()  # the watch ended (directory removed): raise why
+            if self._shared is not None and self.path in self._shared.gone:
+                raise FileNotFoundError(f"directory {self.path} was removed or unmounted")
             with anyio.move_on_after(self.poll_interval):
                 await changed.wait()
 
@@ -257,41 +325,23 @@ class DirectoryTrigger(BaseEventTrigger):
 
     def _watch(self, changed: asyncio.Event) -> None:
         """Set ``changed`` whenever inotify reports a change of the directory's files."""
-        inotify = _inotify()
-        if inotify is None:
+        shared = _SharedInotify.of_loop()
+        if shared is None:
             self.log.info("no inotify here: looking at %s every %ss", self.path, self.poll_interval)
             return
-        from asyncinotify import Mask
-
         try:
-            inotify.add_watch(
-                self.path, Mask.CLOSE_WRITE | Mask.MOVED_TO | Mask.ATTRIB | Mask.ONLYDIR
-            )
+            shared.subscribe(self.path, changed)
         except OSError as exc:
-            inotify.close()
             if isinstance(exc, FileNotFoundError | NotADirectoryError):
                 raise
             self.log.info("cannot watch %s with inotify (%s): polling", self.path, exc)
             return
-        self._inotify = inotify
-
-        async def read() -> None:
-            async for event in inotify:
-                if event.mask & Mask.IGNORED:
-                    raise FileNotFoundError(f"directory {self.path} was removed or unmounted")
-                changed.set()
-
-        self._reader = asyncio.get_running_loop().create_task(read())
-        self._reader.add_done_callback(lambda _task: changed.set())
+        self._shared, self._changed = shared, changed
 
     async def cleanup(self) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-        inotify, self._inotify = self._inotify, None
-        if inotify is not None:
-            inotify.close()
+        shared, self._shared = self._shared, None
+        if shared is not None and self._changed is not None:
+            shared.unsubscribe(self.path, self._changed)
 
 
 # -- an HTTP resource -------------------------------------------------------------------------
