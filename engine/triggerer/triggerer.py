@@ -81,7 +81,7 @@ class Triggerer:
         self._lease: LeaseKeeper | None = None
         self._runner = TriggerRunner(state, outcomes, cleanup_timeout_s=config.cleanup_timeout_s)
         self._watcher_writes = WatcherOutbox(state)
-        watchers = WatcherRunner(
+        self._watchers = watchers = WatcherRunner(
             state, self._watcher_writes, cleanup_timeout_s=config.cleanup_timeout_s
         )
         self._deadlines = Deadlines(state)
@@ -214,7 +214,8 @@ class Triggerer:
                 await self._claimer.run()
                 with anyio.move_on_after(max(self.lease_s, 5.0)):
                     await self._outcomes.drain()  # events already produced, before letting go
-                    await self._watcher_writes.drain()  # (and the watchers' with their cursors)
+                    self._watchers.stop_all()  # (the watchers' events so far, with cursors)
+                    await self._watcher_writes.drain()
                 tg.cancel_scope.cancel()
         finally:
             watchdog.stop()

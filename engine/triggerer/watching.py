@@ -117,6 +117,14 @@ class WatcherRunner:
         self._state = state
         self._outbox = outbox
         self.cleanup_timeout_s = cleanup_timeout_s
+        #: The held triggers that are watchers.
+        self.running: set[int] = set()
+
+    def stop_all(self) -> None:
+        """Stop every watcher (the triggerer stops): no event comes after this."""
+        for trigger_id in list(self.running):
+            self._state.held.drop(trigger_id)
+        self.running.clear()
 
     def start(
         self,
@@ -129,6 +137,8 @@ class WatcherRunner:
         loop = self._state.loop
         assert loop is not None
         held.task = loop.create_task(self._keep(trigger_id, held, watcher, build), name=name)
+        self.running.add(trigger_id)
+        held.task.add_done_callback(lambda _task: self.running.discard(trigger_id))
 
     async def _keep(
         self,
