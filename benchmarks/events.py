@@ -3,15 +3,16 @@ with many watchers on one triggerer.
 
 The run, against a fresh database (embedded server, or ``DEFERRAL_DATABASE_URL``): ``--watchers``
 assets, each with one watcher, used by one DAG scheduled on any of them; one triggerer (in this
-process, its own event loop as a triggerer process has) runs every watcher. Each watcher's
+process, on the same loop as everything else) runs every watcher. Each watcher's
 event trigger waits on an in-process queue: the driver puts outside events into random
 watchers' queues at ``--rate`` events per second for ``--duration`` seconds, stamping each with
-the time it was sent. Reported: event -> asset event committed (p50 / p99 / max: seen by a
-reader polling the events table every few ms, so the figures include up to that much), the
+the time it was sent. A scheduler and a worker run too (the in-process engine of
+``engine.testing.run_engine``): each event's run's first task notes when it started. Reported:
+event -> asset event committed (p50 / p99 / max: seen by a reader polling the events table
+every few ms, so the figures include up to that much), event -> first task started, the
 database transactions per event (``pg_stat_database.xact_commit`` over the run, every process
 of the database included, the reader's own left out), and whether every event was recorded
-once. Not covered (left for later): the downstream run's first task, and the comparison with
-polling sensors.
+once. Not covered (left for later): the comparison with polling sensors.
 """
 
 from __future__ import annotations

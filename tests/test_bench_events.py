@@ -28,4 +28,8 @@ def test_events_reports_event_to_asset_event_latency(
     # Every event was recorded, once.
     assert (data["events_recorded"], data["events_repeated"]) == (20, 0)
     assert set(data["event_to_asset_event_ms"]) == {"p50", "p99", "max"}
+    # Each event reached a downstream run (queued events collapse into one run).
+    assert data["events_reaching_a_run"] == 20
+    assert 1 <= data["downstream_runs"] <= 20
+    assert set(data["event_to_first_task_started_ms"]) == {"p50", "p99", "max"}
     assert isinstance(data["transactions_per_event"], int | float)
