@@ -38,7 +38,9 @@ __all__ = ["WATCHER_BACKOFF_S", "WatcherOutbox", "WatcherRunner", "backoff_s"]
 
 log = logging.getLogger("engine.triggerer")
 
-#: A failing watcher starts again after the first of these seconds, doubling up to the second.
+#: A failing watcher starts again after the first of these seconds, doubling up to the second
+#: while its runs keep failing within that second figure (a run that lasted longer starts the
+#: series again).
 WATCHER_BACKOFF_S = (1.0, 60.0)
 
 _json = msgspec.json.Encoder()
@@ -157,6 +159,7 @@ class WatcherRunner:
             trigger: BaseTrigger | None = None
             agen: Any = None
             error: str | None = None
+            started = asyncio.get_running_loop().time()
             try:
                 trigger = build()
                 if not isinstance(trigger, BaseEventTrigger):
@@ -193,7 +196,6 @@ class WatcherRunner:
                             seq=seq,
                         )
                     )
-                    failures = 0
             except BaseException as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling() > 0:
@@ -201,6 +203,8 @@ class WatcherRunner:
                     raise
                 error = f"{what} raised:\n" + format_user_exception(exc)
             await self._close(trigger, agen, what)
+            if asyncio.get_running_loop().time() - started >= WATCHER_BACKOFF_S[1]:
+                failures = 0  # it ran well for a while: this fault starts a new series
             failures += 1
             delay = backoff_s(failures)
             log.error("%s; starting it again in %.0fs", error, delay)
