@@ -91,19 +91,26 @@ RETURNING id, asset, created_at;
 -- queued while a DAG waits, for its condition or for a free run, collapse into one run).
 -- The run's logical date is its newest event's time, its data interval spans its events'.
 -- The DAGs are locked SKIP LOCKED (another scheduler takes the others). Returns the runs.
-WITH RECURSIVE queued AS (
-    -- the DAGs with queued events, one index probe each (not a read of every queued event)
-    (SELECT q.dag_id FROM deferral_asset_queue q ORDER BY q.dag_id LIMIT 1)
+WITH RECURSIVE pairs AS (
+    -- the distinct (DAG, asset) pairs of the queue, one index probe each (a loose index scan:
+    -- not a read of every queued event)
+    (SELECT q.dag_id, q.asset FROM deferral_asset_queue q ORDER BY q.dag_id, q.asset LIMIT 1)
     UNION ALL
-    SELECT (SELECT q.dag_id FROM deferral_asset_queue q
-            WHERE q.dag_id > queued.dag_id ORDER BY q.dag_id LIMIT 1)
-    FROM queued WHERE queued.dag_id IS NOT NULL
+    SELECT n.dag_id, n.asset
+    FROM pairs p
+    CROSS JOIN LATERAL (
+        SELECT q.dag_id, q.asset FROM deferral_asset_queue q
+        WHERE (q.dag_id, q.asset) > (p.dag_id, p.asset)
+        ORDER BY q.dag_id, q.asset LIMIT 1
+    ) n
+), pending AS (
+    SELECT dag_id, array_agg(asset) AS assets FROM pairs GROUP BY dag_id
 ), ready AS (
     SELECT d.dag_id
     FROM deferral_dags d
-    JOIN queued p ON p.dag_id = d.dag_id
+    JOIN pending p ON p.dag_id = d.dag_id
     WHERE d.is_active AND NOT d.is_paused AND d.timetable->>'kind' = 'assets'
-      AND deferral_asset_condition(d.timetable->'condition', d.dag_id)
+      AND deferral_asset_condition(d.timetable->'condition', p.assets)
       AND (SELECT count(*) FROM deferral_dag_runs r
            WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')
              AND r.run_type <> 'backfill') < d.max_active_runs
@@ -111,11 +118,13 @@ WITH RECURSIVE queued AS (
     LIMIT $1
     FOR UPDATE OF d SKIP LOCKED
 ), taken AS (
-    DELETE FROM deferral_asset_queue q USING ready
-    WHERE q.dag_id = ready.dag_id
+    -- (by an array of ids: a join with ready was planned as a read of the whole queue)
+    DELETE FROM deferral_asset_queue q
+    WHERE q.dag_id = ANY (ARRAY(SELECT ready.dag_id FROM ready))
     RETURNING q.dag_id, q.event_id
 ), span AS (
-    SELECT t.dag_id, min(e.created_at) AS first_at, max(e.created_at) AS last_at
+    SELECT t.dag_id, min(e.created_at) AS first_at, max(e.created_at) AS last_at,
+           count(*) AS events
     FROM taken t JOIN deferral_asset_events e ON e.id = t.event_id
     GROUP BY t.dag_id
 ), runs AS (
@@ -132,9 +141,8 @@ WITH RECURSIVE queued AS (
     INSERT INTO deferral_run_asset_events (dag_run_id, event_id)
     SELECT runs.id, t.event_id FROM runs JOIN taken t ON t.dag_id = runs.dag_id
 )
-SELECT runs.id, runs.dag_id, runs.run_id,
-       (SELECT count(*) FROM taken t WHERE t.dag_id = runs.dag_id) AS events
-FROM runs;
+SELECT runs.id, runs.dag_id, runs.run_id, s.events
+FROM runs JOIN span s ON s.dag_id = runs.dag_id;
 
 -- name: run_asset_events
 -- The events that triggered runs $1 (ids), oldest first per run.

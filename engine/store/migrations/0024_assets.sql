@@ -61,19 +61,23 @@ CREATE INDEX deferral_asset_events_asset ON deferral_asset_events (asset, id);
 -- Events not yet consumed by a run of a DAG scheduled on their asset: one row per (DAG,
 -- event). The scheduler consumes all of a DAG's rows into one run once its condition holds
 -- (queued events collapse into one run).
+-- (No foreign keys here and in deferral_run_asset_events: their rows are written by the
+-- trigger and by create_asset_runs from rows that exist, and a check per row cost more than
+-- the insert, thousands of them per event burst.)
 CREATE TABLE deferral_asset_queue (
-    dag_id   text NOT NULL REFERENCES deferral_dags (dag_id) ON DELETE CASCADE,
-    event_id bigint NOT NULL REFERENCES deferral_asset_events (id) ON DELETE CASCADE,
+    dag_id   text NOT NULL,
+    event_id bigint NOT NULL,
     asset    text NOT NULL,
     PRIMARY KEY (dag_id, event_id)
 );
--- (whether a DAG has events of an asset queued: one probe, however many are queued)
+-- (which assets a DAG has events of queued: one probe per (DAG, asset), however many events
+-- are queued: create_asset_runs)
 CREATE INDEX deferral_asset_queue_asset ON deferral_asset_queue (dag_id, asset);
 
 -- The events that triggered each asset-triggered run.
 CREATE TABLE deferral_run_asset_events (
-    dag_run_id bigint NOT NULL REFERENCES deferral_dag_runs (id) ON DELETE CASCADE,
-    event_id   bigint NOT NULL REFERENCES deferral_asset_events (id) ON DELETE CASCADE,
+    dag_run_id bigint NOT NULL,
+    event_id   bigint NOT NULL,
     PRIMARY KEY (dag_run_id, event_id)
 );
 CREATE INDEX deferral_run_asset_events_event ON deferral_run_asset_events (event_id);
@@ -100,28 +104,26 @@ CREATE TRIGGER deferral_asset_events_queue AFTER INSERT ON deferral_asset_events
     REFERENCING NEW TABLE AS added
     FOR EACH STATEMENT EXECUTE FUNCTION deferral_queue_asset_events();
 
--- Whether DAG $2's asset condition $1 holds over the events queued for it: a condition is
--- {"asset": name} (events of it are queued), {"all": [conditions]} or {"any": [conditions]}
--- (engine's AssetAll, AssetAny; a schedule list is "all"). One index probe per asset looked
--- at, however many events are queued.
-CREATE FUNCTION deferral_asset_condition(cond jsonb, dag text) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
+-- Whether an asset condition holds when the assets named in $2 have queued events: a
+-- condition is {"asset": name}, {"all": [conditions]} or {"any": [conditions]} (engine's
+-- AssetAll, AssetAny; a schedule list is "all").
+CREATE FUNCTION deferral_asset_condition(cond jsonb, present text[]) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     part jsonb;
 BEGIN
     IF cond ? 'asset' THEN
-        RETURN EXISTS (SELECT 1 FROM deferral_asset_queue q
-                       WHERE q.dag_id = dag AND q.asset = cond->>'asset');
+        RETURN (cond->>'asset') = ANY (present);
     ELSIF cond ? 'all' THEN
         FOR part IN SELECT jsonb_array_elements(cond->'all') LOOP
-            IF NOT deferral_asset_condition(part, dag) THEN
+            IF NOT deferral_asset_condition(part, present) THEN
                 RETURN false;
             END IF;
         END LOOP;
         RETURN true;
     ELSIF cond ? 'any' THEN
         FOR part IN SELECT jsonb_array_elements(cond->'any') LOOP
-            IF deferral_asset_condition(part, dag) THEN
+            IF deferral_asset_condition(part, present) THEN
                 RETURN true;
             END IF;
         END LOOP;
