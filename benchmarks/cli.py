@@ -13,6 +13,7 @@ from __future__ import annotations
 import click
 
 from benchmarks.claims import claims
+from benchmarks.events import events
 from benchmarks.fleet import fleet
 from benchmarks.plots import plot
 from benchmarks.schedule import schedule
@@ -34,4 +35,5 @@ bench.add_command(schedule)
 bench.add_command(claims)
 bench.add_command(web)
 bench.add_command(throughput)
+bench.add_command(events)
 bench.add_command(plot)

@@ -144,6 +144,7 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
             [None] * len(running),
             [False] * len(running),
             [1] * len(running),
+            None,
         ),
         # (timeout_deferrals is not in the list; pinned too, as the triggerer's timers
         # end deferrals with it by trigger id, and the scheduler's backstop by deadline.)

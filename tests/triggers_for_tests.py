@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from triggers.base import (
+    BaseEventTrigger,
     BaseTrigger,
     TaskFailedEvent,
     TaskSkippedEvent,
@@ -207,3 +208,18 @@ class EchoTrigger(BaseTrigger):
 
 class NotATrigger:
     """A class that is no BaseTrigger."""
+
+
+class FailingEventTrigger(BaseEventTrigger):
+    """An event trigger whose ``run()`` raises ``message`` at once, every time it starts (an
+    asset watcher's fault: recorded, restarted with backoff)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{_HERE}.FailingEventTrigger", {"message": self.message})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        raise RuntimeError(self.message)
+        yield  # pragma: no cover - an async generator

@@ -486,12 +486,14 @@ ORDER BY ti.id;
 -- 'success' / 'skipped' (with $4 its result) or 'failed' (with $5 the error; up_for_retry at
 -- the policy's delay while retries remain, unless $6 says no retry). Returns the tries that changed. One
 -- statement per batch, not per task: a worker resuming a thousand tasks a second would
--- otherwise queue them on a thousand fsynced commits.
+-- otherwise queue them on a thousand fsynced commits. $8: the asset events the successes
+-- record (a JSON array of {"ti": task instance, "asset", "extra"}; null: none), written with
+-- them in this statement (a failure writes none; events of unknown assets are dropped).
 WITH outcome AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]::deferral_task_outcome[],
                          $4::bytea[], $5::text[], $6::boolean[], $7::integer[])
         AS o(id, worker_id, kind, result, error, no_retry, try_number)
-)
+), done AS (
 UPDATE deferral_task_instances ti
 SET state = CASE o.kind WHEN 'success' THEN 'success'
                         WHEN 'skipped' THEN 'skipped'
@@ -512,7 +514,19 @@ FROM outcome o
 -- without statistics a generic plan did. It may still read the running tasks once.)
 WHERE ti.id = o.id AND ti.worker_id IS NOT DISTINCT FROM o.worker_id AND ti.state = 'running'
   AND ti.try_number = o.try_number
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id;
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id, ti.dag_id,
+          ti.run_id, ti.map_index
+), asset_events AS (
+    -- (the asset events of the successes: engine/store/assets.sql)
+    INSERT INTO deferral_asset_events (asset, extra, source_kind, source_dag_id, source_run_id,
+                                       source_task_id, source_map_index)
+    SELECT ev->>'asset', COALESCE(ev->'extra', '{}'::jsonb), 'task', d.dag_id, d.run_id,
+           d.task_id, d.map_index
+    FROM jsonb_array_elements(COALESCE($8::jsonb, '[]'::jsonb)) ev
+    JOIN done d ON d.id = (ev->>'ti')::bigint AND d.state = 'success'
+    WHERE EXISTS (SELECT 1 FROM deferral_assets a WHERE a.name = ev->>'asset')
+)
+SELECT id, dag_run_id, task_id, state, is_leaf, worker_id FROM done;
 
 -- name: reschedule_task
 -- A sensor in reschedule mode gives its slot back until $3: try $4 of task instance $1, if
@@ -1133,6 +1147,7 @@ WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id IS NOT DISTINCT FROM $1  -- s
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: lock_orphan_triggers
@@ -1142,6 +1157,7 @@ WHERE t.created_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 ORDER BY t.id
 FOR UPDATE OF t;
 
@@ -1153,6 +1169,7 @@ WHERE t.id = ANY ($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: list_triggers

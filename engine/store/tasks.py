@@ -218,6 +218,13 @@ class TaskQueries(StoreCore):
             [storable_opt(o.error) for o in outcomes],
             [o.no_retry for o in outcomes],
             [o.try_number for o in outcomes],
+            [
+                {"ti": o.ti_id, **event}
+                for o in outcomes
+                if o.asset_events and o.kind == "success"
+                for event in o.asset_events
+            ]
+            or None,
         )
         return structs(rows, FinishedTask)
 

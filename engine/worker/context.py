@@ -19,6 +19,7 @@ import pendulum
 
 from engine.usercode.variables import CONNECTIONS, VARIABLES, bind_fallback
 from engine.worker.macros import MACROS
+from operators.assets import AssetEvent, OutletEventAccessors, TriggeringAssetEvents
 
 if TYPE_CHECKING:
     from engine.store import ClaimedTask
@@ -79,7 +80,9 @@ TEMPLATE_VARIABLES = (
 )
 
 #: Context entries a child process (isolation="process") cannot be sent and puts back.
-_LOCAL = ("task", "macros", "dag", "var", "conn", "task_instance", "inlets", "outlets")
+_LOCAL = (
+    "task", "macros", "dag", "var", "conn", "task_instance", "inlets", "outlets", "outlet_events",
+)  # fmt: skip
 
 
 _UTC = pendulum.UTC
@@ -250,7 +253,9 @@ def child_context(context: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in context.items():
         if key in _LOCAL:
             continue
-        if isinstance(value, DagRunInfo):
+        if isinstance(value, TriggeringAssetEvents):
+            value = [msgspec.structs.asdict(e) for events in value.values() for e in events]
+        elif isinstance(value, DagRunInfo):
             value = {
                 f: _plain(v) for f, v in msgspec.structs.asdict(value).items()
             }  # fmt: skip
@@ -279,6 +284,10 @@ def restore_context(plain: Mapping[str, Any], op: BaseOperator) -> dict[str, Any
     context["dag"] = dag
     context["inlets"] = list(getattr(op, "inlets", None) or [])
     context["outlets"] = list(getattr(op, "outlets", None) or [])
+    context["outlet_events"] = OutletEventAccessors(op.task_id, list(op.outlets))
+    context["triggering_asset_events"] = TriggeringAssetEvents(
+        [msgspec.convert(e, AssetEvent) for e in plain.get("triggering_asset_events") or []]
+    )
     context["var"] = VARIABLES
     context["conn"] = CONNECTIONS
     context["macros"] = MACROS

@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
-from typing import assert_never
+from typing import Any, assert_never
 
 import anyio
 
@@ -113,8 +113,8 @@ class Recorder:
     ) -> None:
         """Write how try ``ti`` ended (``started``: its ``time.perf_counter()`` at the start)."""
         match outcome:
-            case Returned(result=payload):
-                await self._record_end(ti, worker_id, "success", payload)
+            case Returned(result=payload, asset_events=events):
+                await self._record_end(ti, worker_id, "success", payload, events)
                 what = f"resume at {ti.next_method}" if ti.next_method else "execute"
                 log.info("%s succeeded in %.1f ms", what, (time.perf_counter() - started) * 1000)
             case Raised(error=error, no_retry=no_retry):
@@ -208,7 +208,12 @@ class Recorder:
         )
 
     async def _record_end(
-        self, ti: ClaimedTask, worker_id: int, state: TaskOutcomeKind, payload: bytes | None
+        self,
+        ti: ClaimedTask,
+        worker_id: int,
+        state: TaskOutcomeKind,
+        payload: bytes | None,
+        asset_events: list[dict[str, Any]] | None = None,
     ) -> None:
         outcome = TaskOutcome(
             ti_id=ti.id,
@@ -216,6 +221,7 @@ class Recorder:
             try_number=ti.try_number,
             kind=state,
             result=payload,
+            asset_events=asset_events,
         )
         self._lost_if_not(await self._finish(outcome) is not None, ti)
 

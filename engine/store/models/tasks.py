@@ -76,6 +76,9 @@ class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
     result: bytes | None = None
     error: str | None = None
     no_retry: bool = False
+    #: The asset events a success records with it (``[{"asset": name, "extra": {...}}]``;
+    #: None: none).
+    asset_events: list[dict[str, Any]] | None = None
 
 
 class Deferral(msgspec.Struct, frozen=True, kw_only=True):
