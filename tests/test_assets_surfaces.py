@@ -65,7 +65,7 @@ async def test_assets_list_events_and_emit(store: Store, db_url: str) -> None:
     ]
     assert row["scheduled_dags"] == ["consumer"]
     assert row["producing_dags"] == ["producer"]
-    assert row["last_event_id"] is None
+    assert row["last_event"] is None
 
     emitted = await ainvoke(db_url, "assets", "emit", "orders", "--extra", '{"rows": 7}')
     assert emitted.exit_code == 0, emitted.output
@@ -74,6 +74,8 @@ async def test_assets_list_events_and_emit(store: Store, db_url: str) -> None:
     assert [(e["id"], e["extra"], e["source_kind"]) for e in events] == [
         (event_id, {"rows": 7}, "cli")
     ]
+    (row,) = json.loads((await ainvoke(db_url, "assets", "list", "--json")).output)
+    assert (row["last_event"]["id"], row["last_event"]["source_kind"]) == (event_id, "cli")
     table = await ainvoke(db_url, "assets", "list")
     assert "orders_tick" in table.output
     assert "consumer" in table.output
