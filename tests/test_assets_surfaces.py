@@ -168,10 +168,14 @@ async def test_the_webhook_with_its_token(store: Store, served: Any) -> None:
         status, answer = await _post(url, **kwargs)
         assert status == expected, (kwargs, answer)
         assert answer["error"]
+    async with aiohttp.ClientSession() as session:
+        lower = {"Authorization": f"bearer {TOKEN}"}  # (the scheme is case-insensitive)
+        async with session.post(url, json={"extra": {"case": 1}}, headers=lower) as r:
+            assert r.status == 200
     status, answer = await _post(f"{base}/api/assets/nope/events", {"extra": {}}, token=TOKEN)
     assert status == 404
     assert "unknown asset 'nope'" in answer["error"]
-    assert len(await store.asset_events("orders")) == 2  # the refused ones wrote nothing
+    assert len(await store.asset_events("orders")) == 3  # the refused ones wrote nothing
 
 
 async def test_the_webhook_of_a_webserver_process(
