@@ -315,3 +315,41 @@ async def test_outlet_events_and_triggering_events_cross_a_child_process(
         await wait_until(consumed, what="the asset-triggered run to end")
     [run] = await _runs(store, "iso_consumer")
     assert run.state == "success"
+
+
+async def test_taskflow_outlets_record_their_extra(store: Store) -> None:
+    from engine import get_current_context, task
+
+    with DAG("tf_producer") as dag:
+
+        @task(outlets=[CUSTOMERS])
+        def load() -> int:
+            get_current_context()["outlet_events"][CUSTOMERS].extra = {"via": "taskflow"}
+            return 3
+
+        load()
+    async with run_engine(store, dags=[dag]) as engine:
+        tis = await engine.run_dag(dag)
+    assert tis["load"]["state"] == "success"
+    [event] = await store.asset_events("customers")
+    assert (event.extra, event.source_task_id) == ({"via": "taskflow"}, "load")
+
+
+async def test_a_deferrable_sensor_with_outlets_records_its_event(store: Store) -> None:
+    # (a sensor's trigger ends it without a worker hop, unless it has outlets: their events
+    # are written with its success by the worker)
+    from operators.sensors.temporal import DateTimeSensor
+
+    with DAG("sensing") as dag:
+        DateTimeSensor(
+            task_id="wait",
+            target_time=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1),
+            deferrable=True,
+            outlets=[ORDERS],
+        )
+    async with run_engine(store, dags=[dag]) as engine:
+        tis = await engine.run_dag(dag)
+    assert tis["wait"]["state"] == "success"
+    assert tis["wait"]["try_number"] == 1  # (it deferred once and resumed)
+    [event] = await store.asset_events("orders")
+    assert (event.source_dag_id, event.source_task_id) == ("sensing", "wait")

@@ -77,7 +77,7 @@ async def test_assets_list_events_and_emit(store: Store, db_url: str) -> None:
     ]
     assert row["scheduled_dags"] == ["consumer"]
     assert row["producing_dags"] == ["producer"]
-    assert row["last_event_id"] is None
+    assert row["last_event"] is None
 
     emitted = await ainvoke(db_url, "assets", "emit", "orders", "--extra", '{"rows": 7}')
     assert emitted.exit_code == 0, emitted.output
@@ -86,6 +86,8 @@ async def test_assets_list_events_and_emit(store: Store, db_url: str) -> None:
     assert [(e["id"], e["extra"], e["source_kind"]) for e in events] == [
         (event_id, {"rows": 7}, "cli")
     ]
+    (row,) = json.loads((await ainvoke(db_url, "assets", "list", "--json")).output)
+    assert (row["last_event"]["id"], row["last_event"]["source_kind"]) == (event_id, "cli")
     table = await ainvoke(db_url, "assets", "list")
     assert "orders_tick" in table.output
     assert "consumer" in table.output
@@ -178,10 +180,14 @@ async def test_the_webhook_with_its_token(store: Store, served: Any) -> None:
         status, answer = await _post(url, **kwargs)
         assert status == expected, (kwargs, answer)
         assert answer["error"]
+    async with aiohttp.ClientSession() as session:
+        lower = {"Authorization": f"bearer {TOKEN}"}  # (the scheme is case-insensitive)
+        async with session.post(url, json={"extra": {"case": 1}}, headers=lower) as r:
+            assert r.status == 200
     status, answer = await _post(f"{base}/api/assets/nope/events", {"extra": {}}, token=TOKEN)
     assert status == 404
     assert "unknown asset 'nope'" in answer["error"]
-    assert len(await store.asset_events("orders")) == 2  # the refused ones wrote nothing
+    assert len(await store.asset_events("orders")) == 3  # the refused ones wrote nothing
 
 
 async def test_the_webhook_of_a_webserver_process(

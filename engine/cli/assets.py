@@ -41,9 +41,8 @@ class ListedAsset(msgspec.Struct, frozen=True, kw_only=True):
     #: ``[{"name": ..., "classpath": ..., ...}]``: its watchers (and their triggerer, when
     #: the triggerer's runtime records one).
     watchers: list[dict[str, Any]]
-    last_event_id: int | None
-    last_event_at: dt.datetime | None
-    last_event_source: str | None
+    #: ``{"id", "timestamp", "source_kind"}`` of its latest event (None: none yet).
+    last_event: dict[str, Any] | None
     scheduled_dags: list[str]
     producing_dags: list[str]
     extra: dict[str, Any]
@@ -72,9 +71,13 @@ def listed_asset(row: AssetRow) -> ListedAsset:
         uri=row.uri,
         group=row.group,
         watchers=row.watchers,
-        last_event_id=row.last_event_id,
-        last_event_at=row.last_event_at,
-        last_event_source=row.last_event_source,
+        last_event=None
+        if row.last_event_id is None
+        else {
+            "id": row.last_event_id,
+            "timestamp": row.last_event_at,
+            "source_kind": row.last_event_source,
+        },
         scheduled_dags=row.scheduled_dags,
         producing_dags=row.producing_dags,
         extra=row.extra,
@@ -122,8 +125,8 @@ def assets_list(ctx: click.Context, as_json: bool, everything: bool, wide: bool)
     scheduled on them (and those whose tasks update them).
 
     --json keys: name, uri, group, watchers (a list of {name, classpath, state, triggerer,
-    triggerer_id, events, restarts, last_error, last_error_at, retry_at}), last_event_id,
-    last_event_at, last_event_source, scheduled_dags, producing_dags, extra.
+    triggerer_id, events, restarts, last_error, last_error_at, retry_at}), last_event
+    ({id, timestamp, source_kind}, or null), scheduled_dags, producing_dags, extra.
     """
     settings = _settings(ctx)
 
@@ -144,8 +147,9 @@ def assets_list(ctx: click.Context, as_json: bool, everything: bool, wide: bool)
     for a in listed:
         watchers = ", ".join(_watcher_cell(w) for w in a.watchers)
         last = (
-            f"#{a.last_event_id} {fmt_time(a.last_event_at)} ({a.last_event_source})"
-            if a.last_event_id is not None
+            f"#{a.last_event['id']} {fmt_time(a.last_event['timestamp'])} "
+            f"({a.last_event['source_kind']})"
+            if a.last_event is not None
             else ""
         )
         table.add_row(

@@ -14,6 +14,7 @@ import hmac
 from typing import Any
 
 import anyio
+import asyncpg
 import msgspec
 from aiohttp import web
 
@@ -79,8 +80,10 @@ async def _post_event(request: web.Request) -> web.Response:
             "the asset webhook is off: set the setting webhook_token (environment variable "
             "DEFERRAL_WEBHOOK_TOKEN) and send it as 'Authorization: Bearer <token>'",
         )
-    header = request.headers.get("Authorization", "")
-    given = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
+    scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer":  # (the scheme is case-insensitive)
+        given = ""
+    given = given.strip()
     if not given or not hmac.compare_digest(given.encode(), token.encode()):
         return _error(
             401,
@@ -88,6 +91,8 @@ async def _post_event(request: web.Request) -> web.Response:
             **{"WWW-Authenticate": "Bearer"},
         )
     name = request.match_info["name"]
+    if "\x00" in name:
+        return _error(404, f"unknown asset {name!r}: no DAG declares it")
     if (request.content_length or 0) > MAX_BODY_BYTES:
         return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
     try:
@@ -109,6 +114,8 @@ async def _post_event(request: web.Request) -> web.Response:
             written = await store.record_asset_events([event])
     except TRANSIENT_ERRORS as exc:  # (TimeoutError among them: fail_after)
         return _error(503, f"the database cannot be reached: {type(exc).__name__}")
+    except asyncpg.DataError as exc:  # (a value jsonb cannot hold)
+        return _error(400, f"the event cannot be stored: {exc}")
     if not written:
         return _error(404, f"unknown asset {name!r}: no DAG declares it")
     recorded = written[0]

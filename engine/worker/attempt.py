@@ -45,7 +45,7 @@ from engine.worker.outcomes import (
     worker_cancelled,
 )
 from engine.worker.trylogs import TryLogs
-from operators.assets import AssetEvent, OutletEventAccessors, TriggeringAssetEvents
+from operators.assets import OutletEventAccessors
 from operators.base import BaseOperator, Context, MappedOperator
 from operators.callbacks import callbacks_of
 from operators.xcom import current_context
@@ -132,9 +132,7 @@ class Attempts:
                 return made
             op = made
         context = await self._context(op, ti, worker_id)
-        outlets = OutletEventAccessors(ti.task_id, op.outlets)
-        context["outlet_events"] = outlets
-        context["triggering_asset_events"] = await self._triggering_events(ti)
+        outlets: OutletEventAccessors = context["outlet_events"]
         outcome = await self._call(op, ti, context)
         if isinstance(outcome, Returned) and op.outlets and outcome.asset_events is None:
             # (the events its success records, written with it: finish_tasks)
@@ -144,18 +142,6 @@ class Attempts:
                 return Raised(f"task {ti.dag_id}.{ti.task_id}: {exc}", no_retry=True)
             return msgspec.structs.replace(outcome, asset_events=events)
         return outcome
-
-    async def _triggering_events(self, ti: ClaimedTask) -> TriggeringAssetEvents:
-        """The events that triggered the try's run (read only for an asset-triggered run)."""
-        if ti.run_type != "asset_triggered":
-            return TriggeringAssetEvents([])
-        rows = await with_db_retry(
-            "read the triggering asset events",
-            lambda: self._store.triggering_asset_events(ti.dag_id, ti.run_id),
-        )
-        return TriggeringAssetEvents(
-            [msgspec.convert(msgspec.structs.asdict(r), AssetEvent) for r in rows]
-        )
 
     async def _call(self, op: BaseOperator, ti: ClaimedTask, context: Context) -> TryOutcome:
         """Call the try's method (execute, or the one a deferral resumes at)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from operators.base import BaseOperator
 
 __all__ = [
+    "NO_ASSET_EVENTS",
     "PREV_SUCCESS",
     "PREV_SUCCESS_KEYS",
     "TEMPLATE_VARIABLES",
@@ -39,7 +40,19 @@ __all__ = [
     "restore_context",
     "run_values",
     "to_pendulum",
+    "triggering_events",
 ]
+
+#: The triggering events of a run not triggered by assets.
+NO_ASSET_EVENTS = TriggeringAssetEvents([])
+
+
+def triggering_events(rows: Sequence[Any]) -> TriggeringAssetEvents:
+    """An asset-triggered run's events as its context shows them (``rows``: the store's)."""
+    return TriggeringAssetEvents(
+        [msgspec.convert(msgspec.structs.asdict(r), AssetEvent) for r in rows]
+    )
+
 
 #: The variable that costs a store query: looked up only when a template or callable asks.
 PREV_SUCCESS = "prev_data_interval_start_success"
@@ -200,6 +213,9 @@ def build_context(
         "task_instance_key_str": f"{ti.dag_id}__{ti.task_id}__{ds_nodash}",
         "inlets": list(getattr(op, "inlets", None) or []),
         "outlets": list(getattr(op, "outlets", None) or []),
+        "outlet_events": OutletEventAccessors(ti.task_id, list(getattr(op, "outlets", None) or [])),
+        # (an asset-triggered run's: read by render_task, engine/worker/templating.py)
+        "triggering_asset_events": NO_ASSET_EVENTS,
         "var": VARIABLES,
         "conn": CONNECTIONS,
         "macros": MACROS,
