@@ -197,21 +197,26 @@ async def _drive(
 
 
 def print_table(result: dict[str, Any]) -> None:
-    lat = result["event_to_asset_event_ms"]
-    table = Table(title=f"bench events: {result['watchers']:,} watchers, {result['rate']:g}/s")
-    down = result["event_to_first_task_started_ms"]
+    """The watcher run, and each sensor run beside it (``--compare-sensors``)."""
+    table = Table(
+        title=f"bench events: {result['watchers']:,} sources, {result['rate']:g} events/s"
+    )
     for col in (
-        "recorded",
+        "fleet",
+        "reached/sent",
         "repeated",
         "-> asset event p50/p99 ms",
-        "-> first task p50/p99 ms",
+        "-> task started/resumed p50/p99 ms",
         "runs",
         "xacts/event",
         "load",
     ):
         table.add_column(col, justify="right")
+    lat = result["event_to_asset_event_ms"]
+    down = result["event_to_first_task_started_ms"]
     table.add_row(
-        f"{result['events_recorded']:,}/{result['events_sent']:,}",
+        "watchers",
+        f"{result['events_reaching_a_run']:,}/{result['events_sent']:,}",
         str(result["events_repeated"]),
         f"{lat['p50']} / {lat['p99']}",
         f"{down['p50']} / {down['p99']}",
@@ -219,4 +224,16 @@ def print_table(result: dict[str, Any]) -> None:
         str(result["transactions_per_event"]),
         f"{result['load_1m_before']:.2f}",
     )
+    for sensors in result.get("sensors", []):
+        resumed = sensors["event_to_sensor_resumed_ms"]
+        table.add_row(
+            f"sensors, poll {sensors['poke_interval_s']:g} s",
+            f"{sensors['events_reaching_a_task']:,}/{sensors['events_sent']:,}",
+            "-",
+            "-",
+            f"{resumed['p50']} / {resumed['p99']}",
+            "1",
+            str(sensors["transactions_per_event"]),
+            f"{sensors['load_1m_before']:.2f}",
+        )
     console.print(table)
