@@ -203,12 +203,12 @@ def print_table(result: dict[str, Any]) -> None:
     )
     for col in (
         "fleet",
-        "reached/sent",
+        "reached",
         "repeated",
-        "-> asset event p50/p99 ms",
-        "-> task started/resumed p50/p99 ms",
+        "asset event p50/p99 ms",
+        "task p50/p99 ms",
         "runs",
-        "xacts/event",
+        "xacts/ev",
         "load",
     ):
         table.add_column(col, justify="right")
@@ -227,7 +227,7 @@ def print_table(result: dict[str, Any]) -> None:
     for sensors in result.get("sensors", []):
         resumed = sensors["event_to_sensor_resumed_ms"]
         table.add_row(
-            f"sensors, poll {sensors['poke_interval_s']:g} s",
+            f"sensors {sensors['poke_interval_s']:g} s",
             f"{sensors['events_reaching_a_task']:,}/{sensors['events_sent']:,}",
             "-",
             "-",
@@ -237,3 +237,7 @@ def print_table(result: dict[str, Any]) -> None:
             f"{sensors['load_1m_before']:.2f}",
         )
     console.print(table)
+    console.print(
+        "task: event -> the run's first task started (watchers), -> the sensor's task resumed "
+        "(sensors); xacts/ev: committed transactions per event (sensors: arming included)"
+    )

@@ -4,11 +4,11 @@ deferrable sensors that poll, imported only when it runs.
 One DAG run holds one sensor task per source (as many as the watcher half's watchers). Each
 sensor checks its source once on the worker, then defers to a polling trigger (the engine's
 :class:`triggers.polling.PollingTrigger`, checking every ``poke_interval`` seconds on the
-triggerer); when its source holds an event the trigger fires and the sensor's task resumes on
-the worker (``execute_complete``), which notes when. The source is the same kind as the
-watchers': an in-process mailbox the driver writes to, so the difference measured is the
-waiting model's, not the source's. A sensor serves one event and ends, so the driver sends
-each event to a different sensor (as many events as sensors at most, at the same rate).
+triggerer, each from a random phase); when its source holds an event the trigger fires and the
+sensor's task resumes on the worker (``execute_complete``), which notes when. The source is
+the same kind as the watchers': an in-process mailbox the driver writes to, so the difference
+measured is the waiting model's, not the source's. A sensor serves one event and ends, so
+the driver sends one event to each sensor, in random order, at the same rate.
 """
 
 from __future__ import annotations
@@ -62,7 +62,11 @@ class MailboxTrigger(PollingTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        ARMED.add(self.key)  # (on the triggerer; the worker's first check calls check() only)
+        # (On the triggerer; the worker's first check calls check() only.) The first wait is
+        # a random part of the interval: a fleet whose sensors are armed again after each
+        # event polls at every phase, not all at the moment the benchmark armed them.
+        ARMED.add(self.key)
+        await asyncio.sleep(random.uniform(0, self.poll_interval))
         async for event in super().run():
             yield event
 
