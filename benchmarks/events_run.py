@@ -83,7 +83,7 @@ async def _commits(url: str, db_name: str) -> int:
 
 
 #: How long the engine idles, its fleet waiting and no event sent, to measure the background.
-IDLE_S = 5.0
+IDLE_S = 10.0
 
 
 async def _background(url: str, db_name: str) -> float:
