@@ -160,10 +160,6 @@ async def _run(sources: int, rate: float, poke_interval: float, keep_db: bool) -
         "transactions_per_event": round((arming + waiting) / max(1, total), 3),
         "transactions_waiting_per_event": round(waiting / max(1, total), 3),
         "background_transactions_per_s": background,
-        # Arming, and waiting less what the engine commits anyway in as long without events.
-        "transactions_per_event_less_background": round(
-            (arming + waiting - background * (arming_s + elapsed)) / max(1, total), 3
-        ),
         "elapsed_s": round(elapsed, 2),
         "load_1m_before": load_before,
         "load_1m_after": load_after,
