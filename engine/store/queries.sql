@@ -484,35 +484,53 @@ ORDER BY ti.id;
 -- $7 the try (only that try, still held by that worker, changes: an outcome written again
 -- after a lost reply cannot end a later try), $3 the outcome kind (deferral_task_outcome),
 -- 'success' / 'skipped' (with $4 its result) or 'failed' (with $5 the error; up_for_retry at
--- the policy's delay while retries remain, unless $6 says no retry). Returns the tries that changed. One
--- statement per batch, not per task: a worker resuming a thousand tasks a second would
--- otherwise queue them on a thousand fsynced commits.
+-- the policy's delay while retries remain, unless $6 says no retry). A branching task's
+-- success skips the tasks of its run it does not follow, in the same statement (both land or
+-- neither: a worker killed before this write leaves them pending): pairs ($8 task instance,
+-- $9 task id), only those still pending. Returns the tries that changed, then the tasks
+-- skipped (worker_id NULL). One statement per batch, not per task: a worker resuming a
+-- thousand tasks a second would otherwise queue them on a thousand fsynced commits.
 WITH outcome AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]::deferral_task_outcome[],
                          $4::bytea[], $5::text[], $6::boolean[], $7::integer[])
         AS o(id, worker_id, kind, result, error, no_retry, try_number)
+),
+ended AS (
+    UPDATE deferral_task_instances ti
+    SET state = CASE o.kind WHEN 'success' THEN 'success'
+                            WHEN 'skipped' THEN 'skipped'
+                            WHEN 'failed' THEN CASE WHEN o.no_retry THEN 'failed'
+                                                    ELSE deferral_fail_state(ti.try_number,
+                                                                             ti.retries) END
+                END,
+        result = CASE WHEN o.kind = 'failed' THEN ti.result ELSE o.result END,
+        error = o.error,
+        run_after = CASE WHEN o.kind = 'failed'
+                         THEN deferral_retry_at(ti.try_number, ti.retry_delay_s,
+                                                ti.retry_exponential_backoff, ti.max_retry_delay_s)
+                         ELSE ti.run_after END,
+        ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
+        next_event = NULL
+    FROM outcome o
+    -- (IS NOT DISTINCT FROM: no plan looks rows up through the worker index, once per outcome;
+    -- without statistics a generic plan did. It may still read the running tasks once.)
+    WHERE ti.id = o.id AND ti.worker_id IS NOT DISTINCT FROM o.worker_id AND ti.state = 'running'
+      AND ti.try_number = o.try_number
+    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id
+),
+skipped AS (
+    -- (Pending rows: never one of the running rows `ended` changes.)
+    UPDATE deferral_task_instances t
+    SET state = 'skipped', ended_at = now(), run_after = now()
+    FROM ended e
+    JOIN unnest($8::bigint[], $9::text[]) AS k(id, task_id) ON k.id = e.id
+    WHERE e.state = 'success' AND t.dag_run_id = e.dag_run_id AND t.task_id = k.task_id
+      AND t.state = 'pending'
+    RETURNING t.id, t.dag_run_id, t.task_id, t.state, t.is_leaf, NULL::bigint AS worker_id
 )
-UPDATE deferral_task_instances ti
-SET state = CASE o.kind WHEN 'success' THEN 'success'
-                        WHEN 'skipped' THEN 'skipped'
-                        WHEN 'failed' THEN CASE WHEN o.no_retry THEN 'failed'
-                                                ELSE deferral_fail_state(ti.try_number,
-                                                                         ti.retries) END
-            END,
-    result = CASE WHEN o.kind = 'failed' THEN ti.result ELSE o.result END,
-    error = o.error,
-    run_after = CASE WHEN o.kind = 'failed'
-                     THEN deferral_retry_at(ti.try_number, ti.retry_delay_s,
-                                            ti.retry_exponential_backoff, ti.max_retry_delay_s)
-                     ELSE ti.run_after END,
-    ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
-    next_event = NULL
-FROM outcome o
--- (IS NOT DISTINCT FROM: no plan looks rows up through the worker index, once per outcome;
--- without statistics a generic plan did. It may still read the running tasks once.)
-WHERE ti.id = o.id AND ti.worker_id IS NOT DISTINCT FROM o.worker_id AND ti.state = 'running'
-  AND ti.try_number = o.try_number
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id;
+SELECT * FROM ended
+UNION ALL
+SELECT * FROM skipped;
 
 -- name: reschedule_task
 -- A sensor in reschedule mode gives its slot back until $3: try $4 of task instance $1, if
@@ -2639,17 +2657,3 @@ DELETE FROM deferral_callback_requests WHERE id = $1 AND worker_id = $2 RETURNIN
 SELECT c.id, c.kind, c.dag_id, c.ti_id, c.try_number, c.error, c.deadline_index,
        c.deadline_at, c.worker_id, c.lease_until, c.claims, c.created_at
 FROM deferral_callback_requests c ORDER BY c.id;
-
--- Branching (operators/python.py: BranchPythonOperator, ShortCircuitOperator).
-
--- name: skip_branch_tasks
--- A branching task skips the tasks $4 of its run that are still pending (none of them ran:
--- they wait on it), just before its success is written: only while worker $2 holds try $3 of
--- task instance $1 (a late write of a reaped try skips nothing). Returns what moved, for the
--- caller to resolve their downstreams by their trigger rules.
-UPDATE deferral_task_instances ti
-SET state = 'skipped', ended_at = now(), run_after = now()
-FROM deferral_task_instances b
-WHERE b.id = $1 AND b.worker_id = $2 AND b.try_number = $3 AND b.state = 'running'
-  AND ti.dag_run_id = b.dag_run_id AND ti.task_id = ANY ($4::text[]) AND ti.state = 'pending'
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;
