@@ -137,10 +137,11 @@ class OverrideQueries(RunQueries):
             raise NoSuchTarget(f"no run {run_id!r} of DAG {dag_id!r}")
         rows: list[asyncpg.Record] = []
         async with self._pool.acquire() as conn, conn.transaction():
-            # The triggers its deferred tasks wait on first (as a trigger firing), then its
-            # task instances, read as they are now (a task that ended before these locks keeps
-            # its end under a mark failed), then the run's row, written last as a clear or a
-            # mark of tasks writes it (a scheduler ending the run meanwhile is ended over).
+            # The triggers its deferred tasks and its deadlines wait on first (in id order, as
+            # a trigger firing locks them), then its task instances, read as they are now (a
+            # task that ended before these locks keeps its end under a mark failed), then the
+            # run's row, written last as a clear or a mark of tasks writes it (a scheduler
+            # ending the run meanwhile is ended over).
             was = await conn.fetchval(self._q["run_state"], run.id)
             left = [r["id"] for r in await conn.fetch(self._q["lock_run_triggers"], run.id)]
             marks: dict[str, list[int]] = {}

@@ -719,7 +719,10 @@ WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY ($1::bigint[])
       WHERE ti.dag_run_id = r.id
         AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed'))
 ORDER BY r.id
-FOR UPDATE OF r;
+-- (NO KEY UPDATE, what the UPDATE of finish_dag_runs takes anyway: a firing trigger's
+-- callback request shares the run's key, and must not wait for a run whose end waits for
+-- that trigger's lock.)
+FOR NO KEY UPDATE OF r;
 
 -- name: finish_dag_runs
 -- End the runs $1 (locked by lock_runs_to_finish) whose task instances are all finished:
@@ -1833,10 +1836,14 @@ SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1;
 
 -- name: lock_run_triggers
 -- Lock the triggers the deferred task instances of run $1 (its primary key) wait on, before a
--- mark of the whole run locks its task instances (as lock_left_triggers does for some).
+-- mark of the whole run locks its task instances (as lock_left_triggers does for some), with
+-- the timers of its deadline alerts, which the run's end deletes: all of them in id order, as
+-- a triggerer firing a batch locks them (else a timer older than a task's trigger, firing in
+-- one batch with it, was locked in the other order; delete_orphan_triggers keeps the timers).
 SELECT t.id FROM deferral_triggers t
 WHERE t.id IN (SELECT ti.trigger_id FROM deferral_task_instances ti
                WHERE ti.dag_run_id = $1 AND ti.state = 'deferred')
+   OR t.id IN (SELECT dl.trigger_id FROM deferral_deadline_alerts dl WHERE dl.dag_run_id = $1)
 ORDER BY t.id
 FOR UPDATE OF t;
 

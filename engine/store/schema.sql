@@ -802,11 +802,17 @@ CREATE TRIGGER deferral_run_deadlines AFTER INSERT ON deferral_dag_runs
     FOR EACH ROW EXECUTE FUNCTION deferral_run_deadlines();
 
 -- A run ended: its deadlines are over (their triggers go), and the DAG's callback of that
--- end, if it declares one, is requested.
+-- end, if it declares one, is requested. The triggers are locked first (in id order): a
+-- firing trigger locks its row before its deadline alert, and so does this.
 CREATE FUNCTION deferral_run_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     k text := CASE NEW.state WHEN 'success' THEN 'dag_success' ELSE 'dag_failure' END;
 BEGIN
+    PERFORM 1 FROM deferral_triggers t
+    WHERE t.id IN (SELECT dl.trigger_id FROM deferral_deadline_alerts dl
+                   WHERE dl.dag_run_id = NEW.id)
+    ORDER BY t.id
+    FOR UPDATE OF t;
     WITH gone AS (
         DELETE FROM deferral_deadline_alerts WHERE dag_run_id = NEW.id RETURNING trigger_id
     )
