@@ -83,15 +83,20 @@ class OverrideQueries(RunQueries):
         run_id: str,
         task_ids: Sequence[str] | None = None,
         *,
+        map_indexes: Sequence[int] | None = None,
         downstream: bool = False,
         upstream: bool = False,
         only_failed: bool = False,
     ) -> list[OverrideTarget]:
         """The task instances of run ``run_id`` of ``dag_id`` that a clear or a mark of
-        ``task_ids`` (None: every task of the run) reaches, as they are now: those tasks, with
-        ``downstream`` their downstream tasks (transitively), with ``upstream`` their upstream
-        tasks; ``only_failed``: only those failed or upstream_failed. Raises
-        :class:`NoSuchTarget` for an unknown DAG, run or task (naming it)."""
+        ``task_ids`` (None: every task of the run) reaches, as they are now: those tasks
+        (``map_indexes``, one per task id: only that instance of a mapped task; -1 or None:
+        every instance), with ``downstream`` their downstream tasks (transitively, whole),
+        with ``upstream`` their upstream tasks; ``only_failed``: only those failed or
+        upstream_failed. Raises :class:`NoSuchTarget` for an unknown DAG, run or task (naming
+        it)."""
+        if map_indexes is not None and (task_ids is None or len(map_indexes) != len(task_ids)):
+            raise ValueError("map_indexes needs one map index per task id")
         run = await self.get_dag_run(dag_id, run_id)
         if run is None:
             if await self.get_dag(dag_id) is None:
@@ -112,10 +117,11 @@ class OverrideQueries(RunQueries):
         rows = await self._pool.fetch(
             self._q["override_targets"],
             run.id,
-            None if task_ids is None else sorted(set(task_ids)),
+            None if task_ids is None else list(task_ids),
             downstream,
             upstream,
             only_failed,
+            None if task_ids is None else list(map_indexes or [-1] * len(task_ids)),
         )
         return [OverrideTarget(dag_id=dag_id, run_id=run_id, **dict(r)) for r in rows]
 

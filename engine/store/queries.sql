@@ -1607,7 +1607,8 @@ WHERE ti.pool = $1 AND ti.state = ANY ($2::text[]) AND (NOT $3 OR ti.run_after <
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
            ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id,
-           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.max_active_tis_per_dag,
+           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.map_index,
+           ti.max_active_tis_per_dag,
            ti.try_queued_at, ti.try_started_at, ti.started_at, ti.deferred_at, ti.fired_at,
            ti.ended_at, ti.error, ti.rendered_fields, ti.first_try_at
     FROM deferral_task_instances ti
@@ -1698,7 +1699,7 @@ WITH old AS (
 )
 SELECT c.id, c.dag_run_id, c.task_id, c.state, c.is_leaf, o.dag_id, o.run_id,
        o.state AS was, o.try_number, s.worker_id AS stopping_worker_id,
-       o.trigger_id AS left_trigger_id, (SELECT count(*) FROM told) AS told
+       o.trigger_id AS left_trigger_id, o.map_index, (SELECT count(*) FROM told) AS told
 FROM cleared c
 JOIN old o ON o.id = c.id
 LEFT JOIN stopping s ON s.ti_id = c.id
@@ -1721,7 +1722,8 @@ ORDER BY c.id;
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
            ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id,
-           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.max_active_tis_per_dag
+           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.map_index,
+           ti.max_active_tis_per_dag
     FROM deferral_task_instances ti
     WHERE ti.id = ANY ($1::bigint[]) AND ti.state <> $2
     ORDER BY ti.id
@@ -1786,7 +1788,7 @@ WITH old AS (
 )
 SELECT c.id, c.dag_run_id, c.task_id, c.state, c.is_leaf, o.dag_id, o.run_id,
        o.state AS was, o.try_number, s.worker_id AS stopping_worker_id,
-       o.trigger_id AS left_trigger_id, (SELECT count(*) FROM told) AS told
+       o.trigger_id AS left_trigger_id, o.map_index, (SELECT count(*) FROM told) AS told
 FROM marked c
 JOIN old o ON o.id = c.id
 LEFT JOIN stopping s ON s.ti_id = c.id
@@ -1794,36 +1796,46 @@ ORDER BY c.id;
 
 -- name: override_targets
 -- The task instances of run $1 (its primary key) that a clear or a mark of tasks $2 (null: every
--- task of the run) reaches: those tasks; with $3 their downstream tasks, transitively (along
--- the upstream lists); with $4 their upstream tasks, transitively; $5: only those failed or
--- upstream_failed. relation says why each is in: 'task', 'downstream' or 'upstream'.
+-- task of the run) reaches: those tasks (with $6, one map index per task of $2: only that
+-- instance of a mapped task; -1: every instance); with $3 their downstream tasks, transitively
+-- (along the upstream lists), whole; with $4 their upstream tasks, transitively, whole; $5:
+-- only those failed or upstream_failed. relation says why each is in: 'task', 'downstream' or
+-- 'upstream'.
 WITH RECURSIVE tis AS (
-    SELECT ti.id, ti.task_id, ti.upstream, ti.state, ti.try_number
+    SELECT ti.id, ti.task_id, ti.map_index, ti.upstream, ti.state, ti.try_number
     FROM deferral_task_instances ti
     WHERE ti.dag_run_id = $1
+), named AS (
+    SELECT * FROM unnest($2::text[], $6::integer[]) AS n(task_id, map_index)
 ), roots AS (
     SELECT DISTINCT t.task_id FROM tis t WHERE $2::text[] IS NULL OR t.task_id = ANY ($2::text[])
+), chosen AS (
+    SELECT t.id FROM tis t
+    WHERE $2::text[] IS NULL
+       OR EXISTS (SELECT 1 FROM named n WHERE n.task_id = t.task_id
+                  AND (n.map_index IS NULL OR n.map_index < 0 OR n.map_index = t.map_index))
 ), down (task_id) AS (
-    SELECT r.task_id FROM roots r WHERE $3::boolean
+    SELECT t.task_id FROM tis t JOIN roots r ON r.task_id = ANY (t.upstream) WHERE $3::boolean
     UNION
     SELECT t.task_id FROM tis t JOIN down d ON d.task_id = ANY (t.upstream)
 ), up (task_id) AS (
-    SELECT r.task_id FROM roots r WHERE $4::boolean
+    SELECT u.task_id FROM roots r JOIN tis t ON t.task_id = r.task_id
+    CROSS JOIN LATERAL unnest(t.upstream) AS u(task_id)
+    WHERE $4::boolean
     UNION
     SELECT u.task_id FROM up JOIN tis t ON t.task_id = up.task_id
     CROSS JOIN LATERAL unnest(t.upstream) AS u(task_id)
 )
-SELECT t.id, t.task_id, t.state, t.try_number,
-       CASE WHEN t.task_id IN (SELECT task_id FROM roots) THEN 'task'
+SELECT t.id, t.task_id, t.map_index, t.state, t.try_number,
+       CASE WHEN t.id IN (SELECT id FROM chosen) THEN 'task'
             WHEN t.task_id IN (SELECT task_id FROM down) THEN 'downstream'
             ELSE 'upstream' END AS relation
 FROM tis t
-WHERE (t.task_id IN (SELECT task_id FROM roots)
+WHERE (t.id IN (SELECT id FROM chosen)
        OR t.task_id IN (SELECT task_id FROM down)
        OR t.task_id IN (SELECT task_id FROM up))
   AND (NOT $5::boolean OR t.state IN ('failed', 'upstream_failed'))
-ORDER BY t.task_id, t.id;
-
+ORDER BY t.task_id, t.map_index, t.id;
 -- name: run_task_ids
 -- The task ids of run $1 (its primary key).
 SELECT DISTINCT task_id FROM deferral_task_instances WHERE dag_run_id = $1 ORDER BY task_id;
