@@ -14,7 +14,11 @@ A mark ends task instances in a state whatever they were doing; a clear makes th
   on it (a shared trigger keeps running for its other waiters); its event, should it still
   come, moves nothing;
 * an audit row (``deferral_audit``) and a line in the log of the task's latest try say who did
-  what, from where.
+  what, from where;
+* no callback is requested, neither the task's nor (for a run marked as a whole) the DAG's:
+  a mark is the user's override, not the task's outcome (as in Airflow, where marking sets
+  the state and runs no callback). A run that a mark of some tasks lets end is ended by the
+  scheduler later, and calls back as any run does.
 
 The downstream tasks are then resolved by their trigger rules, as if the task had ended that way
 (a cleared task with upstreams is resolved too: one whose upstream failed does not run).
@@ -148,6 +152,7 @@ class OverrideQueries(RunQueries):
             # task that ended before these locks keeps its end under a mark failed), then the
             # run's row, written last as a clear or a mark of tasks writes it (a scheduler
             # ending the run meanwhile is ended over).
+            await conn.execute(self._q["begin_override"])
             was = await conn.fetchval(self._q["run_state"], run.id)
             left = [r["id"] for r in await conn.fetch(self._q["lock_run_triggers"], run.id)]
             marks: dict[str, list[int]] = {}
@@ -205,6 +210,7 @@ class OverrideQueries(RunQueries):
         if not ids:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._q["begin_override"])
             # The triggers first, as a firing trigger locks them before its waiters.
             left = [r["id"] for r in await conn.fetch(self._q["lock_left_triggers"], ids)]
             rows = await conn.fetch(self._q[query], ids, *args)

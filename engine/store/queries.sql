@@ -1846,6 +1846,12 @@ SELECT DISTINCT task_id FROM deferral_task_instances WHERE dag_run_id = $1 ORDER
 -- the order a clear or a mark of tasks takes them; locking it first could deadlock with one.
 SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1;
 
+-- name: begin_override
+-- This transaction marks or clears task instances (or a run) for a user: what it changes is
+-- the user's override, not an outcome, and requests no callback (deferral_task_callback,
+-- deferral_run_ended read the setting). Transaction-local.
+SELECT set_config('deferral.override', 'on', true);
+
 -- name: lock_run_triggers
 -- Lock the triggers the deferred task instances of run $1 (its primary key) wait on, before a
 -- mark of the whole run locks its task instances (as lock_left_triggers does for some), with
