@@ -347,3 +347,27 @@ async def test_the_skip_is_fenced_by_the_worker_and_the_try(store: Store) -> Non
 
 def _pick_b() -> str:
     return "b"
+
+
+def _follow(choice: str) -> str:
+    return choice
+
+
+async def test_a_mapped_branch_skips_with_each_instance_success(store: Store) -> None:
+    """Each instance of a mapped branch writes its skips with its own success: what no instance
+    follows is skipped by the first one to succeed, and the followed task runs after all."""
+    with DAG(dag_id="br_mapped") as dag:
+        branch = BranchPythonOperator.partial(task_id="branch", python_callable=_follow).expand(
+            op_args=[["a"], ["a"]]
+        )
+        branch >> [
+            PythonOperator(task_id="a", python_callable=_noop),
+            PythonOperator(task_id="b", python_callable=_noop),
+        ]
+    tis = await _run(store, dag)
+    assert _states(tis) == {
+        "branch[0]": "success",
+        "branch[1]": "success",
+        "a": "success",
+        "b": "skipped",
+    }
