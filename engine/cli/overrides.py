@@ -274,6 +274,7 @@ def _clear_options(command: Any) -> Any:
 @click.pass_context
 def tasks_clear(
     ctx: click.Context,
+    /,
     dag_id: str,
     run_id: str,
     task_ids: tuple[str, ...],
@@ -312,6 +313,7 @@ def _mark_command(state: str) -> click.Command:
     @click.pass_context
     def command(
         ctx: click.Context,
+        /,
         dag_id: str,
         run_id: str,
         task_ids: tuple[str, ...],
