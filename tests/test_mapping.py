@@ -675,3 +675,35 @@ async def test_a_cleared_mapped_instance_reads_its_values_again(store: Store) ->
     async with run_engine(store, dags=[dag]) as engine:
         tis = await engine.finish("map_clear", "run1")
     assert [_result(ti) for ti in _mapped(tis, "double")] == [20, 40]
+
+
+@pytest.mark.parametrize(("before", "now"), [([1, 2], [10, 20, 30]), ([1, 2, 3], [5])])
+async def test_a_mapped_task_cleared_whole_is_expanded_again(
+    store: Store, before: list[int], now: list[int]
+) -> None:
+    # Its upstream's list changed length: the task cleared whole (every instance) expands
+    # anew over the values its upstream returns now, as many instances as there are values.
+    def numbers() -> list[list[int]]:
+        return [[x] for x in VALUES["now"]]
+
+    def double(x: int) -> int:
+        return x * 2
+
+    dag_id = f"map_reclear_{len(before)}_{len(now)}"
+    with DAG(dag_id=dag_id) as dag:
+        up = PythonOperator(task_id="numbers", python_callable=numbers)
+        PythonOperator.partial(task_id="double", python_callable=double).expand(op_args=up.output)
+    VALUES["now"] = before
+    tis = await _run(store, dag)
+    assert [_result(ti) for ti in _mapped(tis, "double")] == [2 * x for x in before]
+    tried = max(ti["try_number"] for ti in _mapped(tis, "double"))
+
+    VALUES["now"] = now
+    targets = await store.override_targets(dag_id, "run1", ["numbers"], downstream=True)
+    assert await store.clear_tasks([t.id for t in targets], who="ops", via="the command line")
+    async with run_engine(store, dags=[dag]) as engine:
+        tis = await engine.finish(dag_id, "run1")
+    assert tis["__run__"]["state"] == "success"
+    assert [_result(ti) for ti in _mapped(tis, "double")] == [2 * x for x in now]
+    # Every instance's new try numbers on from the tries made before (none is reused).
+    assert all(ti["try_number"] > tried for ti in _mapped(tis, "double"))

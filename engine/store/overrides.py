@@ -190,7 +190,10 @@ class OverrideQueries(RunQueries):
     ) -> list[Override]:
         """Make the task instances ``ti_ids`` run again, whatever they were doing: see the
         module's docstring. Their next claim is a new try (try number + 1) with its retries
-        counted afresh; a running try is stopped first (the new one waits for it)."""
+        counted afresh; a running try is stopped first (the new one waits for it). A mapped
+        task whose every instance is cleared (none still stopping) goes back to one
+        unexpanded instance and expands again over its upstream's values as they are then
+        (``collapse_cleared_mapped``)."""
         return await self._override("clear_tasks", ti_ids, who, via)
 
     async def mark_task(
@@ -214,6 +217,8 @@ class OverrideQueries(RunQueries):
             # The triggers first, as a firing trigger locks them before its waiters.
             left = [r["id"] for r in await conn.fetch(self._q["lock_left_triggers"], ids)]
             rows = await conn.fetch(self._q[query], ids, *args)
+            if query == "clear_tasks":
+                await conn.fetch(self._q["collapse_cleared_mapped"], ids)
             if left:
                 await conn.fetch(self._q["delete_orphan_triggers"], left)
         done = structs(rows, Override)

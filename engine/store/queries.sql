@@ -1846,6 +1846,38 @@ SELECT DISTINCT task_id FROM deferral_task_instances WHERE dag_run_id = $1 ORDER
 -- the order a clear or a mark of tasks takes them; locking it first could deadlock with one.
 SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1;
 
+-- name: collapse_cleared_mapped
+-- After clear_tasks of task instances $1, in the same transaction: a mapped task every instance
+-- of which was cleared (none of them still stopping a running try) goes back to one
+-- unexpanded instance (map index -1, its instance 0's row), so that it expands again over what
+-- its upstream returns by then, as many instances as there are values (the upstream's list
+-- may have changed length). The other instances' rows go (their tries, archived by the clear,
+-- stay). The instance's try number becomes the highest of them: every new instance's tries
+-- number on from the tries made before. Returns the rows removed.
+WITH cleared AS (
+    SELECT DISTINCT ti.dag_run_id, ti.task_id FROM deferral_task_instances ti
+    WHERE ti.id = ANY ($1::bigint[]) AND ti.map_index >= 0
+), whole AS (
+    SELECT ti.dag_run_id, ti.task_id, max(ti.try_number) AS tries
+    FROM deferral_task_instances ti
+    JOIN cleared c ON c.dag_run_id = ti.dag_run_id AND c.task_id = ti.task_id
+    GROUP BY ti.dag_run_id, ti.task_id
+    HAVING bool_and(ti.id = ANY ($1::bigint[]))
+       AND NOT EXISTS (SELECT 1 FROM deferral_stopping_tries s
+                       WHERE s.ti_id = ANY (array_agg(ti.id)))
+), gone AS (
+    DELETE FROM deferral_task_instances ti USING whole w
+    WHERE ti.dag_run_id = w.dag_run_id AND ti.task_id = w.task_id AND ti.map_index > 0
+    RETURNING ti.id
+), folded AS (
+    UPDATE deferral_task_instances ti
+    SET map_index = -1, map_value = NULL, try_number = w.tries
+    FROM whole w
+    WHERE ti.dag_run_id = w.dag_run_id AND ti.task_id = w.task_id AND ti.map_index = 0
+    RETURNING ti.id
+)
+SELECT g.id FROM gone g;
+
 -- name: begin_override
 -- This transaction marks or clears task instances (or a run) for a user: what it changes is
 -- the user's override, not an outcome, and requests no callback (deferral_task_callback,
