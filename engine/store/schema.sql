@@ -739,13 +739,16 @@ CREATE TABLE deferral_deadline_alerts (
 CREATE INDEX deferral_deadline_alerts_run ON deferral_deadline_alerts (dag_run_id);
 
 -- A task instance whose task declares callbacks reached an outcome: the request, in the same
--- transaction. Skips by a trigger rule (from pending) are not the task's outcome and have none.
+-- transaction. Skips by a trigger rule (from pending) are not the task's outcome and have none,
+-- nor do a user's marks (a transaction that sets deferral.override: engine/store/overrides.py).
 CREATE FUNCTION deferral_task_callback() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     k text := CASE NEW.state WHEN 'success' THEN 'success' WHEN 'failed' THEN 'failure'
                              WHEN 'up_for_retry' THEN 'retry' WHEN 'skipped' THEN 'skipped' END;
 BEGIN
-    IF k = ANY (NEW.callbacks) THEN
+    -- (a mark is the user's override, not the task's outcome: no callback, as in Airflow)
+    IF k = ANY (NEW.callbacks)
+       AND current_setting('deferral.override', true) IS DISTINCT FROM 'on' THEN
         INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id, ti_id, try_number,
                                                 error, queue)
         VALUES (k, NEW.dag_run_id, NEW.dag_id, NEW.id, NEW.try_number,
@@ -802,19 +805,35 @@ CREATE TRIGGER deferral_run_deadlines AFTER INSERT ON deferral_dag_runs
     FOR EACH ROW EXECUTE FUNCTION deferral_run_deadlines();
 
 -- A run ended: its deadlines are over (their triggers go), and the DAG's callback of that
--- end, if it declares one, is requested.
+-- end, if it declares one, is requested (naming the task instance its context shows: for a
+-- failure the failed one that ended last, for a success the last by task id; none for a run a
+-- user marked). The triggers are locked first (in id order): a firing trigger locks its row
+-- before its deadline alert, and so does this.
 CREATE FUNCTION deferral_run_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     k text := CASE NEW.state WHEN 'success' THEN 'dag_success' ELSE 'dag_failure' END;
+    named record;
 BEGIN
+    PERFORM 1 FROM deferral_triggers t
+    WHERE t.id IN (SELECT dl.trigger_id FROM deferral_deadline_alerts dl
+                   WHERE dl.dag_run_id = NEW.id)
+    ORDER BY t.id
+    FOR UPDATE OF t;
     WITH gone AS (
         DELETE FROM deferral_deadline_alerts WHERE dag_run_id = NEW.id RETURNING trigger_id
     )
     DELETE FROM deferral_triggers t USING gone WHERE t.id = gone.trigger_id;
-    IF EXISTS (SELECT 1 FROM deferral_dags g WHERE g.dag_id = NEW.dag_id
-               AND g.alerts -> 'callbacks' ? substr(k, 5)) THEN
-        INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id)
-        VALUES (k, NEW.id, NEW.dag_id);
+    IF current_setting('deferral.override', true) IS DISTINCT FROM 'on'
+       AND EXISTS (SELECT 1 FROM deferral_dags g WHERE g.dag_id = NEW.dag_id
+                   AND g.alerts -> 'callbacks' ? substr(k, 5)) THEN
+        SELECT ti.id, ti.try_number INTO named FROM deferral_task_instances ti
+        WHERE ti.dag_run_id = NEW.id
+        ORDER BY CASE WHEN k = 'dag_failure' THEN ti.state = 'failed' END DESC NULLS LAST,
+                 CASE WHEN k = 'dag_failure' THEN ti.ended_at END DESC NULLS LAST,
+                 ti.task_id DESC, ti.map_index DESC
+        LIMIT 1;
+        INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id, ti_id, try_number)
+        VALUES (k, NEW.id, NEW.dag_id, named.id, named.try_number);
         PERFORM pg_notify('deferral_tasks', '');
     END IF;
     RETURN NULL;

@@ -113,8 +113,9 @@ class Recorder:
     ) -> None:
         """Write how try ``ti`` ended (``started``: its ``time.perf_counter()`` at the start)."""
         match outcome:
-            case Returned(result=payload, asset_events=events):
-                await self._record_end(ti, worker_id, "success", payload, events)
+            case Returned(result=payload, asset_events=events, skip=skip):
+                # (A branch's skips are written with its success: both land or neither.)
+                await self._record_end(ti, worker_id, "success", payload, events, skip)
                 what = f"resume at {ti.next_method}" if ti.next_method else "execute"
                 log.info("%s succeeded in %.1f ms", what, (time.perf_counter() - started) * 1000)
             case Raised(error=error, no_retry=no_retry):
@@ -214,6 +215,7 @@ class Recorder:
         state: TaskOutcomeKind,
         payload: bytes | None,
         asset_events: list[dict[str, Any]] | None = None,
+        skip: tuple[str, ...] = (),
     ) -> None:
         outcome = TaskOutcome(
             ti_id=ti.id,
@@ -222,6 +224,7 @@ class Recorder:
             kind=state,
             result=payload,
             asset_events=asset_events,
+            skip=skip,
         )
         self._lost_if_not(await self._finish(outcome) is not None, ti)
 
@@ -293,7 +296,8 @@ class Recorder:
         await self._logs.flush([(q.outcome.ti_id, q.outcome.try_number) for q in batch])
         finished = await self._store.finish_tasks([q.outcome for q in batch])
         await settle(self._store, finished)
-        return {(f.id, f.worker_id): f.state for f in finished}
+        # (worker_id None: a task a branch skipped, not a try of this batch)
+        return {(f.id, f.worker_id): f.state for f in finished if f.worker_id is not None}
 
     def _written(self, batch: list[_Queued], states: dict[tuple[int, int], str]) -> None:
         for queued in batch:
