@@ -14,7 +14,7 @@ import pytest
 from engine import DAG, Asset, AssetAll, AssetAny, AssetWatcher
 from engine.dags.dagbag import DagBag
 from engine.dags.timetables import ScheduleError
-from engine.scheduler.dagrecord import record_dags
+from engine.scheduler.dagrecord import record_dags, serialize_dag
 from engine.store import Store
 from engine.store.models import NewAssetEvent
 from engine.testing import run_engine
@@ -353,3 +353,28 @@ async def test_a_deferrable_sensor_with_outlets_records_its_event(store: Store) 
     assert tis["wait"]["try_number"] == 1  # (it deferred once and resumed)
     [event] = await store.asset_events("orders")
     assert (event.source_dag_id, event.source_task_id) == ("sensing", "wait")
+
+
+def test_a_nul_in_an_assets_extra_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        Asset("a", extra={"k": "a\x00b"})
+    with pytest.raises(ValueError, match="NUL"):
+        Asset("a", extra={"k\x00": [1, {"x": "\x00"}]})
+
+
+async def test_assets_the_database_refuses_fail_that_dag_only_and_are_tried_again(
+    store: Store,
+) -> None:
+    bad = Asset("nul")
+    bad.extra = {"k": "a\x00b"}  # past the checks: what the database refuses
+    refused = _consumer("refused", [bad])
+    after = _consumer("zz_after", [Asset("fine")])
+    await record_dags(store, [refused, after])
+    assert [a.name for a in await store.list_assets()] == ["fine"]
+    # its row is written again by the next scan (its fingerprint forgotten)
+    assert await store.get_dag("refused") is not None
+    fingerprints = {d.dag_id: serialize_dag(d).fingerprint for d in (refused, after)}
+    assert await store.dags_to_record(fingerprints) == {"refused"}
+    bad.extra = {"k": "ab"}
+    await record_dags(store, [_consumer("refused", [bad])])
+    assert [a.name for a in await store.list_assets()] == ["fine", "nul"]
