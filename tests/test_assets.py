@@ -355,6 +355,25 @@ async def test_a_deferrable_sensor_with_outlets_records_its_event(store: Store) 
     assert (event.source_dag_id, event.source_task_id) == ("sensing", "wait")
 
 
+async def test_a_dag_declaring_no_watchers_keeps_the_watchers_another_declared(
+    store: Store, tmp_path: Path
+) -> None:
+    watched = Asset(
+        "orders",
+        group="sales",
+        extra={"team": "a"},
+        watchers=[AssetWatcher("w", DirectoryTrigger(str(tmp_path), "*"))],
+    )
+    await record_dags(store, [_consumer("consumer", [watched])])
+    with DAG("producer") as producer:
+        PythonOperator(task_id="p", python_callable=print, outlets=[Asset("orders")])
+    await record_dags(store, [producer])
+    [asset] = await store.list_assets()
+    assert [w["name"] for w in asset.watchers] == ["w"]
+    assert (asset.group, asset.extra) == ("sales", {"team": "a"})
+    assert [w.asset for w in await store.asset_watchers()] == ["orders"]
+
+
 def test_a_nul_in_an_assets_extra_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="NUL"):
         Asset("a", extra={"k": "a\x00b"})

@@ -64,7 +64,9 @@ class AssetQueries:
     async def record_dag_assets(self, dag_id: str, assets: Sequence[AssetRecord]) -> None:
         """Record the assets DAG ``dag_id`` uses as its file declares them, with their watchers
         (kwargs encrypted), replacing what was recorded of the DAG's use of assets; one
-        transaction. :class:`AssetConflict` (nothing written) when another active DAG declares
+        transaction. The watchers, group and extra of an asset are set by the DAGs that
+        declare them: a DAG that declares an asset bare (no watchers; default group, no
+        extra) leaves what another DAG declared. :class:`AssetConflict` (nothing written) when another active DAG declares
         one of them differently."""
         async with self._pool.acquire() as conn, conn.transaction():
             names = [a.name for a in assets]
@@ -96,7 +98,7 @@ class AssetQueries:
             watchers = [(a.name, *w) for a in assets for w in a.watchers]
             await conn.execute(
                 self._q["set_asset_watchers"],
-                names,
+                [a.name for a in assets if a.watchers],
                 [w[0] for w in watchers],
                 [w[1] for w in watchers],
                 [w[2] for w in watchers],

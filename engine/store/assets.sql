@@ -5,15 +5,22 @@
 -- for the DAGs scheduled on their assets, and create_asset_runs makes the runs.
 
 -- name: upsert_assets
--- Record assets as a DAG file declares them ($1 names, $2 uris, $3 groups, $4 extras). An
+-- Record assets as a DAG file declares them ($1 names, $2 uris, $3 groups, $4 extras). A bare
+-- declaration (the default group 'asset' and no extra: e.g. a producer's Asset("orders"))
+-- keeps the group and extra recorded: only a declaration that gives them sets them. An
 -- asset recorded as it is now is not written.
-INSERT INTO deferral_assets (name, uri, asset_group, extra)
+INSERT INTO deferral_assets AS a (name, uri, asset_group, extra)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[])
 ON CONFLICT (name) DO UPDATE
-SET uri = EXCLUDED.uri, asset_group = EXCLUDED.asset_group, extra = EXCLUDED.extra,
+SET uri = EXCLUDED.uri,
+    asset_group = CASE WHEN EXCLUDED.asset_group = 'asset' AND EXCLUDED.extra = '{}'::jsonb
+                       THEN a.asset_group ELSE EXCLUDED.asset_group END,
+    extra = CASE WHEN EXCLUDED.asset_group = 'asset' AND EXCLUDED.extra = '{}'::jsonb
+                 THEN a.extra ELSE EXCLUDED.extra END,
     updated_at = now()
-WHERE (deferral_assets.uri, deferral_assets.asset_group, deferral_assets.extra)
-      IS DISTINCT FROM (EXCLUDED.uri, EXCLUDED.asset_group, EXCLUDED.extra);
+WHERE a.uri IS DISTINCT FROM EXCLUDED.uri
+   OR ((EXCLUDED.asset_group <> 'asset' OR EXCLUDED.extra <> '{}'::jsonb)
+       AND (a.asset_group, a.extra) IS DISTINCT FROM (EXCLUDED.asset_group, EXCLUDED.extra));
 
 -- name: asset_conflicts
 -- Of the assets $2 (names) with uris $3 that DAG $1 declares, those another active DAG uses
@@ -49,7 +56,9 @@ ON CONFLICT DO NOTHING;
 -- name: set_asset_watchers
 -- The watchers of assets $1 as declared now ($2 assets, $3 names, $4 classpaths, $5 kwargs:
 -- encoded and encrypted), replacing the ones recorded of those assets: a watcher no longer
--- declared goes, a changed one is updated (by asset and name).
+-- declared goes, a changed one is updated (by asset and name). $1 holds only the assets the
+-- DAG declares watchers for: a DAG that uses an asset without watchers (e.g. as an outlet)
+-- leaves the watchers another DAG declared.
 WITH wanted AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[])
         AS w(asset, name, classpath, kwargs)
