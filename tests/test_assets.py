@@ -5,6 +5,7 @@ errors."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from engine.store import Store
 from engine.store.models import NewAssetEvent
 from engine.testing import run_engine
 from operators.python import PythonOperator
-from tests.helpers import wait_until
+from tests.helpers import wait_until, waiting_on_locks
 from triggers.events import DirectoryTrigger
 from triggers.temporal import TimeDeltaTrigger
 
@@ -397,3 +398,56 @@ async def test_assets_the_database_refuses_fail_that_dag_only_and_are_tried_agai
     bad.extra = {"k": "ab"}
     await record_dags(store, [_consumer("refused", [bad])])
     assert [a.name for a in await store.list_assets()] == ["fine", "nul"]
+
+
+#: deferral_asset_condition made to wait, before it answers, for the advisory lock named by
+#: its session's deferral_test.gate (none: no wait): a scheduler's statement stops there,
+#: its snapshot taken and no DAG locked yet.
+GATED_CONDITION = """
+ALTER FUNCTION deferral_asset_condition(jsonb, text[]) RENAME TO deferral_asset_condition_real;
+CREATE FUNCTION deferral_asset_condition(cond jsonb, present text[]) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF COALESCE(current_setting('deferral_test.gate', true), '') <> '' THEN
+        PERFORM pg_advisory_xact_lock_shared(current_setting('deferral_test.gate')::bigint);
+    END IF;
+    RETURN deferral_asset_condition_real(cond, present);
+END $$;
+"""
+
+
+async def test_two_schedulers_make_no_run_the_condition_does_not_hold_for(
+    store: Store, db_url: str
+) -> None:
+    """Scheduler 1 evaluates on a snapshot with a1, b1; a2 arrives; scheduler 2 evaluates on
+    a snapshot with a1, b1, a2; scheduler 1 consumes a1, b1 and commits its run; then
+    scheduler 2 goes on. It must not make a run of a2 alone (the DAG needs a and b), nor a
+    second run (max_active_runs=1). (One statement judging on its start snapshot did.)"""
+    import asyncpg
+
+    with DAG("ab", schedule=Asset("a") & Asset("b"), max_active_runs=1) as dag:
+        PythonOperator(task_id="t", python_callable=print)
+    await record_dags(store, [dag])
+    gate, one, two, watch = [await asyncpg.connect(db_url) for _ in range(4)]
+    try:
+        await gate.execute(GATED_CONDITION)
+        await gate.execute("SELECT pg_advisory_lock(1), pg_advisory_lock(2)")
+        await one.execute("SET deferral_test.gate = '1'")
+        await two.execute("SET deferral_test.gate = '2'")
+        await store.record_asset_events(_emit("a", "b"))
+        first = asyncio.ensure_future(store.create_asset_runs(conn=one))
+        await wait_until(lambda: waiting_on_locks(watch, 1), what="scheduler 1 at its gate")
+        await store.record_asset_events(_emit("a"))
+        second = asyncio.ensure_future(store.create_asset_runs(conn=two))
+        await wait_until(lambda: waiting_on_locks(watch, 2), what="scheduler 2 at its gate")
+        await gate.execute("SELECT pg_advisory_unlock(1)")
+        made = await first
+        await gate.execute("SELECT pg_advisory_unlock(2)")
+        assert await second == []
+        # (scheduler 1 judged again under its lock: a2 went into its run too)
+        assert [r.events for r in made] == [3]
+        assert len(await _runs(store, "ab")) == 1
+        assert await store.queued_asset_events("ab") == []
+    finally:
+        for c in (gate, one, two, watch):
+            await c.close()

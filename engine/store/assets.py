@@ -66,8 +66,8 @@ class AssetQueries:
         (kwargs encrypted), replacing what was recorded of the DAG's use of assets; one
         transaction. The watchers, group and extra of an asset are set by the DAGs that
         declare them: a DAG that declares an asset bare (no watchers; default group, no
-        extra) leaves what another DAG declared. :class:`AssetConflict` (nothing written) when another active DAG declares
-        one of them differently."""
+        extra) leaves what another DAG declared. :class:`AssetConflict` (nothing written)
+        when another active DAG declares one of them differently."""
         async with self._pool.acquire() as conn, conn.transaction():
             names = [a.name for a in assets]
             if names:
@@ -130,11 +130,26 @@ class AssetQueries:
         )
         return [RecordedAssetEvent(r["id"], r["asset"], r["created_at"]) for r in rows]
 
-    async def create_asset_runs(self, batch: int = ASSET_RUNS_BATCH) -> list[AssetRunCreated]:
+    async def create_asset_runs(
+        self, batch: int = ASSET_RUNS_BATCH, conn: Any = None
+    ) -> list[AssetRunCreated]:
         """Create the asset-triggered runs whose DAGs' conditions hold over their queued
         events, as queued runs (one per DAG: its queued events collapse into it); the caller
-        admits them (``start_queued_runs``)."""
-        rows = await self._pool.fetch(self._q["create_asset_runs"], batch)
+        admits them (``start_queued_runs``). ``conn``: on that connection (tests).
+
+        Two statements in one transaction: the first locks the DAGs that look ready (SKIP
+        LOCKED), the second judges them again and makes the runs. One statement would judge
+        on a snapshot taken before its locks: a scheduler that locked a DAG just after
+        another committed a run of it would consume what is left (a run whose condition
+        does not hold, or one more than max_active_runs)."""
+        if conn is None:
+            async with self._pool.acquire() as own:
+                return await self.create_asset_runs(batch, own)
+        async with conn.transaction():
+            locked = await conn.fetch(self._q["lock_asset_ready_dags"], batch)
+            if not locked:
+                return []
+            rows = await conn.fetch(self._q["create_asset_runs"], [r["dag_id"] for r in locked])
         return structs(rows, AssetRunCreated)
 
     async def run_asset_events(self, dag_run_ids: Sequence[int]) -> list[AssetEventRow]:

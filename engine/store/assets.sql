@@ -93,13 +93,13 @@ WHERE EXISTS (SELECT 1 FROM deferral_assets a WHERE a.name = e.asset)
 ORDER BY e.n
 RETURNING id, asset, created_at;
 
--- name: create_asset_runs
--- Create a queued asset-triggered run for each of up to $1 DAGs whose asset condition holds
--- over the assets of their queued events (deferral_asset_condition), unless the DAG already
--- has max_active_runs runs queued or running: every event queued for the DAG is consumed by that one run (events
--- queued while a DAG waits, for its condition or for a free run, collapse into one run).
--- The run's logical date is its newest event's time, its data interval spans its events'.
--- The DAGs are locked SKIP LOCKED (another scheduler takes the others). Returns the runs.
+-- name: lock_asset_ready_dags
+-- Of the DAGs with queued events, up to $1 whose asset condition holds over the assets of
+-- their queued events (deferral_asset_condition) and that have fewer than max_active_runs
+-- runs queued or running, locked (SKIP LOCKED: another scheduler takes the others). The
+-- first statement of create_asset_runs' transaction: this statement's snapshot predates
+-- the locks, so create_asset_runs judges the locked DAGs again on a snapshot taken under
+-- them. Returns their ids.
 WITH RECURSIVE pairs AS (
     -- the distinct (DAG, asset) pairs of the queue, one index probe each (a loose index scan:
     -- not a read of every queued event)
@@ -114,6 +114,34 @@ WITH RECURSIVE pairs AS (
     ) n
 ), pending AS (
     SELECT dag_id, array_agg(asset) AS assets FROM pairs GROUP BY dag_id
+)
+SELECT d.dag_id
+FROM deferral_dags d
+JOIN pending p ON p.dag_id = d.dag_id
+WHERE d.is_active AND NOT d.is_paused AND d.timetable->>'kind' = 'assets'
+  AND deferral_asset_condition(d.timetable->'condition', p.assets)
+  AND (SELECT count(*) FROM deferral_dag_runs r
+       WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')
+         AND r.run_type <> 'backfill') < d.max_active_runs
+ORDER BY d.dag_id
+LIMIT $1
+FOR UPDATE OF d SKIP LOCKED;
+
+-- name: create_asset_runs
+-- Create a queued asset-triggered run for each of the DAGs $1 (locked by
+-- lock_asset_ready_dags in this transaction) whose asset condition holds over the assets of
+-- their queued events, unless the DAG already has max_active_runs runs queued or running:
+-- every event queued for the DAG is consumed by that one run (events queued while a DAG
+-- waits, for its condition or for a free run, collapse into one run). Judged again here, on
+-- this statement's snapshot, taken once the DAGs were locked: it sees every run and every
+-- consumption another scheduler committed while holding a DAG's lock, so a run is never
+-- made of what another scheduler consumed, nor beyond max_active_runs. The run's logical
+-- date is its newest event's time, its data interval spans its events'. Returns the runs.
+WITH pending AS (
+    SELECT q.dag_id, array_agg(DISTINCT q.asset) AS assets
+    FROM deferral_asset_queue q
+    WHERE q.dag_id = ANY ($1::text[])
+    GROUP BY q.dag_id
 ), ready AS (
     SELECT d.dag_id
     FROM deferral_dags d
@@ -123,9 +151,6 @@ WITH RECURSIVE pairs AS (
       AND (SELECT count(*) FROM deferral_dag_runs r
            WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')
              AND r.run_type <> 'backfill') < d.max_active_runs
-    ORDER BY d.dag_id
-    LIMIT $1
-    FOR UPDATE OF d SKIP LOCKED
 ), taken AS (
     -- (by an array of ids: a join with ready was planned as a read of the whole queue)
     DELETE FROM deferral_asset_queue q
