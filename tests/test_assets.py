@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -100,13 +101,20 @@ async def test_a_run_waiting_for_a_free_slot_collapses_every_event_meanwhile(
     assert all(e.source_kind == "cli" for e in events)
 
 
-async def test_paused_dags_and_unknown_assets_queue_nothing(store: Store) -> None:
+async def test_paused_dags_and_unknown_assets_queue_nothing(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
     dag = _consumer("paused_consumer", [ORDERS])
     await record_dags(store, [dag])
     await store.set_dag_paused(dag.dag_id, True)
-    written = await store.record_asset_events(_emit("orders", "no_such_asset"))
+    with caplog.at_level(logging.WARNING, logger="engine.store.assets"):
+        written = await store.record_asset_events(_emit("orders", "no_such_asset"))
     assert [e.asset for e in written] == ["orders"]
     assert await store.queued_asset_events() == []
+    # the event dropped is not dropped silently
+    [dropped] = [r.getMessage() for r in caplog.records if "no_such_asset" in r.getMessage()]
+    assert "unknown asset" in dropped
+    assert "cli" in dropped
 
 
 async def test_outlets_trigger_an_asset_scheduled_dag_with_the_tasks_extra(store: Store) -> None:

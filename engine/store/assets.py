@@ -11,6 +11,8 @@ DAGs scheduled on its asset, in the writer's transaction, and wakes the schedule
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CHANNEL_ASSETS", "AssetConflict", "AssetQueries"]
 
+log = logging.getLogger(__name__)
+
 #: Asset events were queued for a DAG: the schedulers look for runs to create (a signal only).
 CHANNEL_ASSETS = "deferral_assets"
 
@@ -51,6 +55,23 @@ def _renamed(row: Any) -> dict[str, Any]:
     if "asset_group" in out:
         out["group"] = out.pop("asset_group")
     return out
+
+
+def _log_dropped(events: Sequence[NewAssetEvent], written: Sequence[RecordedAssetEvent]) -> None:
+    """Say which events were not written (their asset is unknown: no active DAG declared it
+    yet, or its DAG's assets were refused), by asset and source."""
+    left = Counter(w.asset for w in written)
+    for e in events:
+        if left[e.asset]:
+            left[e.asset] -= 1
+            continue
+        source = (
+            f"task {e.source_dag_id}.{e.source_task_id}[{e.source_map_index}] of run "
+            f"{e.source_run_id}"
+            if e.source_dag_id is not None
+            else f"{e.source_kind} {e.source_name or ''}".rstrip()
+        )
+        log.warning("an event of unknown asset %r from %s is not recorded", e.asset, source)
 
 
 class AssetQueries:
@@ -128,7 +149,10 @@ class AssetQueries:
             [e.source_task_id for e in events],
             [e.source_map_index for e in events],
         )
-        return [RecordedAssetEvent(r["id"], r["asset"], r["created_at"]) for r in rows]
+        written = [RecordedAssetEvent(r["id"], r["asset"], r["created_at"]) for r in rows]
+        if len(written) < len(events):
+            _log_dropped(events, written)
+        return written
 
     async def create_asset_runs(
         self, batch: int = ASSET_RUNS_BATCH, conn: Any = None
