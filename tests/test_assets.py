@@ -459,3 +459,32 @@ async def test_two_schedulers_make_no_run_the_condition_does_not_hold_for(
     finally:
         for c in (gate, one, two, watch):
             await c.close()
+
+
+async def test_two_dags_declaring_different_watchers_for_one_asset_are_refused(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def watched(pattern: str) -> Asset:
+        trigger = DirectoryTrigger(str(tmp_path), pattern)
+        return Asset("orders", watchers=[AssetWatcher("w", trigger)])
+
+    await record_dags(store, [_consumer("first", [watched("*.csv")])])
+    # the same declaration in another DAG is fine
+    await record_dags(store, [_consumer("same", [watched("*.csv")])])
+    with caplog.at_level(logging.ERROR):
+        await record_dags(store, [_consumer("second", [watched("*.json")])])
+    [asset] = await store.list_assets()
+    assert asset.scheduled_dags == ["first", "same"]
+    [watcher] = await store.asset_watchers()
+    assert b"*.csv" in watcher.kwargs
+    [refused] = [r.getMessage() for r in caplog.records if "second" in r.getMessage()]
+    assert "first" in refused
+    assert "watchers" in refused
+
+
+async def test_a_dag_that_stops_declaring_watchers_stops_them(store: Store, tmp_path: Path) -> None:
+    watched = Asset("orders", watchers=[AssetWatcher("w", DirectoryTrigger(str(tmp_path), "*"))])
+    await record_dags(store, [_consumer("consumer", [watched])])
+    assert [w.name for w in await store.asset_watchers()] == ["w"]
+    await record_dags(store, [_consumer("consumer", [Asset("orders")])])
+    assert await store.asset_watchers() == []

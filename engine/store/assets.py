@@ -11,10 +11,13 @@ DAGs scheduled on its asset, in the writer's transaction, and wakes the schedule
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from engine.store.core import structs
 from engine.store.models import (
@@ -74,6 +77,29 @@ def _log_dropped(events: Sequence[NewAssetEvent], written: Sequence[RecordedAsse
         log.warning("an event of unknown asset %r from %s is not recorded", e.asset, source)
 
 
+def _declared(asset: AssetRecord) -> str | None:
+    """A digest of what a DAG declares of an asset beyond its name and uri (group, extra,
+    watchers with their unencrypted kwargs); None for a bare declaration."""
+    if asset.group == "asset" and not asset.extra and not asset.watchers:
+        return None
+    what = [asset.group, asset.extra, [[n, c, k.hex()] for n, c, k in asset.watchers]]
+    return hashlib.sha256(msgspec.json.encode(what, order="deterministic")).hexdigest()
+
+
+def _conflict(dag_id: str, c: Any) -> AssetConflict:
+    if c["declared"]:
+        return AssetConflict(
+            f"DAG {dag_id} declares asset {c['name']!r} with another group, extra or watchers "
+            f"than DAG {c['other_dag']}: declare an asset's group, extra and watchers in one "
+            "DAG (or the same in each; a DAG may use the asset bare: Asset(name))"
+        )
+    return AssetConflict(
+        f"DAG {dag_id} declares asset {c['name']!r} differently from DAG "
+        f"{c['other_dag']}, which declares asset {c['other_name']!r} with uri "
+        f"{c['other_uri']!r}: an asset's name and uri must each name one asset"
+    )
+
+
 class AssetQueries:
     """Asset methods of the store (``self._pool``, ``self._q`` and ``self.keyring`` are the
     store's)."""
@@ -85,41 +111,51 @@ class AssetQueries:
     async def record_dag_assets(self, dag_id: str, assets: Sequence[AssetRecord]) -> None:
         """Record the assets DAG ``dag_id`` uses as its file declares them, with their watchers
         (kwargs encrypted), replacing what was recorded of the DAG's use of assets; one
-        transaction. The watchers, group and extra of an asset are set by the DAGs that
-        declare them: a DAG that declares an asset bare (no watchers; default group, no
-        extra) leaves what another DAG declared. :class:`AssetConflict` (nothing written)
-        when another active DAG declares one of them differently."""
+        transaction. An asset's group, extra and watchers are those of the DAGs that declare
+        them: a DAG that declares an asset bare (default group, no extra, no watchers)
+        leaves what another active DAG declared. :class:`AssetConflict` (nothing written)
+        when another active DAG declares one of them differently (another uri, or another
+        group, extra or watchers, neither bare)."""
+        declared = [_declared(a) for a in assets]
+        names = [a.name for a in assets]
         async with self._pool.acquire() as conn, conn.transaction():
-            names = [a.name for a in assets]
             if names:
                 clashes = await conn.fetch(
-                    self._q["asset_conflicts"], dag_id, names, [a.uri for a in assets]
+                    self._q["asset_conflicts"], dag_id, names, [a.uri for a in assets], declared
                 )
                 if clashes:
-                    c = clashes[0]
-                    raise AssetConflict(
-                        f"DAG {dag_id} declares asset {c['name']!r} differently from DAG "
-                        f"{c['other_dag']}, which declares asset {c['other_name']!r} with uri "
-                        f"{c['other_uri']!r}: an asset's name and uri must each name one asset"
-                    )
+                    raise _conflict(dag_id, clashes[0])
+            elsewhere = {
+                r["asset"]
+                for r in await conn.fetch(self._q["assets_declared_elsewhere"], dag_id, names)
+            }
+            # what this DAG sets: all but what it uses bare while another DAG declares it
+            sets = [
+                d is not None or a.name not in elsewhere
+                for a, d in zip(assets, declared, strict=True)
+            ]
+            if names:
                 await conn.execute(
                     self._q["upsert_assets"],
                     names,
                     [a.uri for a in assets],
-                    [a.group for a in assets],
-                    [a.extra for a in assets],
+                    [a.group if s else None for a, s in zip(assets, sets, strict=True)],
+                    [a.extra if s else None for a, s in zip(assets, sets, strict=True)],
                 )
-            pairs = [(a.name, role) for a in assets for role in a.roles]
+            pairs = [
+                (a.name, role, d) for a, d in zip(assets, declared, strict=True) for role in a.roles
+            ]
             await conn.execute(
                 self._q["set_dag_assets"],
                 dag_id,
                 [p[0] for p in pairs],
                 [p[1] for p in pairs],
+                [p[2] for p in pairs],
             )
             watchers = [(a.name, *w) for a in assets for w in a.watchers]
             await conn.execute(
                 self._q["set_asset_watchers"],
-                [a.name for a in assets if a.watchers],
+                [a.name for a, s in zip(assets, sets, strict=True) if s],
                 [w[0] for w in watchers],
                 [w[1] for w in watchers],
                 [w[2] for w in watchers],

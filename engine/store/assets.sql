@@ -5,41 +5,55 @@
 -- for the DAGs scheduled on their assets, and create_asset_runs makes the runs.
 
 -- name: upsert_assets
--- Record assets as a DAG file declares them ($1 names, $2 uris, $3 groups, $4 extras). A bare
--- declaration (the default group 'asset' and no extra: e.g. a producer's Asset("orders"))
--- keeps the group and extra recorded: only a declaration that gives them sets them. An
--- asset recorded as it is now is not written.
+-- Record assets as a DAG file declares them ($1 names, $2 uris, $3 groups, $4 extras). A null
+-- group and extra (a bare declaration while another active DAG declares the asset) keeps
+-- those recorded. An asset recorded as it is now is not written.
 INSERT INTO deferral_assets AS a (name, uri, asset_group, extra)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[])
+SELECT n.name, n.uri,
+       COALESCE(n.grp, (SELECT o.asset_group FROM deferral_assets o WHERE o.name = n.name),
+                'asset'),
+       COALESCE(n.extra, (SELECT o.extra FROM deferral_assets o WHERE o.name = n.name),
+                '{}'::jsonb)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS n(name, uri, grp, extra)
 ON CONFLICT (name) DO UPDATE
-SET uri = EXCLUDED.uri,
-    asset_group = CASE WHEN EXCLUDED.asset_group = 'asset' AND EXCLUDED.extra = '{}'::jsonb
-                       THEN a.asset_group ELSE EXCLUDED.asset_group END,
-    extra = CASE WHEN EXCLUDED.asset_group = 'asset' AND EXCLUDED.extra = '{}'::jsonb
-                 THEN a.extra ELSE EXCLUDED.extra END,
+SET uri = EXCLUDED.uri, asset_group = EXCLUDED.asset_group, extra = EXCLUDED.extra,
     updated_at = now()
-WHERE a.uri IS DISTINCT FROM EXCLUDED.uri
-   OR ((EXCLUDED.asset_group <> 'asset' OR EXCLUDED.extra <> '{}'::jsonb)
-       AND (a.asset_group, a.extra) IS DISTINCT FROM (EXCLUDED.asset_group, EXCLUDED.extra));
+WHERE (a.uri, a.asset_group, a.extra)
+      IS DISTINCT FROM (EXCLUDED.uri, EXCLUDED.asset_group, EXCLUDED.extra);
 
 -- name: asset_conflicts
--- Of the assets $2 (names) with uris $3 that DAG $1 declares, those another active DAG uses
--- under another uri, or whose uri another active DAG uses under another name: the DAG cannot
--- be recorded with them. Returns the asset, the other DAG and what it has.
-SELECT n.name, a.name AS other_name, a.uri AS other_uri, da.dag_id AS other_dag
-FROM unnest($2::text[], $3::text[]) AS n(name, uri)
+-- Of the assets $2 (names) with uris $3 and declarations $4 (digest of group, extra and
+-- watchers; null: bare) that DAG $1 declares, those another active DAG uses under another
+-- uri, whose uri another active DAG uses under another name, or that another active DAG
+-- declares otherwise (both not bare): the DAG cannot be recorded with them. Returns the
+-- asset, the other DAG and what it has ('declared': it differs in group, extra or watchers).
+SELECT n.name, a.name AS other_name, a.uri AS other_uri, da.dag_id AS other_dag,
+       (a.name = n.name AND a.uri = n.uri) AS declared
+FROM unnest($2::text[], $3::text[], $4::text[]) AS n(name, uri, declared)
 JOIN deferral_assets a ON (a.name = n.name AND a.uri <> n.uri)
                        OR (a.uri = n.uri AND a.name <> n.name)
+                       OR (a.name = n.name AND n.declared IS NOT NULL)
 JOIN deferral_dag_assets da ON da.asset = a.name AND da.dag_id <> $1
 JOIN deferral_dags d ON d.dag_id = da.dag_id AND d.is_active
+WHERE a.name <> n.name OR a.uri <> n.uri
+   OR (da.declared IS NOT NULL AND da.declared <> n.declared)
 ORDER BY n.name, a.name, da.dag_id;
 
+-- name: assets_declared_elsewhere
+-- Of assets $2, those an active DAG other than $1 declares (not bare: group, extra or
+-- watchers): their group, extra and watchers are that DAG's.
+SELECT DISTINCT da.asset
+FROM deferral_dag_assets da
+JOIN deferral_dags d ON d.dag_id = da.dag_id AND d.is_active
+WHERE da.asset = ANY ($2::text[]) AND da.dag_id <> $1 AND da.declared IS NOT NULL;
+
 -- name: set_dag_assets
--- The assets DAG $1 uses now ($2 assets, $3 roles: 'schedule' or 'outlet'), replacing what
--- was recorded of it. Events queued for the DAG of an asset it is no longer scheduled on are
--- dropped from its queue (they stay recorded).
+-- The assets DAG $1 uses now ($2 assets, $3 roles: 'schedule' or 'outlet', $4 what it
+-- declares of them: see asset_conflicts), replacing what was recorded of it. Events queued
+-- for the DAG of an asset it is no longer scheduled on are dropped from its queue (they stay
+-- recorded).
 WITH wanted AS (
-    SELECT DISTINCT * FROM unnest($2::text[], $3::text[]) AS w(asset, role)
+    SELECT DISTINCT * FROM unnest($2::text[], $3::text[], $4::text[]) AS w(asset, role, declared)
 ), gone AS (
     DELETE FROM deferral_dag_assets da
     WHERE da.dag_id = $1
@@ -49,16 +63,16 @@ WITH wanted AS (
     WHERE q.dag_id = $1
       AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.asset = q.asset AND w.role = 'schedule')
 )
-INSERT INTO deferral_dag_assets (dag_id, asset, role)
-SELECT $1, w.asset, w.role FROM wanted w
-ON CONFLICT DO NOTHING;
+INSERT INTO deferral_dag_assets AS da (dag_id, asset, role, declared)
+SELECT $1, w.asset, w.role, w.declared FROM wanted w
+ON CONFLICT (asset, role, dag_id) DO UPDATE SET declared = EXCLUDED.declared
+WHERE da.declared IS DISTINCT FROM EXCLUDED.declared;
 
 -- name: set_asset_watchers
 -- The watchers of assets $1 as declared now ($2 assets, $3 names, $4 classpaths, $5 kwargs:
 -- encoded and encrypted), replacing the ones recorded of those assets: a watcher no longer
--- declared goes, a changed one is updated (by asset and name). $1 holds only the assets the
--- DAG declares watchers for: a DAG that uses an asset without watchers (e.g. as an outlet)
--- leaves the watchers another DAG declared.
+-- declared goes, a changed one is updated (by asset and name). $1 leaves out the assets a
+-- DAG uses bare while another active DAG declares them: it leaves that DAG's watchers.
 WITH wanted AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[])
         AS w(asset, name, classpath, kwargs)
