@@ -62,7 +62,20 @@ def check_extra(what: str, extra: object) -> dict[str, Any]:
         data: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(dict(extra)))
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"{what} must be JSON data: {exc}") from None
+    if _has_nul(data):
+        raise ValueError(f"{what} holds a NUL character, which cannot be stored")
     return data
+
+
+def _has_nul(value: object) -> bool:
+    """Whether decoded JSON data holds a NUL character (no jsonb can store one)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 class AssetCondition:

@@ -5,7 +5,9 @@ errors."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,12 @@ import pytest
 from engine import DAG, Asset, AssetAll, AssetAny, AssetWatcher
 from engine.dags.dagbag import DagBag
 from engine.dags.timetables import ScheduleError
-from engine.scheduler.dagrecord import record_dags
+from engine.scheduler.dagrecord import record_dags, serialize_dag
 from engine.store import Store
 from engine.store.models import NewAssetEvent
 from engine.testing import run_engine
 from operators.python import PythonOperator
-from tests.helpers import wait_until
+from tests.helpers import wait_until, waiting_on_locks
 from triggers.events import DirectoryTrigger
 from triggers.temporal import TimeDeltaTrigger
 
@@ -99,13 +101,20 @@ async def test_a_run_waiting_for_a_free_slot_collapses_every_event_meanwhile(
     assert all(e.source_kind == "cli" for e in events)
 
 
-async def test_paused_dags_and_unknown_assets_queue_nothing(store: Store) -> None:
+async def test_paused_dags_and_unknown_assets_queue_nothing(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
     dag = _consumer("paused_consumer", [ORDERS])
     await record_dags(store, [dag])
     await store.set_dag_paused(dag.dag_id, True)
-    written = await store.record_asset_events(_emit("orders", "no_such_asset"))
+    with caplog.at_level(logging.WARNING, logger="engine.store.assets"):
+        written = await store.record_asset_events(_emit("orders", "no_such_asset"))
     assert [e.asset for e in written] == ["orders"]
     assert await store.queued_asset_events() == []
+    # the event dropped is not dropped silently
+    [dropped] = [r.getMessage() for r in caplog.records if "no_such_asset" in r.getMessage()]
+    assert "unknown asset" in dropped
+    assert "cli" in dropped
 
 
 async def test_outlets_trigger_an_asset_scheduled_dag_with_the_tasks_extra(store: Store) -> None:
@@ -353,3 +362,129 @@ async def test_a_deferrable_sensor_with_outlets_records_its_event(store: Store) 
     assert tis["wait"]["try_number"] == 1  # (it deferred once and resumed)
     [event] = await store.asset_events("orders")
     assert (event.source_dag_id, event.source_task_id) == ("sensing", "wait")
+
+
+async def test_a_dag_declaring_no_watchers_keeps_the_watchers_another_declared(
+    store: Store, tmp_path: Path
+) -> None:
+    watched = Asset(
+        "orders",
+        group="sales",
+        extra={"team": "a"},
+        watchers=[AssetWatcher("w", DirectoryTrigger(str(tmp_path), "*"))],
+    )
+    await record_dags(store, [_consumer("consumer", [watched])])
+    with DAG("producer") as producer:
+        PythonOperator(task_id="p", python_callable=print, outlets=[Asset("orders")])
+    await record_dags(store, [producer])
+    [asset] = await store.list_assets()
+    assert [w["name"] for w in asset.watchers] == ["w"]
+    assert (asset.group, asset.extra) == ("sales", {"team": "a"})
+    assert [w.asset for w in await store.asset_watchers()] == ["orders"]
+
+
+def test_a_nul_in_an_assets_extra_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        Asset("a", extra={"k": "a\x00b"})
+    with pytest.raises(ValueError, match="NUL"):
+        Asset("a", extra={"k\x00": [1, {"x": "\x00"}]})
+
+
+async def test_assets_the_database_refuses_fail_that_dag_only_and_are_tried_again(
+    store: Store,
+) -> None:
+    bad = Asset("nul")
+    bad.extra = {"k": "a\x00b"}  # past the checks: what the database refuses
+    refused = _consumer("refused", [bad])
+    after = _consumer("zz_after", [Asset("fine")])
+    await record_dags(store, [refused, after])
+    assert [a.name for a in await store.list_assets()] == ["fine"]
+    # its row is written again by the next scan (its fingerprint forgotten)
+    assert await store.get_dag("refused") is not None
+    fingerprints = {d.dag_id: serialize_dag(d).fingerprint for d in (refused, after)}
+    assert await store.dags_to_record(fingerprints) == {"refused"}
+    bad.extra = {"k": "ab"}
+    await record_dags(store, [_consumer("refused", [bad])])
+    assert [a.name for a in await store.list_assets()] == ["fine", "nul"]
+
+
+#: deferral_asset_condition made to wait, before it answers, for the advisory lock named by
+#: its session's deferral_test.gate (none: no wait): a scheduler's statement stops there,
+#: its snapshot taken and no DAG locked yet.
+GATED_CONDITION = """
+ALTER FUNCTION deferral_asset_condition(jsonb, text[]) RENAME TO deferral_asset_condition_real;
+CREATE FUNCTION deferral_asset_condition(cond jsonb, present text[]) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF COALESCE(current_setting('deferral_test.gate', true), '') <> '' THEN
+        PERFORM pg_advisory_xact_lock_shared(current_setting('deferral_test.gate')::bigint);
+    END IF;
+    RETURN deferral_asset_condition_real(cond, present);
+END $$;
+"""
+
+
+async def test_two_schedulers_make_no_run_the_condition_does_not_hold_for(
+    store: Store, db_url: str
+) -> None:
+    """Scheduler 1 evaluates on a snapshot with a1, b1; a2 arrives; scheduler 2 evaluates on
+    a snapshot with a1, b1, a2; scheduler 1 consumes a1, b1 and commits its run; then
+    scheduler 2 goes on. It must not make a run of a2 alone (the DAG needs a and b), nor a
+    second run (max_active_runs=1). (One statement judging on its start snapshot did.)"""
+    import asyncpg
+
+    with DAG("ab", schedule=Asset("a") & Asset("b"), max_active_runs=1) as dag:
+        PythonOperator(task_id="t", python_callable=print)
+    await record_dags(store, [dag])
+    gate, one, two, watch = [await asyncpg.connect(db_url) for _ in range(4)]
+    try:
+        await gate.execute(GATED_CONDITION)
+        await gate.execute("SELECT pg_advisory_lock(1), pg_advisory_lock(2)")
+        await one.execute("SET deferral_test.gate = '1'")
+        await two.execute("SET deferral_test.gate = '2'")
+        await store.record_asset_events(_emit("a", "b"))
+        first = asyncio.ensure_future(store.create_asset_runs(conn=one))
+        await wait_until(lambda: waiting_on_locks(watch, 1), what="scheduler 1 at its gate")
+        await store.record_asset_events(_emit("a"))
+        second = asyncio.ensure_future(store.create_asset_runs(conn=two))
+        await wait_until(lambda: waiting_on_locks(watch, 2), what="scheduler 2 at its gate")
+        await gate.execute("SELECT pg_advisory_unlock(1)")
+        made = await first
+        await gate.execute("SELECT pg_advisory_unlock(2)")
+        assert await second == []
+        # (scheduler 1 judged again under its lock: a2 went into its run too)
+        assert [r.events for r in made] == [3]
+        assert len(await _runs(store, "ab")) == 1
+        assert await store.queued_asset_events("ab") == []
+    finally:
+        for c in (gate, one, two, watch):
+            await c.close()
+
+
+async def test_two_dags_declaring_different_watchers_for_one_asset_are_refused(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def watched(pattern: str) -> Asset:
+        trigger = DirectoryTrigger(str(tmp_path), pattern)
+        return Asset("orders", watchers=[AssetWatcher("w", trigger)])
+
+    await record_dags(store, [_consumer("first", [watched("*.csv")])])
+    # the same declaration in another DAG is fine
+    await record_dags(store, [_consumer("same", [watched("*.csv")])])
+    with caplog.at_level(logging.ERROR):
+        await record_dags(store, [_consumer("second", [watched("*.json")])])
+    [asset] = await store.list_assets()
+    assert asset.scheduled_dags == ["first", "same"]
+    [watcher] = await store.asset_watchers()
+    assert b"*.csv" in watcher.kwargs
+    [refused] = [r.getMessage() for r in caplog.records if "second" in r.getMessage()]
+    assert "first" in refused
+    assert "watchers" in refused
+
+
+async def test_a_dag_that_stops_declaring_watchers_stops_them(store: Store, tmp_path: Path) -> None:
+    watched = Asset("orders", watchers=[AssetWatcher("w", DirectoryTrigger(str(tmp_path), "*"))])
+    await record_dags(store, [_consumer("consumer", [watched])])
+    assert [w.name for w in await store.asset_watchers()] == ["w"]
+    await record_dags(store, [_consumer("consumer", [Asset("orders")])])
+    assert await store.asset_watchers() == []

@@ -172,7 +172,9 @@ class DagRecorder:
 
     async def _record_assets(self, record: DagRecord) -> bool:
         """Record the assets the DAG uses; False (logged, the DAG written again by the next
-        scan) when another DAG declares one of them differently."""
+        scan) when another DAG declares one of them differently or the database refuses
+        them (the DAG's row is already written: its fingerprint is forgotten, so the next
+        scan tries again rather than taking the DAG as recorded)."""
         try:
             await self.store.record_dag_assets(
                 record.dag_id, [msgspec.convert(a, AssetRecord) for a in record.assets]
@@ -180,6 +182,17 @@ class DagRecorder:
         except AssetConflict as exc:
             self.refused += 1
             log.error("DAG %s (%s): %s", record.dag_id, record.fileloc, exc)
+            await self.store.forget_dag_fingerprint(record.dag_id)
+            return False
+        except REFUSED_DATA_ERRORS as exc:
+            self.refused += 1
+            log.error(
+                "DAG %s (%s): its assets cannot be recorded, the database refuses them: %s: %s",
+                record.dag_id,
+                record.fileloc,
+                type(exc).__name__,
+                exc,
+            )
             await self.store.forget_dag_fingerprint(record.dag_id)
             return False
         return True

@@ -5,34 +5,55 @@
 -- for the DAGs scheduled on their assets, and create_asset_runs makes the runs.
 
 -- name: upsert_assets
--- Record assets as a DAG file declares them ($1 names, $2 uris, $3 groups, $4 extras). An
--- asset recorded as it is now is not written.
-INSERT INTO deferral_assets (name, uri, asset_group, extra)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[])
+-- Record assets as a DAG file declares them ($1 names, $2 uris, $3 groups, $4 extras). A null
+-- group and extra (a bare declaration while another active DAG declares the asset) keeps
+-- those recorded. An asset recorded as it is now is not written.
+INSERT INTO deferral_assets AS a (name, uri, asset_group, extra)
+SELECT n.name, n.uri,
+       COALESCE(n.grp, (SELECT o.asset_group FROM deferral_assets o WHERE o.name = n.name),
+                'asset'),
+       COALESCE(n.extra, (SELECT o.extra FROM deferral_assets o WHERE o.name = n.name),
+                '{}'::jsonb)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS n(name, uri, grp, extra)
 ON CONFLICT (name) DO UPDATE
 SET uri = EXCLUDED.uri, asset_group = EXCLUDED.asset_group, extra = EXCLUDED.extra,
     updated_at = now()
-WHERE (deferral_assets.uri, deferral_assets.asset_group, deferral_assets.extra)
+WHERE (a.uri, a.asset_group, a.extra)
       IS DISTINCT FROM (EXCLUDED.uri, EXCLUDED.asset_group, EXCLUDED.extra);
 
 -- name: asset_conflicts
--- Of the assets $2 (names) with uris $3 that DAG $1 declares, those another active DAG uses
--- under another uri, or whose uri another active DAG uses under another name: the DAG cannot
--- be recorded with them. Returns the asset, the other DAG and what it has.
-SELECT n.name, a.name AS other_name, a.uri AS other_uri, da.dag_id AS other_dag
-FROM unnest($2::text[], $3::text[]) AS n(name, uri)
+-- Of the assets $2 (names) with uris $3 and declarations $4 (digest of group, extra and
+-- watchers; null: bare) that DAG $1 declares, those another active DAG uses under another
+-- uri, whose uri another active DAG uses under another name, or that another active DAG
+-- declares otherwise (both not bare): the DAG cannot be recorded with them. Returns the
+-- asset, the other DAG and what it has ('declared': it differs in group, extra or watchers).
+SELECT n.name, a.name AS other_name, a.uri AS other_uri, da.dag_id AS other_dag,
+       (a.name = n.name AND a.uri = n.uri) AS declared
+FROM unnest($2::text[], $3::text[], $4::text[]) AS n(name, uri, declared)
 JOIN deferral_assets a ON (a.name = n.name AND a.uri <> n.uri)
                        OR (a.uri = n.uri AND a.name <> n.name)
+                       OR (a.name = n.name AND n.declared IS NOT NULL)
 JOIN deferral_dag_assets da ON da.asset = a.name AND da.dag_id <> $1
 JOIN deferral_dags d ON d.dag_id = da.dag_id AND d.is_active
+WHERE a.name <> n.name OR a.uri <> n.uri
+   OR (da.declared IS NOT NULL AND da.declared <> n.declared)
 ORDER BY n.name, a.name, da.dag_id;
 
+-- name: assets_declared_elsewhere
+-- Of assets $2, those an active DAG other than $1 declares (not bare: group, extra or
+-- watchers): their group, extra and watchers are that DAG's.
+SELECT DISTINCT da.asset
+FROM deferral_dag_assets da
+JOIN deferral_dags d ON d.dag_id = da.dag_id AND d.is_active
+WHERE da.asset = ANY ($2::text[]) AND da.dag_id <> $1 AND da.declared IS NOT NULL;
+
 -- name: set_dag_assets
--- The assets DAG $1 uses now ($2 assets, $3 roles: 'schedule' or 'outlet'), replacing what
--- was recorded of it. Events queued for the DAG of an asset it is no longer scheduled on are
--- dropped from its queue (they stay recorded).
+-- The assets DAG $1 uses now ($2 assets, $3 roles: 'schedule' or 'outlet', $4 what it
+-- declares of them: see asset_conflicts), replacing what was recorded of it. Events queued
+-- for the DAG of an asset it is no longer scheduled on are dropped from its queue (they stay
+-- recorded).
 WITH wanted AS (
-    SELECT DISTINCT * FROM unnest($2::text[], $3::text[]) AS w(asset, role)
+    SELECT DISTINCT * FROM unnest($2::text[], $3::text[], $4::text[]) AS w(asset, role, declared)
 ), gone AS (
     DELETE FROM deferral_dag_assets da
     WHERE da.dag_id = $1
@@ -42,14 +63,16 @@ WITH wanted AS (
     WHERE q.dag_id = $1
       AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.asset = q.asset AND w.role = 'schedule')
 )
-INSERT INTO deferral_dag_assets (dag_id, asset, role)
-SELECT $1, w.asset, w.role FROM wanted w
-ON CONFLICT DO NOTHING;
+INSERT INTO deferral_dag_assets AS da (dag_id, asset, role, declared)
+SELECT $1, w.asset, w.role, w.declared FROM wanted w
+ON CONFLICT (asset, role, dag_id) DO UPDATE SET declared = EXCLUDED.declared
+WHERE da.declared IS DISTINCT FROM EXCLUDED.declared;
 
 -- name: set_asset_watchers
 -- The watchers of assets $1 as declared now ($2 assets, $3 names, $4 classpaths, $5 kwargs:
 -- encoded and encrypted), replacing the ones recorded of those assets: a watcher no longer
--- declared goes, a changed one is updated (by asset and name).
+-- declared goes, a changed one is updated (by asset and name). $1 leaves out the assets a
+-- DAG uses bare while another active DAG declares them: it leaves that DAG's watchers.
 WITH wanted AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[])
         AS w(asset, name, classpath, kwargs)
@@ -84,13 +107,13 @@ WHERE EXISTS (SELECT 1 FROM deferral_assets a WHERE a.name = e.asset)
 ORDER BY e.n
 RETURNING id, asset, created_at;
 
--- name: create_asset_runs
--- Create a queued asset-triggered run for each of up to $1 DAGs whose asset condition holds
--- over the assets of their queued events (deferral_asset_condition), unless the DAG already
--- has max_active_runs runs queued or running: every event queued for the DAG is consumed by that one run (events
--- queued while a DAG waits, for its condition or for a free run, collapse into one run).
--- The run's logical date is its newest event's time, its data interval spans its events'.
--- The DAGs are locked SKIP LOCKED (another scheduler takes the others). Returns the runs.
+-- name: lock_asset_ready_dags
+-- Of the DAGs with queued events, up to $1 whose asset condition holds over the assets of
+-- their queued events (deferral_asset_condition) and that have fewer than max_active_runs
+-- runs queued or running, locked (SKIP LOCKED: another scheduler takes the others). The
+-- first statement of create_asset_runs' transaction: this statement's snapshot predates
+-- the locks, so create_asset_runs judges the locked DAGs again on a snapshot taken under
+-- them. Returns their ids.
 WITH RECURSIVE pairs AS (
     -- the distinct (DAG, asset) pairs of the queue, one index probe each (a loose index scan:
     -- not a read of every queued event)
@@ -105,6 +128,34 @@ WITH RECURSIVE pairs AS (
     ) n
 ), pending AS (
     SELECT dag_id, array_agg(asset) AS assets FROM pairs GROUP BY dag_id
+)
+SELECT d.dag_id
+FROM deferral_dags d
+JOIN pending p ON p.dag_id = d.dag_id
+WHERE d.is_active AND NOT d.is_paused AND d.timetable->>'kind' = 'assets'
+  AND deferral_asset_condition(d.timetable->'condition', p.assets)
+  AND (SELECT count(*) FROM deferral_dag_runs r
+       WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')
+         AND r.run_type <> 'backfill') < d.max_active_runs
+ORDER BY d.dag_id
+LIMIT $1
+FOR UPDATE OF d SKIP LOCKED;
+
+-- name: create_asset_runs
+-- Create a queued asset-triggered run for each of the DAGs $1 (locked by
+-- lock_asset_ready_dags in this transaction) whose asset condition holds over the assets of
+-- their queued events, unless the DAG already has max_active_runs runs queued or running:
+-- every event queued for the DAG is consumed by that one run (events queued while a DAG
+-- waits, for its condition or for a free run, collapse into one run). Judged again here, on
+-- this statement's snapshot, taken once the DAGs were locked: it sees every run and every
+-- consumption another scheduler committed while holding a DAG's lock, so a run is never
+-- made of what another scheduler consumed, nor beyond max_active_runs. The run's logical
+-- date is its newest event's time, its data interval spans its events'. Returns the runs.
+WITH pending AS (
+    SELECT q.dag_id, array_agg(DISTINCT q.asset) AS assets
+    FROM deferral_asset_queue q
+    WHERE q.dag_id = ANY ($1::text[])
+    GROUP BY q.dag_id
 ), ready AS (
     SELECT d.dag_id
     FROM deferral_dags d
@@ -114,9 +165,6 @@ WITH RECURSIVE pairs AS (
       AND (SELECT count(*) FROM deferral_dag_runs r
            WHERE r.dag_id = d.dag_id AND r.state IN ('queued', 'running')
              AND r.run_type <> 'backfill') < d.max_active_runs
-    ORDER BY d.dag_id
-    LIMIT $1
-    FOR UPDATE OF d SKIP LOCKED
 ), taken AS (
     -- (by an array of ids: a join with ready was planned as a read of the whole queue)
     DELETE FROM deferral_asset_queue q

@@ -885,7 +885,10 @@ CREATE TABLE deferral_dag_assets (
     dag_id  text NOT NULL REFERENCES deferral_dags (dag_id) ON DELETE CASCADE,
     asset   text NOT NULL REFERENCES deferral_assets (name),
     role    text NOT NULL CHECK (role IN ('schedule', 'outlet')),
-    PRIMARY KEY (asset, role, dag_id)
+    PRIMARY KEY (asset, role, dag_id),
+    -- a digest of the group, extra and watchers the DAG declares (null: a bare declaration:
+    -- default group, no extra, no watchers; migration 0027)
+    declared text
 );
 CREATE INDEX deferral_dag_assets_dag ON deferral_dag_assets (dag_id);
 
