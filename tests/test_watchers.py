@@ -24,11 +24,11 @@ from engine.store import Store
 from engine.store.models import WatcherItem, WatcherState
 from engine.testing import run_engine
 from engine.triggerer import Triggerer
-from engine.triggerer.watching import backoff_s
+from engine.triggerer.watching import WatcherOutbox, backoff_s
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 from tests.triggerer_faults import Spawn, spawn
-from tests.triggers_for_tests import FailingEventTrigger
+from tests.triggers_for_tests import FailingEventTrigger, NulEventTrigger
 from triggers.base import BaseEventTrigger, decode_value, encode_value
 from triggers.events import DirectoryTrigger
 
@@ -344,3 +344,48 @@ async def test_no_event_lost_or_repeated_across_a_sigkill_of_the_triggerer(
     names = [e["name"] for e in await _events(store, "files")]
     assert sorted(names) == written  # each file once: none lost, none repeated
     assert second.poll() is None
+
+
+async def test_an_event_holding_nul_characters_is_recorded_without_a_restart(
+    store: Store,
+) -> None:
+    # PostgreSQL's jsonb refuses NUL: the watcher writes the event with each NUL replaced by
+    # U+FFFD (its cursor moved past it: dropping it would lose it), and counts no fault.
+    await _declare(store, _dag("consumer", "orders", {"nul": NulEventTrigger()}))
+
+    async def recorded() -> bool:
+        return (await _state(store, "nul")).events >= 1 or (
+            await _state(store, "nul")
+        ).last_error is not None
+
+    async with _triggerer(store):
+        await wait_until(recorded, what="the event or its fault")
+    state = await _state(store, "nul")
+    assert (state.last_error, state.restarts) == (None, 0)
+    assert await _events(store, "orders") == [{"body": "a\ufffdb", "k\ufffd": ["x\ufffd", 1]}]
+    assert decode_value(state.cursor) == 1
+
+
+async def test_an_event_that_cannot_be_stored_is_recorded_as_an_error_not_a_restart(
+    store: Store,
+) -> None:
+    # The writer puts a fault in the place of an event it could not store; the trigger runs
+    # on, so the fault shows as the watcher's last error with no restart and no backoff.
+    await _declare(store, _dag("consumer", "orders", {"w": FailingEventTrigger("unused")}))
+    triggerer = await store.register_triggerer("host", 1, 10, 30.0)
+    [row] = (await store.claim_triggers(triggerer, 10)).claimed
+    item = WatcherItem(
+        trigger_id=row.id,
+        fence=row.fence,
+        extra={},
+        is_event=True,
+        cursor=None,
+        has_cursor=False,
+        seq=1,
+    )
+    fault = WatcherOutbox._substitute(item, ValueError("refused"))
+    assert await store.watcher_failed(triggerer, fault)
+    state = await _state(store, "w")
+    assert state.last_error is not None
+    assert "ValueError: refused" in state.last_error
+    assert (state.restarts, state.retry_at) == (0, None)

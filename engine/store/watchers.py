@@ -135,6 +135,7 @@ class WatcherQueries:
             fault.fence,
             fault.error,
             fault.retry_in_s,
+            fault.restart,
         )
         return row is not None
 

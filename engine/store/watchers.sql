@@ -118,10 +118,12 @@ SELECT trigger_id, (SELECT count(*) FROM recorded) AS recorded FROM moved;
 
 -- name: watcher_failed
 -- Triggerer $1's run of watcher trigger $2 (fence $3) raised or ended: record the error $4,
--- count the restart and say when it starts again ($5 seconds), fenced like its events.
+-- count the restart and say when it starts again ($5 seconds), fenced like its events. $6
+-- false: no restart (an event of a trigger that runs on could not be stored): only the error.
 UPDATE deferral_asset_watchers w
-SET last_error = $4, last_error_at = now(), restarts = w.restarts + 1,
-    retry_at = now() + make_interval(secs => $5)
+SET last_error = $4, last_error_at = now(),
+    restarts = w.restarts + CASE WHEN $6::boolean THEN 1 ELSE 0 END,
+    retry_at = CASE WHEN $6::boolean THEN now() + make_interval(secs => $5) ELSE w.retry_at END
 FROM deferral_triggers t
 WHERE w.trigger_id = $2 AND t.id = $2 AND t.triggerer_id IS NOT DISTINCT FROM $1
   AND t.fence = $3
