@@ -71,8 +71,8 @@ def _put(folder: Path, name: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _triggerer(store: Store) -> AsyncIterator[Triggerer]:
-    triggerer = Triggerer(store, poll_interval_s=0.2, lease_s=2.0)
+async def _triggerer(store: Store, **options: Any) -> AsyncIterator[Triggerer]:
+    triggerer = Triggerer(store, poll_interval_s=0.2, lease_s=2.0, **options)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             await tg.start(triggerer.run)
@@ -389,3 +389,34 @@ async def test_an_event_that_cannot_be_stored_is_recorded_as_an_error_not_a_rest
     assert state.last_error is not None
     assert "ValueError: refused" in state.last_error
     assert (state.restarts, state.retry_at) == (0, None)
+
+
+@pytest.mark.parametrize("why", ["not allowed", "cannot be imported"])
+async def test_a_watcher_whose_trigger_cannot_start_here_shows_its_error_and_backs_off(
+    store: Store, why: str
+) -> None:
+    # Known as a watcher by its row, not by its class: a class this triggerer may not run or
+    # cannot import is the watcher's fault (shown, retried with backoff), its row kept.
+    await _declare(store, _dag("consumer", "orders", {"w": FailingEventTrigger("unused")}))
+    [before] = await store.watcher_states()
+    options: dict[str, Any] = {}
+    if why == "not allowed":
+        options["allow"] = lambda classpath: "FailingEventTrigger" not in classpath
+        expected = "FailingEventTrigger"
+    else:
+        await store._pool.execute(
+            "UPDATE deferral_triggers SET classpath = 'tests.no_such_module.Gone'"
+        )
+        expected = "tests.no_such_module"
+
+    async def failed_twice() -> bool:
+        return (await _state(store, "w")).restarts >= 2
+
+    async with _triggerer(store, **options):
+        await wait_until(failed_twice, timeout_s=20, what="two recorded faults")
+    state = await _state(store, "w")
+    assert state.trigger_id == before.trigger_id
+    assert state.last_error is not None
+    assert expected in state.last_error
+    assert state.retry_at is not None
+    assert "unused" not in state.last_error  # (never built)
