@@ -148,7 +148,9 @@ async def test_watcher_writes_are_fenced_and_written_once(store: Store, tmp_path
         )
 
     assert await store.record_watcher_events(first, [item(1), item(2)]) == {row.id}
-    # The same batch again (its reply lost): nothing is written twice.
+    # The same batch again (its reply lost): nothing is written twice, and the trigger is
+    # still this triggerer's (no "no longer owns it" for a batch written already).
+    assert await store.record_watcher_events(first, [item(1), item(2)]) == {row.id}
     await store.record_watcher_events(first, [item(1), item(2), item(3)])
     assert [e["n"] for e in await _events(store, "orders")] == [1, 2, 3]
     state = await _state(store, "files")

@@ -77,7 +77,8 @@ WHERE w.trigger_id = ANY ($2::bigint[]) AND t.triggerer_id IS NOT DISTINCT FROM 
 -- already (a batch retried after its reply was lost) and are skipped. Each asset
 -- event is inserted into deferral_asset_events (whose trigger queues it for the DAGs
 -- scheduled on its asset) and each watcher's cursor becomes the last one given for it.
--- Returns the trigger ids whose items were written.
+-- Returns the trigger ids whose items were written, or were written already (every item of a
+-- retried batch skipped: the trigger is still this triggerer's).
 WITH item AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::jsonb[], $5::boolean[], $6::bytea[],
                          $7::boolean[], $8::bigint[])
@@ -114,7 +115,11 @@ WITH item AS (
     WHERE w.trigger_id = c.trigger_id
     RETURNING w.trigger_id
 )
-SELECT trigger_id, (SELECT count(*) FROM recorded) AS recorded FROM moved;
+SELECT DISTINCT i.trigger_id, (SELECT count(*) FROM recorded) AS recorded,
+       (SELECT count(*) FROM moved) AS moved
+FROM item i
+JOIN owned o ON o.id = i.trigger_id AND o.fence = i.fence
+JOIN deferral_asset_watchers w ON w.trigger_id = i.trigger_id;
 
 -- name: watcher_failed
 -- Triggerer $1's run of watcher trigger $2 (fence $3) raised or ended: record the error $4,
