@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -211,8 +212,9 @@ async def test_a_directory_watcher_resumes_after_its_triggerer_stops_without_los
 
 
 async def test_a_raising_watcher_is_restarted_with_backoff_and_shown(
-    store: Store, db_url: str
+    store: Store, db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="engine.triggerer")
     await _declare(
         store, _dag("consumer", "orders", {"broken": FailingEventTrigger("no such queue")})
     )
@@ -254,6 +256,13 @@ async def test_a_raising_watcher_is_restarted_with_backoff_and_shown(
         assert "last error: RuntimeError: no such queue" in table.output, table.output
     assert backoff_s(1) < backoff_s(2) < backoff_s(3)
     assert await _events(store, "orders") == []
+    # Each start's log line counts the restarts made by then.
+    counts = [
+        int(r.getMessage().rsplit(": ", 1)[1].rstrip(")"))
+        for r in caplog.records
+        if "started (restarts so far:" in r.getMessage()
+    ]
+    assert counts[:2] == [0, 1]
 
 
 async def test_a_watched_file_triggers_the_downstream_run_with_its_event(

@@ -169,6 +169,7 @@ class WatcherRunner:
         cursor = None if watcher.cursor is None else decode_value(watcher.cursor)
         seq = 0
         failures = 0
+        restarts = watcher.restarts  # (as its faults count them: one a fault here)
         what = f"watcher {watcher.name!r} of asset {watcher.asset!r} ({held.classpath})"
         while True:
             trigger: BaseTrigger | None = None
@@ -183,7 +184,7 @@ class WatcherRunner:
                 agen = trigger.run()
                 if not hasattr(agen, "__anext__"):
                     raise TypeError(f"{held.classpath}.run() must be an async generator")
-                log.info("%s started (restarts so far: %d)", what, watcher.restarts)
+                log.info("%s started (restarts so far: %d)", what, restarts)
                 while True:
                     try:
                         event = await agen.__anext__()
@@ -221,6 +222,7 @@ class WatcherRunner:
             if asyncio.get_running_loop().time() - started >= WATCHER_BACKOFF_S[1]:
                 failures = 0  # it ran well for a while: this fault starts a new series
             failures += 1
+            restarts += 1
             delay = backoff_s(failures)
             log.error("%s; starting it again in %.0fs", error, delay)
             self._outbox.put(
