@@ -431,3 +431,28 @@ async def test_a_watcher_whose_trigger_cannot_start_here_shows_its_error_and_bac
     assert expected in state.last_error
     assert state.retry_at is not None
     assert "unused" not in state.last_error  # (never built)
+
+
+async def test_only_assets_that_schedule_an_active_unpaused_dag_run_their_watchers(
+    store: Store, tmp_path: Path
+) -> None:
+    # A watcher is for a DAG that waits on its asset: an asset only written (a task's outlet)
+    # runs none, nor one whose consumers are all paused; unpaused, it runs again.
+    declared = Asset(
+        "orders", watchers=[AssetWatcher("files", trigger=DirectoryTrigger(str(tmp_path)))]
+    )
+    with DAG("producer", schedule=None) as producer:
+        PythonOperator(task_id="t", python_callable=lambda: None, outlets=[declared])
+    await _declare(store, producer)
+    [state] = await store.watcher_states()
+    assert state.trigger_id is None
+    assert await store.list_triggers() == []
+
+    await _declare(store, _dag("consumer", "orders", {"files": DirectoryTrigger(str(tmp_path))}))
+    assert (await _state(store, "files")).trigger_id is not None
+    assert await store.set_dag_paused("consumer", True)
+    await store.sync_watchers()
+    assert (await _state(store, "files")).trigger_id is None
+    assert await store.set_dag_paused("consumer", False)
+    await store.sync_watchers()
+    assert (await _state(store, "files")).trigger_id is not None

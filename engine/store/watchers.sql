@@ -8,13 +8,16 @@
 SELECT pg_advisory_xact_lock(74657203, 0);
 
 -- name: watcher_declarations
--- Every declared watcher: its trigger as declared (classpath, encrypted kwargs), whether an
--- active DAG uses its asset, and the trigger row that runs it now, if any.
+-- Every declared watcher: its trigger as declared (classpath, encrypted kwargs), whether it
+-- runs (an active, unpaused DAG is scheduled on its asset: a watcher is for the DAGs that wait
+-- on its events, not for an asset only written by tasks' outlets, as in Airflow), and the
+-- trigger row that runs it now, if any.
 SELECT w.asset, w.name, w.classpath, w.kwargs, w.trigger_key,
        t.id AS trigger_id,
        EXISTS (SELECT 1 FROM deferral_dag_assets da
                JOIN deferral_dags d ON d.dag_id = da.dag_id AND d.is_active
-               WHERE da.asset = w.asset) AS active
+                                   AND NOT d.is_paused
+               WHERE da.asset = w.asset AND da.role = 'schedule') AS active
 FROM deferral_asset_watchers w
 LEFT JOIN deferral_triggers t ON t.id = w.trigger_id
 ORDER BY w.asset, w.name;
