@@ -174,12 +174,12 @@ class Claimer:
         assert self._watchers is not None
         classpath = self._classpaths.setdefault(row.classpath, row.classpath)
         held = self._state.held.take(row.id, row.fence, classpath)
-        kwargs = decode_value(row.kwargs)
         self._watchers.start(
             row.id,
             held,
             watcher,
-            lambda: self._rebuild(classpath, kwargs, row.sealed),
+            # (kwargs that do not decode are the watcher's fault too, raised by each build)
+            lambda: self._rebuild(classpath, decode_value(row.kwargs), row.sealed),
             task_name(row.id, row.fence),
         )
 
