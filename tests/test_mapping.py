@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
@@ -707,3 +708,46 @@ async def test_a_mapped_task_cleared_whole_is_expanded_again(
     assert [_result(ti) for ti in _mapped(tis, "double")] == [2 * x for x in now]
     # Every instance's new try numbers on from the tries made before (none is reused).
     assert all(ti["try_number"] > tried for ti in _mapped(tis, "double"))
+
+
+async def test_a_mapped_task_cleared_whole_keeps_the_callbacks_not_run_yet(
+    store: Store, db_url: str
+) -> None:
+    # Callback requests not run yet that name instances [1..] (a task's failure, the DAG's
+    # failure naming its last failed instance) stay when the task is cleared whole: they
+    # name the one instance it folds back into.
+    def numbers() -> list[list[int]]:
+        return [[1], [2], [3]]
+
+    with DAG(dag_id="map_reclear_cb") as dag:
+        up = PythonOperator(task_id="numbers", python_callable=numbers)
+        PythonOperator.partial(task_id="double", python_callable=lambda x: x).expand(
+            op_args=up.output
+        )
+    tis = await _run(store, dag)
+    instances = _mapped(tis, "double")
+    assert len(instances) == 3
+    ids = {ti["map_index"]: ti["id"] for ti in instances}
+    run = tis["__run__"]
+    conn = await asyncpg.connect(db_url)
+    try:
+        run_pk = await conn.fetchval(
+            "SELECT dag_run_id FROM deferral_task_instances WHERE id = $1", ids[2]
+        )
+        await conn.execute(
+            "INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id, ti_id, try_number)"
+            " VALUES ('failure', $1, 'map_reclear_cb', $2, 1),"
+            " ('dag_failure', $1, 'map_reclear_cb', $3, 1)",
+            run_pk,
+            ids[1],
+            ids[2],
+        )
+    finally:
+        await conn.close()
+    assert run["state"] == "success"
+    targets = await store.override_targets("map_reclear_cb", "run1", ["double"])
+    assert {t.id for t in targets} == set(ids.values())
+    assert await store.clear_tasks([t.id for t in targets], who="ops", via="the command line")
+    left = await store.list_callback_requests()
+    assert sorted(r.kind for r in left) == ["dag_failure", "failure"]
+    assert {r.ti_id for r in left} == {ids[0]}

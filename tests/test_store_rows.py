@@ -335,6 +335,18 @@ async def _asset_calls(s: Any) -> None:
 
 async def _watcher_calls(s: Any) -> None:
     """Asset watchers on the triggerer (engine/store/watchers.py), on _asset_calls' asset."""
+    # (Its watcher runs once a DAG is scheduled on it, not while tasks only write it.)
+    assert (await s.sync_watchers()).started == 0
+    watcher = validate_trigger(NeverTrigger("rows"))
+    asset = AssetRecord(
+        name="rows_asset",
+        uri="s3://rows",
+        group="asset",
+        extra={},
+        roles=["schedule"],
+        watchers=[("w", watcher.classpath, watcher.kwargs)],
+    )
+    await s.record_dag_assets("rows", [asset])
     assert (await s.sync_watchers()).started == 1
     triggerer = await s.register_triggerer("rows-host", 2, 10, 30.0)
     claimed = (await s.claim_triggers(triggerer, 100)).claimed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -24,11 +25,11 @@ from engine.store import Store
 from engine.store.models import WatcherItem, WatcherState
 from engine.testing import run_engine
 from engine.triggerer import Triggerer
-from engine.triggerer.watching import backoff_s
+from engine.triggerer.watching import WatcherOutbox, backoff_s
 from operators.python import PythonOperator
 from tests.helpers import wait_until
 from tests.triggerer_faults import Spawn, spawn
-from tests.triggers_for_tests import FailingEventTrigger
+from tests.triggers_for_tests import FailingEventTrigger, NulEventTrigger
 from triggers.base import BaseEventTrigger, decode_value, encode_value
 from triggers.events import DirectoryTrigger
 
@@ -71,8 +72,8 @@ def _put(folder: Path, name: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _triggerer(store: Store) -> AsyncIterator[Triggerer]:
-    triggerer = Triggerer(store, poll_interval_s=0.2, lease_s=2.0)
+async def _triggerer(store: Store, **options: Any) -> AsyncIterator[Triggerer]:
+    triggerer = Triggerer(store, poll_interval_s=0.2, lease_s=2.0, **options)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             await tg.start(triggerer.run)
@@ -148,7 +149,9 @@ async def test_watcher_writes_are_fenced_and_written_once(store: Store, tmp_path
         )
 
     assert await store.record_watcher_events(first, [item(1), item(2)]) == {row.id}
-    # The same batch again (its reply lost): nothing is written twice.
+    # The same batch again (its reply lost): nothing is written twice, and the trigger is
+    # still this triggerer's (no "no longer owns it" for a batch written already).
+    assert await store.record_watcher_events(first, [item(1), item(2)]) == {row.id}
     await store.record_watcher_events(first, [item(1), item(2), item(3)])
     assert [e["n"] for e in await _events(store, "orders")] == [1, 2, 3]
     state = await _state(store, "files")
@@ -209,8 +212,9 @@ async def test_a_directory_watcher_resumes_after_its_triggerer_stops_without_los
 
 
 async def test_a_raising_watcher_is_restarted_with_backoff_and_shown(
-    store: Store, db_url: str
+    store: Store, db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="engine.triggerer")
     await _declare(
         store, _dag("consumer", "orders", {"broken": FailingEventTrigger("no such queue")})
     )
@@ -252,6 +256,13 @@ async def test_a_raising_watcher_is_restarted_with_backoff_and_shown(
         assert "last error: RuntimeError: no such queue" in table.output, table.output
     assert backoff_s(1) < backoff_s(2) < backoff_s(3)
     assert await _events(store, "orders") == []
+    # Each start's log line counts the restarts made by then.
+    counts = [
+        int(r.getMessage().rsplit(": ", 1)[1].rstrip(")"))
+        for r in caplog.records
+        if "started (restarts so far:" in r.getMessage()
+    ]
+    assert counts[:2] == [0, 1]
 
 
 async def test_a_watched_file_triggers_the_downstream_run_with_its_event(
@@ -344,3 +355,104 @@ async def test_no_event_lost_or_repeated_across_a_sigkill_of_the_triggerer(
     names = [e["name"] for e in await _events(store, "files")]
     assert sorted(names) == written  # each file once: none lost, none repeated
     assert second.poll() is None
+
+
+async def test_an_event_holding_nul_characters_is_recorded_without_a_restart(
+    store: Store,
+) -> None:
+    # PostgreSQL's jsonb refuses NUL: the watcher writes the event with each NUL replaced by
+    # U+FFFD (its cursor moved past it: dropping it would lose it), and counts no fault.
+    await _declare(store, _dag("consumer", "orders", {"nul": NulEventTrigger()}))
+
+    async def recorded() -> bool:
+        return (await _state(store, "nul")).events >= 1 or (
+            await _state(store, "nul")
+        ).last_error is not None
+
+    async with _triggerer(store):
+        await wait_until(recorded, what="the event or its fault")
+    state = await _state(store, "nul")
+    assert (state.last_error, state.restarts) == (None, 0)
+    assert await _events(store, "orders") == [{"body": "a\ufffdb", "k\ufffd": ["x\ufffd", 1]}]
+    assert decode_value(state.cursor) == 1
+
+
+async def test_an_event_that_cannot_be_stored_is_recorded_as_an_error_not_a_restart(
+    store: Store,
+) -> None:
+    # The writer puts a fault in the place of an event it could not store; the trigger runs
+    # on, so the fault shows as the watcher's last error with no restart and no backoff.
+    await _declare(store, _dag("consumer", "orders", {"w": FailingEventTrigger("unused")}))
+    triggerer = await store.register_triggerer("host", 1, 10, 30.0)
+    [row] = (await store.claim_triggers(triggerer, 10)).claimed
+    item = WatcherItem(
+        trigger_id=row.id,
+        fence=row.fence,
+        extra={},
+        is_event=True,
+        cursor=None,
+        has_cursor=False,
+        seq=1,
+    )
+    fault = WatcherOutbox._substitute(item, ValueError("refused"))
+    assert await store.watcher_failed(triggerer, fault)
+    state = await _state(store, "w")
+    assert state.last_error is not None
+    assert "ValueError: refused" in state.last_error
+    assert (state.restarts, state.retry_at) == (0, None)
+
+
+@pytest.mark.parametrize("why", ["not allowed", "cannot be imported"])
+async def test_a_watcher_whose_trigger_cannot_start_here_shows_its_error_and_backs_off(
+    store: Store, why: str
+) -> None:
+    # Known as a watcher by its row, not by its class: a class this triggerer may not run or
+    # cannot import is the watcher's fault (shown, retried with backoff), its row kept.
+    await _declare(store, _dag("consumer", "orders", {"w": FailingEventTrigger("unused")}))
+    [before] = await store.watcher_states()
+    options: dict[str, Any] = {}
+    if why == "not allowed":
+        options["allow"] = lambda classpath: "FailingEventTrigger" not in classpath
+        expected = "FailingEventTrigger"
+    else:
+        await store._pool.execute(
+            "UPDATE deferral_triggers SET classpath = 'tests.no_such_module.Gone'"
+        )
+        expected = "tests.no_such_module"
+
+    async def failed_twice() -> bool:
+        return (await _state(store, "w")).restarts >= 2
+
+    async with _triggerer(store, **options):
+        await wait_until(failed_twice, timeout_s=20, what="two recorded faults")
+    state = await _state(store, "w")
+    assert state.trigger_id == before.trigger_id
+    assert state.last_error is not None
+    assert expected in state.last_error
+    assert state.retry_at is not None
+    assert "unused" not in state.last_error  # (never built)
+
+
+async def test_only_assets_that_schedule_an_active_unpaused_dag_run_their_watchers(
+    store: Store, tmp_path: Path
+) -> None:
+    # A watcher is for a DAG that waits on its asset: an asset only written (a task's outlet)
+    # runs none, nor one whose consumers are all paused; unpaused, it runs again.
+    declared = Asset(
+        "orders", watchers=[AssetWatcher("files", trigger=DirectoryTrigger(str(tmp_path)))]
+    )
+    with DAG("producer", schedule=None) as producer:
+        PythonOperator(task_id="t", python_callable=lambda: None, outlets=[declared])
+    await _declare(store, producer)
+    [state] = await store.watcher_states()
+    assert state.trigger_id is None
+    assert await store.list_triggers() == []
+
+    await _declare(store, _dag("consumer", "orders", {"files": DirectoryTrigger(str(tmp_path))}))
+    assert (await _state(store, "files")).trigger_id is not None
+    assert await store.set_dag_paused("consumer", True)
+    await store.sync_watchers()
+    assert (await _state(store, "files")).trigger_id is None
+    assert await store.set_dag_paused("consumer", False)
+    await store.sync_watchers()
+    assert (await _state(store, "files")).trigger_id is not None

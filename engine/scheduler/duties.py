@@ -167,9 +167,10 @@ async def drop_orphan_triggers(h: Housekeeper) -> int:
 
 
 async def sync_asset_watchers(h: Housekeeper) -> int:
-    """Give each watcher of an asset an active DAG uses a trigger row again if it lost it (a
-    trigger cancelled from the status page, failed for blocking the loop): the DAG scan does
-    this too, at each scan."""
+    """Give each watcher of an asset an active, unpaused DAG is scheduled on a trigger row again
+    if it lost it (a trigger cancelled from the status page, failed for blocking the loop),
+    and stop the others (their DAGs paused since): the DAG scan does this too, at each
+    scan."""
     done = await h.store.sync_watchers()
     if done.started or done.stopped:
         log.info("asset watchers: %d started, %d stopped", done.started, done.stopped)

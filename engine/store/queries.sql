@@ -1867,7 +1867,10 @@ SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1;
 -- its upstream returns by then, as many instances as there are values (the upstream's list
 -- may have changed length). The other instances' rows go (their tries, archived by the clear,
 -- stay). The instance's try number becomes the highest of them: every new instance's tries
--- number on from the tries made before. Returns the rows removed.
+-- number on from the tries made before. The callback requests not run yet that name a removed
+-- instance (its own callbacks, a DAG callback naming it for its context) name the instance
+-- left instead: a request's row would go with its instance's (ON DELETE CASCADE), and the
+-- callback with it. Returns the rows removed.
 WITH cleared AS (
     SELECT DISTINCT ti.dag_run_id, ti.task_id FROM deferral_task_instances ti
     WHERE ti.id = ANY ($1::bigint[]) AND ti.map_index >= 0
@@ -1879,6 +1882,18 @@ WITH cleared AS (
     HAVING bool_and(ti.id = ANY ($1::bigint[]))
        AND NOT EXISTS (SELECT 1 FROM deferral_stopping_tries s
                        WHERE s.ti_id = ANY (array_agg(ti.id)))
+), kept AS (
+    SELECT ti.id, ti.dag_run_id, ti.task_id FROM deferral_task_instances ti
+    JOIN whole w ON ti.dag_run_id = w.dag_run_id AND ti.task_id = w.task_id
+    WHERE ti.map_index = 0
+), repointed AS (
+    -- (done before the removal's cascade runs, at the statement's end, which sees it)
+    UPDATE deferral_callback_requests c
+    SET ti_id = k.id
+    FROM deferral_task_instances ti
+    JOIN kept k ON k.dag_run_id = ti.dag_run_id AND k.task_id = ti.task_id
+    WHERE c.ti_id = ti.id AND ti.map_index > 0
+    RETURNING c.id
 ), gone AS (
     DELETE FROM deferral_task_instances ti USING whole w
     WHERE ti.dag_run_id = w.dag_run_id AND ti.task_id = w.task_id AND ti.map_index > 0

@@ -2,9 +2,9 @@
 migration 0025_watchers.sql). A mixin of :class:`engine.store.Store`.
 
 A watcher (declared by the DAG files, ``deferral_asset_watchers``) runs as a trigger row:
-:meth:`WatcherQueries.sync_watchers` keeps one row per watcher of an asset an active DAG uses
-(DAG scans and a scheduler duty call it); triggerers claim, lease, fence and adopt those rows
-like any trigger, read the cursor a claimed watcher starts from
+:meth:`WatcherQueries.sync_watchers` keeps one row per watcher of an asset an active, unpaused
+DAG is scheduled on (DAG scans and a scheduler duty call it); triggerers claim, lease, fence
+and adopt those rows like any trigger, read the cursor a claimed watcher starts from
 (:meth:`WatcherQueries.claimed_watchers`) and write its events with its cursor in one fenced
 statement (:meth:`WatcherQueries.record_watcher_events`).
 """
@@ -52,8 +52,9 @@ class WatcherQueries:
 
     async def sync_watchers(self) -> WatcherSync:
         """Make the watchers' trigger rows match the declarations: a row for each watcher of
-        an asset an active DAG uses (a new one when its trigger changed, its cursor then
-        forgotten), none for the others; one transaction."""
+        an asset an active, unpaused DAG is scheduled on (not of one only tasks' outlets
+        write, as in Airflow; a new row when its trigger changed, its cursor then forgotten),
+        none for the others; one transaction."""
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(self._q["watcher_sync_lock"])
             rows = await conn.fetch(self._q["watcher_declarations"])
@@ -135,6 +136,7 @@ class WatcherQueries:
             fault.fence,
             fault.error,
             fault.retry_in_s,
+            fault.restart,
         )
         return row is not None
 

@@ -8,13 +8,16 @@
 SELECT pg_advisory_xact_lock(74657203, 0);
 
 -- name: watcher_declarations
--- Every declared watcher: its trigger as declared (classpath, encrypted kwargs), whether an
--- active DAG uses its asset, and the trigger row that runs it now, if any.
+-- Every declared watcher: its trigger as declared (classpath, encrypted kwargs), whether it
+-- runs (an active, unpaused DAG is scheduled on its asset: a watcher is for the DAGs that wait
+-- on its events, not for an asset only written by tasks' outlets, as in Airflow), and the
+-- trigger row that runs it now, if any.
 SELECT w.asset, w.name, w.classpath, w.kwargs, w.trigger_key,
        t.id AS trigger_id,
        EXISTS (SELECT 1 FROM deferral_dag_assets da
                JOIN deferral_dags d ON d.dag_id = da.dag_id AND d.is_active
-               WHERE da.asset = w.asset) AS active
+                                   AND NOT d.is_paused
+               WHERE da.asset = w.asset AND da.role = 'schedule') AS active
 FROM deferral_asset_watchers w
 LEFT JOIN deferral_triggers t ON t.id = w.trigger_id
 ORDER BY w.asset, w.name;
@@ -77,7 +80,8 @@ WHERE w.trigger_id = ANY ($2::bigint[]) AND t.triggerer_id IS NOT DISTINCT FROM 
 -- already (a batch retried after its reply was lost) and are skipped. Each asset
 -- event is inserted into deferral_asset_events (whose trigger queues it for the DAGs
 -- scheduled on its asset) and each watcher's cursor becomes the last one given for it.
--- Returns the trigger ids whose items were written.
+-- Returns the trigger ids whose items were written, or were written already (every item of a
+-- retried batch skipped: the trigger is still this triggerer's).
 WITH item AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::jsonb[], $5::boolean[], $6::bytea[],
                          $7::boolean[], $8::bigint[])
@@ -114,14 +118,20 @@ WITH item AS (
     WHERE w.trigger_id = c.trigger_id
     RETURNING w.trigger_id
 )
-SELECT trigger_id, (SELECT count(*) FROM recorded) AS recorded FROM moved;
+SELECT DISTINCT i.trigger_id, (SELECT count(*) FROM recorded) AS recorded,
+       (SELECT count(*) FROM moved) AS moved
+FROM item i
+JOIN owned o ON o.id = i.trigger_id AND o.fence = i.fence
+JOIN deferral_asset_watchers w ON w.trigger_id = i.trigger_id;
 
 -- name: watcher_failed
 -- Triggerer $1's run of watcher trigger $2 (fence $3) raised or ended: record the error $4,
--- count the restart and say when it starts again ($5 seconds), fenced like its events.
+-- count the restart and say when it starts again ($5 seconds), fenced like its events. $6
+-- false: no restart (an event of a trigger that runs on could not be stored): only the error.
 UPDATE deferral_asset_watchers w
-SET last_error = $4, last_error_at = now(), restarts = w.restarts + 1,
-    retry_at = now() + make_interval(secs => $5)
+SET last_error = $4, last_error_at = now(),
+    restarts = w.restarts + CASE WHEN $6::boolean THEN 1 ELSE 0 END,
+    retry_at = CASE WHEN $6::boolean THEN now() + make_interval(secs => $5) ELSE w.retry_at END
 FROM deferral_triggers t
 WHERE w.trigger_id = $2 AND t.id = $2 AND t.triggerer_id IS NOT DISTINCT FROM $1
   AND t.fence = $3

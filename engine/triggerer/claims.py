@@ -27,7 +27,6 @@ from engine.triggerer.running import TriggerRunner, task_name
 from engine.triggerer.state import LoopState
 from engine.triggerer.watching import WatcherRunner
 from triggers.base import (
-    BaseEventTrigger,
     BaseTrigger,
     TriggerSerializationError,
     decode_value,
@@ -158,19 +157,16 @@ class Claimer:
             self._state.freeze()
 
     async def _claimed_watchers(self, rows: list[ClaimedTrigger]) -> dict[int, ClaimedWatcher]:
-        """The claimed rows that run asset watchers (only rows of event trigger classes can),
-        with the cursor each starts from; read after the claim committed."""
+        """The claimed rows that run asset watchers, with the cursor each starts from; read
+        after the claim committed. A row is a watcher's by its link in the watchers' table,
+        whatever its class: one this triggerer cannot import, may not run (allow-list) or that
+        is no event trigger is that watcher's fault, recorded on it and retried with backoff
+        (on the ordinary path its failure would delete the row and the watchers' sync make it
+        again, in a loop nobody sees)."""
         triggerer_id = self._state.id
-        if self._watchers is None or triggerer_id is None:
+        if self._watchers is None or triggerer_id is None or not rows:
             return {}
-        candidates = []
-        for row in rows:
-            cls = self._classes.get(row.classpath)
-            if cls is not None and issubclass(cls, BaseEventTrigger):
-                candidates.append(row.id)
-        if not candidates:
-            return {}
-        found = await self._state.store.claimed_watchers(triggerer_id, candidates)
+        found = await self._state.store.claimed_watchers(triggerer_id, [row.id for row in rows])
         return {w.trigger_id: w for w in found}
 
     def _start_watcher(self, row: ClaimedTrigger, watcher: ClaimedWatcher) -> None:
@@ -178,12 +174,12 @@ class Claimer:
         assert self._watchers is not None
         classpath = self._classpaths.setdefault(row.classpath, row.classpath)
         held = self._state.held.take(row.id, row.fence, classpath)
-        kwargs = decode_value(row.kwargs)
         self._watchers.start(
             row.id,
             held,
             watcher,
-            lambda: self._rebuild(classpath, kwargs, row.sealed),
+            # (kwargs that do not decode are the watcher's fault too, raised by each build)
+            lambda: self._rebuild(classpath, decode_value(row.kwargs), row.sealed),
             task_name(row.id, row.fence),
         )
 

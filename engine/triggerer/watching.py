@@ -56,12 +56,26 @@ def backoff_s(failures: int) -> float:
 
 def _extra(payload: Any) -> dict[str, Any]:
     """An event's payload as an asset event's ``extra`` (a JSON object): a dict as it is,
-    None as ``{}``, anything else under ``"payload"``."""
+    None as ``{}``, anything else under ``"payload"``; each NUL character in its strings
+    (keys too) replaced by U+FFFD, which PostgreSQL's jsonb cannot hold (an outside body
+    with a NUL byte would make the event unstorable once its cursor moved past it)."""
     if payload is None:
         return {}
-    if isinstance(payload, dict):
-        return payload
-    return {"payload": payload}
+    if not isinstance(payload, dict):
+        payload = {"payload": payload}
+    return _without_nul(payload)  # type: ignore[no-any-return]
+
+
+def _without_nul(value: Any) -> Any:
+    """``value`` with every NUL character of its strings replaced by U+FFFD (the same object
+    when it holds none)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 class WatcherOutbox(Outbox[WatcherWrite, int, bool]):
@@ -86,6 +100,7 @@ class WatcherOutbox(Outbox[WatcherWrite, int, bool]):
             fence=item.fence,
             error=f"an event could not be stored: {type(exc).__name__}: {exc}",
             retry_in_s=0.0,
+            restart=False,  # the trigger runs on: no restart to count, no backoff
         )
 
     async def _write_batch(self, batch: list[WatcherWrite]) -> dict[int, bool]:
@@ -154,6 +169,7 @@ class WatcherRunner:
         cursor = None if watcher.cursor is None else decode_value(watcher.cursor)
         seq = 0
         failures = 0
+        restarts = watcher.restarts  # (as its faults count them: one a fault here)
         what = f"watcher {watcher.name!r} of asset {watcher.asset!r} ({held.classpath})"
         while True:
             trigger: BaseTrigger | None = None
@@ -168,7 +184,7 @@ class WatcherRunner:
                 agen = trigger.run()
                 if not hasattr(agen, "__anext__"):
                     raise TypeError(f"{held.classpath}.run() must be an async generator")
-                log.info("%s started (restarts so far: %d)", what, watcher.restarts)
+                log.info("%s started (restarts so far: %d)", what, restarts)
                 while True:
                     try:
                         event = await agen.__anext__()
@@ -206,6 +222,7 @@ class WatcherRunner:
             if asyncio.get_running_loop().time() - started >= WATCHER_BACKOFF_S[1]:
                 failures = 0  # it ran well for a while: this fault starts a new series
             failures += 1
+            restarts += 1
             delay = backoff_s(failures)
             log.error("%s; starting it again in %.0fs", error, delay)
             self._outbox.put(

@@ -45,6 +45,9 @@ class WatcherFault(msgspec.Struct, frozen=True, kw_only=True):
     fence: int
     error: str
     retry_in_s: float
+    #: Whether the trigger starts again after it (False: an event of a trigger that runs on
+    #: could not be stored; recorded as its last error, no restart counted, no backoff).
+    restart: bool = True
 
 
 class WatcherSync(msgspec.Struct, frozen=True, kw_only=True):
