@@ -208,7 +208,7 @@ ORDER BY l.dag_run_id, e.id;
 SELECT a.name, a.uri, a.asset_group, a.extra, a.updated_at,
        -- (with each watcher's runtime, migration 0025_watchers.sql: state 'running' on a
        -- triggerer, 'restarting' after a fault until retry_at, 'unclaimed' waiting for a
-       -- triggerer, 'stopped' with no trigger row: no active DAG uses the asset)
+       -- triggerer, 'stopped' with no trigger row: no active, unpaused DAG is scheduled on it)
        COALESCE((SELECT jsonb_agg(jsonb_build_object(
                             'name', w.name, 'classpath', w.classpath,
                             'state', CASE WHEN t.id IS NULL THEN 'stopped'
