@@ -13,9 +13,11 @@ from __future__ import annotations
 import click
 
 from benchmarks.claims import claims
+from benchmarks.events import events
 from benchmarks.fleet import fleet
 from benchmarks.plots import plot
 from benchmarks.schedule import schedule
+from benchmarks.throughput import throughput
 from benchmarks.waits import waits
 from benchmarks.web import web
 
@@ -32,4 +34,6 @@ bench.add_command(fleet)
 bench.add_command(schedule)
 bench.add_command(claims)
 bench.add_command(web)
+bench.add_command(throughput)
+bench.add_command(events)
 bench.add_command(plot)

@@ -1,6 +1,7 @@
 """Figures of benchmark results: ``deferral bench plot RESULT.json`` draws a saved result (of
-``bench waits`` or ``bench fleet``) as a PNG, and :func:`require_matplotlib` makes ``--plot``
-fail before a run starts when the ``plot`` extra is not installed."""
+``bench waits``, ``bench fleet`` or ``bench throughput``) as a PNG, and
+:func:`require_matplotlib` makes ``--plot`` fail before a run starts when the ``plot`` extra
+is not installed."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _kind(result: Any) -> str | None:
         return "fleet"
     if "triggers" in result and isinstance(result.get("resume_latency_ms"), dict):
         return "waits"
+    if isinstance(result.get("engine"), dict) or isinstance(result.get("sweep"), list):
+        return "throughput"
     return None
 
 
@@ -92,8 +95,12 @@ def plot_result(result: dict[str, Any], path: str | Path) -> str:
         plot_slots(result, str(path))
     elif kind == "waits":
         plot_waits_summary(result, path)
+    elif kind == "throughput":
+        from benchmarks.throughput_run import plot_sweep
+
+        plot_sweep(result, str(path))
     else:
-        raise ValueError("not a result of bench waits or bench fleet")
+        raise ValueError("not a result of bench waits, bench fleet or bench throughput")
     return kind
 
 
@@ -105,10 +112,11 @@ def plot_result(result: dict[str, Any], path: str | Path) -> str:
     help="Write the PNG here (default: the result file with .png).",
 )
 def plot(result_file: Path, out: Path | None) -> None:
-    """Draw a saved result of `bench waits` or `bench fleet` (their --out JSON) as a PNG.
+    """Draw a saved result of `bench waits`, `fleet` or `throughput` (--out JSON) as a PNG.
 
     A waits result gives the percentiles of each stage of a wait and the memory per wait
-    against the floor; a fleet result, the worker slots held over time in each mode."""
+    against the floor; a fleet result, the worker slots held over time in each mode; a
+    throughput result, items per second against N for each engine."""
     require_matplotlib("bench plot")
     try:
         result = json.loads(result_file.read_text())
@@ -116,7 +124,7 @@ def plot(result_file: Path, out: Path | None) -> None:
         raise click.BadParameter(f"cannot read JSON: {exc}", param_hint="RESULT_FILE") from None
     if _kind(result) is None:
         raise click.BadParameter(
-            "not a result of bench waits or bench fleet (their --out JSON)",
+            "not a result of bench waits, bench fleet or bench throughput (their --out JSON)",
             param_hint="RESULT_FILE",
         )
     target = out if out is not None else result_file.with_suffix(".png")

@@ -4,7 +4,8 @@ Public names: :class:`DAG`, :class:`Variable` and :class:`Connection` (what task
 run time: ``Variable.get("bucket")``, ``Connection.get("warehouse")``), :class:`Settings` and
 :func:`load_settings`; :class:`DeadlineAlert` and :class:`DeadlineReference`
 (``DAG(deadline=...)``); TaskFlow's :data:`task` decorator, :func:`get_current_context` and
-:class:`XComArg`. The processes
+:class:`XComArg`; assets: :class:`Asset`, :class:`AssetAll`, :class:`AssetAny`,
+:class:`AssetWatcher`. The processes
 (``engine.worker.worker.Worker``, ``engine.triggerer.Triggerer``,
 ``engine.scheduler.scheduler.Scheduler``) and the store (``engine.store``) are importable from their
 modules.
@@ -17,12 +18,17 @@ from engine.dags.dag import DAG
 from engine.dags.deadline import DeadlineAlert, DeadlineReference
 from engine.usercode.variables import Variable
 from engine.version import __version__
+from operators.assets import Asset, AssetAll, AssetAny, AssetWatcher
 from operators.taskflow import PokeReturnValue, task
 from operators.xcom import XComArg, get_current_context
 from triggers.connections import Connection
 
 __all__ = [
     "DAG",
+    "Asset",
+    "AssetAll",
+    "AssetAny",
+    "AssetWatcher",
     "Connection",
     "DeadlineAlert",
     "DeadlineReference",

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn, TypedDict
 
+from operators.assets import Asset
 from operators.callbacks import TASK_CALLBACK_KINDS, Callbacks, check_callbacks
 from operators.copying import fresh_copy
 from operators.dagcontext import (
@@ -120,8 +121,12 @@ class Context(TypedDict, total=False):
     macros: Any
     #: PythonOperator's ``templates_dict``, rendered.
     templates_dict: dict[str, Any] | None
-    #: How the run came to be: ``scheduled``, ``manual`` or ``backfill``.
+    #: How the run came to be: ``scheduled``, ``manual``, ``backfill`` or ``asset_triggered``.
     run_type: str
+    #: What the task's success records of each outlet asset: ``outlet_events[asset].extra``.
+    outlet_events: Any
+    #: The asset events that triggered the run, by asset (empty unless asset-triggered).
+    triggering_asset_events: Any
 
 
 def to_seconds(value: dt.timedelta | float | int | None, name: str) -> float | None:
@@ -218,6 +223,8 @@ class BaseOperator:
         on_failure_callback: Callbacks = None,
         on_retry_callback: Callbacks = None,
         on_skipped_callback: Callbacks = None,
+        outlets: Asset | Sequence[Asset] | None = None,
+        inlets: Asset | Sequence[Asset] | None = None,
         dag: DagLike | None = None,
     ) -> None:
         if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
@@ -283,6 +290,10 @@ class BaseOperator:
             check_callbacks(
                 f"task {task_id}", f"on_{kind}_callback", getattr(self, f"on_{kind}_callback")
             )
+        #: The assets whose events the task's success records (``outlets``), and the ones it
+        #: reads (``inlets``, for the reader's information only).
+        self.outlets: list[Asset] = _assets(task_id, "outlets", outlets)
+        self.inlets: list[Asset] = _assets(task_id, "inlets", inlets)
         self.upstream_task_ids: set[str] = set()
         self.downstream_task_ids: set[str] = set()
         self.dag: DagLike | None = None
@@ -627,3 +638,24 @@ class MappedOperator(BaseOperator):
 
     def __repr__(self) -> str:
         return f"<mapped {self.operator_class.__qualname__} {self.task_id}>"
+
+
+def _assets(task_id: str, what: str, value: object) -> list[Asset]:
+    """A task's ``outlets`` or ``inlets``: an Asset or a list of them, each once."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, Asset) else value
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence | set | frozenset):
+        raise TypeError(
+            f"task {task_id}: {what} must be an Asset or a list of Assets, got "
+            f"{type(value).__name__}"
+        )
+    found: list[Asset] = []
+    for item in items:
+        if not isinstance(item, Asset):
+            raise TypeError(
+                f"task {task_id}: {what} must hold Asset values, got {type(item).__name__} {item!r}"
+            )
+        if item not in found:
+            found.append(item)
+    return found

@@ -1,9 +1,10 @@
 """Branching: a task that decides which of its downstream tasks run.
 
 A branching task ends as ``success`` and returns, with its value, the tasks it skips
-(:class:`operators.signals.SkipTasks`): the worker skips those still pending before it writes
-the success, then resolves their downstreams by their trigger rules, so skipping propagates
-(a join after the branches wants ``trigger_rule="none_failed_min_one_success"``).
+(:class:`operators.signals.SkipTasks`): the worker skips those still pending with the success
+(one statement: both land or neither), then resolves their downstreams by their trigger
+rules, so skipping propagates (a join after the branches wants
+``trigger_rule="none_failed_min_one_success"``).
 
 :class:`BaseBranchOperator` is the base: ``choose_branch(context)`` returns a task id, a list
 of task ids or None (follow none: every direct downstream task is skipped). A branch may defer

@@ -67,7 +67,7 @@ class SkipTasks:
     value (its ``return_value`` XCom) and ``task_ids`` are the tasks of its run to skip.
 
     The worker skips those still pending (their upstreams had not all ended: none of them ran)
-    before it writes the try's success, then resolves their downstreams by their trigger
+    in the statement that writes the try's success, then resolves their downstreams by their trigger
     rules. The branching operators (``operators.python``) return one; a task of your own may
     too."""
 

@@ -41,9 +41,10 @@ def _without_matplotlib(*args: str, tmp_path: Path) -> subprocess.CompletedProce
     [
         ("bench", "waits", "--triggers", "1000", "--plot", "w.png"),
         ("bench", "fleet", "--sensors", "2", "--plot", "f.png"),
+        ("bench", "throughput", "--tasks", "10", "--plot", "t.png"),
         ("bench", "plot", str(REPO_ROOT / "docs/benchmarks/waits-1k-w10.json")),
     ],
-    ids=["waits", "fleet", "plot"],
+    ids=["waits", "fleet", "throughput", "plot"],
 )
 def test_plotting_without_matplotlib_fails_at_once_naming_the_extra(
     args: tuple[str, ...], tmp_path: Path
@@ -59,7 +60,11 @@ def test_plotting_without_matplotlib_fails_at_once_naming_the_extra(
 
 @pytest.mark.parametrize(
     ("saved", "kind"),
-    [("waits-10k-w10.json", "waits"), ("fleet-2000x8-w60.json", "fleet")],
+    [
+        ("waits-10k-w10.json", "waits"),
+        ("fleet-2000x8-w60.json", "fleet"),
+        ("throughput-sweep-2w100-run1.json", "throughput"),
+    ],
 )
 def test_bench_plot_draws_a_saved_result(saved: str, kind: str, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
@@ -88,4 +93,4 @@ def test_bench_plot_of_a_file_that_is_no_result_is_a_usage_error(tmp_path: Path)
     result = CliRunner().invoke(bench, ["plot", str(other)])
     assert result.exit_code == 2, result.output
     assert "RESULT_FILE" in result.output
-    assert "not a result of bench waits or bench fleet" in result.output
+    assert "not a result of bench waits, bench fleet or bench throughput" in result.output

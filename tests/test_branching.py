@@ -12,7 +12,7 @@ import pytest
 
 from engine import DAG, task
 from engine.dags.dagbag import DagBag
-from engine.store import Store
+from engine.store import Store, TaskOutcome
 from engine.testing import run_engine
 from operators.base import Context
 from operators.branch import BaseBranchOperator
@@ -311,8 +311,9 @@ async def test_a_branch_in_a_child_process_skips_the_same_way(store: Store, tmp_
 
 
 async def test_the_skip_is_fenced_by_the_worker_and_the_try(store: Store) -> None:
-    """Only the worker holding the branch's try skips, and only pending tasks of its run: a
-    late write of a reaped try (another worker, another try) moves nothing."""
+    """Only the worker holding the branch's try skips, with its success, and only pending
+    tasks of its run: a late write of a reaped try (another worker, another try) moves
+    nothing."""
     with DAG(dag_id="br_fenced") as dag:
         branch = BranchPythonOperator(task_id="branch", python_callable=_pick_b)
         branch >> [
@@ -325,14 +326,48 @@ async def test_the_skip_is_fenced_by_the_worker_and_the_try(store: Store) -> Non
     other = await store.register_worker("test", 2, 4)
     (ti,) = [t for t in (await store.claim_tasks(worker, 100)).claimed if t.dag_id == "br_fenced"]
     assert ti.task_id == "branch"
-    assert await store.skip_branch_tasks(ti.id, other, ti.try_number, ["a"]) == []
-    assert await store.skip_branch_tasks(ti.id, worker, ti.try_number + 1, ["a"]) == []
-    moved = await store.skip_branch_tasks(ti.id, worker, ti.try_number, ["a", "branch", "nope"])
-    assert [(m.task_id, m.state) for m in moved] == [("a", "skipped")]  # the running one stays
-    assert await store.skip_branch_tasks(ti.id, worker, ti.try_number, ["a"]) == []
+
+    def success(worker_id: int, try_number: int, skip: tuple[str, ...]) -> TaskOutcome:
+        return TaskOutcome(
+            ti_id=ti.id, worker_id=worker_id, try_number=try_number, kind="success", skip=skip
+        )
+
+    assert await store.finish_tasks([success(other, ti.try_number, ("a",))]) == []
+    assert await store.finish_tasks([success(worker, ti.try_number + 1, ("a",))]) == []
+    moved = await store.finish_tasks([success(worker, ti.try_number, ("a", "branch", "nope"))])
+    # The branch's success and the skip, in one statement; the branch itself is not skipped.
+    assert [(m.task_id, m.state, m.worker_id) for m in moved] == [
+        ("branch", "success", worker),
+        ("a", "skipped", None),
+    ]
+    assert await store.finish_tasks([success(worker, ti.try_number, ("b",))]) == []
     states = {t.task_id: t.state for t in await store.list_task_instances(dag_id="br_fenced")}
-    assert states == {"branch": "running", "a": "skipped", "b": "pending"}
+    assert states == {"branch": "success", "a": "skipped", "b": "pending"}
 
 
 def _pick_b() -> str:
     return "b"
+
+
+def _follow(choice: str) -> str:
+    return choice
+
+
+async def test_a_mapped_branch_skips_with_each_instance_success(store: Store) -> None:
+    """Each instance of a mapped branch writes its skips with its own success: what no instance
+    follows is skipped by the first one to succeed, and the followed task runs after all."""
+    with DAG(dag_id="br_mapped") as dag:
+        branch = BranchPythonOperator.partial(task_id="branch", python_callable=_follow).expand(
+            op_args=[["a"], ["a"]]
+        )
+        branch >> [
+            PythonOperator(task_id="a", python_callable=_noop),
+            PythonOperator(task_id="b", python_callable=_noop),
+        ]
+    tis = await _run(store, dag)
+    assert _states(tis) == {
+        "branch[0]": "success",
+        "branch[1]": "success",
+        "a": "success",
+        "b": "skipped",
+    }

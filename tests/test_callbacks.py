@@ -431,3 +431,69 @@ async def test_every_instance_of_a_mapped_task_calls_back_as_itself(store: Store
         ("failure", "each", 1),
         ("failure", "each", 2),
     ]
+
+
+async def test_a_dag_failure_callback_gets_the_failed_task_instance(store: Store) -> None:
+    seen: list[tuple[str, Any, Any, Any]] = []
+
+    def on_dag(context: Any) -> None:
+        ti = context.get("ti")
+        seen.append(
+            (
+                context["reason"],
+                getattr(ti, "task_id", None),
+                getattr(ti, "try_number", None),
+                context.get("task_instance") is ti,
+            )
+        )
+
+    with DAG(dag_id="cb_dag_ti", on_failure_callback=on_dag) as dag:
+        # (the failed task is not the last by task id: Airflow's pick would be "z_after")
+        boom = PythonOperator(task_id="boom", python_callable=_fail)
+        boom >> PythonOperator(task_id="z_after", python_callable=lambda: 1)
+        PythonOperator(task_id="ok", python_callable=lambda: 1)
+    tis = await _run(store, dag)
+    assert tis["__run__"]["state"] == "failed"
+    assert seen == [("task_failure", "boom", 1, True)]
+
+
+def _callbacks_of_every_kind() -> dict[str, Any]:
+    return {f"on_{kind}_callback": _recorder(kind) for kind in ("success", "failure", "skipped")}
+
+
+async def test_marks_queue_no_callbacks(store: Store) -> None:
+    """A mark is the user's override, not the task's outcome: as in Airflow (the state is set;
+    no callback runs), for a task not running, a running one (told to stop: what it does late
+    is ignored) and a run marked as a whole (no on_skipped_callback for tasks that never ran,
+    no DAG callback)."""
+    dag_calls: list[str] = []
+    with DAG(
+        dag_id="cb_marks",
+        on_success_callback=lambda context: dag_calls.append("success"),
+        on_failure_callback=lambda context: dag_calls.append("failure"),
+    ) as dag:
+        first = PythonOperator(task_id="first", python_callable=_fail, **_callbacks_of_every_kind())
+        first >> PythonOperator(
+            task_id="later", python_callable=_fail, **_callbacks_of_every_kind()
+        )
+        PythonOperator(task_id="busy", python_callable=_fail, **_callbacks_of_every_kind())
+        PythonOperator(task_id="idle", python_callable=_fail, **_callbacks_of_every_kind())
+    async with run_engine(store, worker=False, scheduler=False, triggerer=False) as engine:
+        await engine.start_run(dag)
+    worker = await store.register_worker("test", 1, 10)
+    claimed = {t.task_id: t for t in (await store.claim_tasks(worker, 10)).claimed}
+    assert set(claimed) == {"first", "busy", "idle"}
+    ids = {t.task_id: t.id for t in await store.list_task_instances(dag_id="cb_marks")}
+    # Running tries marked success and failed.
+    assert await store.mark_task(ids["first"], "success", who="ops")
+    assert await store.mark_task(ids["busy"], "failed", who="ops")
+    # Ended already: marked again.
+    assert await store.mark_task(ids["busy"], "skipped", who="ops")
+    assert await store.mark_task(ids["busy"], "success", who="ops")
+    # The run marked failed: "idle" (running) fails, "later" (scheduled, never ran) is skipped.
+    marked = await store.mark_run("cb_marks", "run1", "failed", who="ops")
+    assert {t.task_id: t.state for t in marked.tasks} == {"idle": "failed", "later": "skipped"}
+    assert await store.list_callback_requests() == []
+    marked = await store.mark_run("cb_marks", "run1", "success", who="ops")
+    assert await store.list_callback_requests() == []
+    assert dag_calls == []

@@ -468,7 +468,7 @@ async def test_a_run_marked_failed_keeps_a_success_committed_first(
         # The worker's outcome, uncommitted: it holds a's row.
         out = await conn.fetch(
             store._q["finish_tasks"], [ids["a"]], [worker], ["success"], [None], [None],
-            [False], [1],
+            [False], [1], None, [], [],
         )  # fmt: skip
         assert [r["state"] for r in out] == ["success"]
         marked: list[Any] = []

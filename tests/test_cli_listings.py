@@ -75,7 +75,7 @@ TRIGGER_KEYS = {
 }
 RUN_KEYS = {
     "dag_id", "run_id", "run_type", "logical_date", "data_interval_start", "data_interval_end",
-    "state", "conf", "created_at", "ended_at", "tasks",
+    "state", "conf", "created_at", "ended_at", "tasks", "triggering_asset_events",
 }  # fmt: skip
 
 #: A run id longer than any terminal is wide.

@@ -45,6 +45,7 @@ NOT_IN_A_PROCESS_CONFIG = {
     "insecure_dev": "the store's keyring",
     "webserver_host": "deferral webserver",
     "webserver_port": "deferral webserver",
+    "webhook_token": "deferral webserver (the asset webhook)",
     "default_timezone": "DAG files (engine.dags)",
     "create_cron_data_intervals": "DAG files (engine.dags)",
 }

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
@@ -346,6 +347,69 @@ async def test_the_cli_addresses_a_mapped_instance(store: Store, db_url: str) ->
     assert "different instances" in clash.stderr
 
 
+async def test_clear_and_mark_address_one_mapped_instance(store: Store, db_url: str) -> None:
+    def shout(word: str) -> str:
+        return word.upper()
+
+    with DAG(dag_id="map_cm") as dag:
+        mapped = PythonOperator.partial(task_id="shout", python_callable=shout).expand(
+            op_args=[["a"], ["b"], ["c"], ["d"]]
+        )
+        mapped >> PythonOperator(task_id="after", python_callable=lambda: 1)
+    tis = await _run(store, dag)
+    assert tis["__run__"]["state"] == "success"
+    env = {"DEFERRAL_DATABASE_URL": db_url}
+
+    async def run(*args: str) -> Any:
+        return await anyio.to_thread.run_sync(lambda: CliRunner().invoke(cli, list(args), env=env))
+
+    async def states() -> dict[str, str]:
+        rows = await store.list_task_instances(dag_id="map_cm")
+        return {
+            t.task_id if t.map_index < 0 else f"{t.task_id}[{t.map_index}]": t.state for t in rows
+        }
+
+    cleared = await run(
+        "tasks", "clear", "map_cm", "--run", "run1", "--task", "shout[2]", "--yes", "--json"
+    )
+    assert cleared.exit_code == 0, cleared.output
+    assert [(o["task_id"], o["map_index"]) for o in json.loads(cleared.stdout)] == [("shout", 2)]
+    now = await states()
+    assert now["shout[2]"] == "scheduled"
+    assert {now[f"shout[{i}]"] for i in (0, 1, 3)} == {"success"}
+
+    marked = await run(
+        "tasks", "mark-failed", "map_cm", "run1", "shout", "--map-index", "1", "--json"
+    )
+    assert marked.exit_code == 0, marked.output
+    assert [(o["task_id"], o["map_index"]) for o in json.loads(marked.stdout)] == [("shout", 1)]
+    now = await states()
+    assert (now["shout[1]"], now["shout[0]"], now["shout[3]"]) == ("failed", "success", "success")
+
+    # With --downstream, the named instance and the downstream tasks, whole. (No terminal to
+    # confirm on: it lists what it would clear and refuses.)
+    listed = await run(
+        "tasks", "clear", "map_cm", "--run", "run1", "--task", "shout[0]", "--downstream"
+    )
+    assert listed.exit_code == 1, listed.output
+    assert "would clear 2 task instances" in listed.output
+    assert "shout[0]" in listed.output
+    assert "after" in listed.output
+    assert "shout[3]" not in listed.output
+
+    # The bare id still reaches every instance.
+    every = await run("tasks", "mark-success", "map_cm", "run1", "shout", "--json")
+    assert every.exit_code == 0, every.output
+    assert sorted(o["map_index"] for o in json.loads(every.stdout)) == [1, 2]
+
+    out_of_range = await run("tasks", "mark-success", "map_cm", "run1", "shout[7]")
+    assert out_of_range.exit_code == 2
+    assert "out of range" in out_of_range.stderr
+    unmapped = await run("tasks", "clear", "map_cm", "--run", "run1", "--task", "after[0]", "--yes")
+    assert unmapped.exit_code == 2
+    assert "not mapped" in unmapped.stderr
+
+
 _ISOLATED_MAPPED_DAG = """
 import os
 
@@ -419,6 +483,21 @@ async def test_the_status_page_shows_and_addresses_mapped_instances(store: Store
         status, page = await get("/task?dag_id=map_web&run_id=run1&task_id=shout")
         assert status == 404
         assert "shout[0] or with --map-index 0" in page
+    # The page's actions on an instance's page act on that instance alone.
+    async with TestClient(TestServer(make_app(store, token="t0ken-for-tests"))) as acting:
+        page = await (
+            await acting.get("/task?dag_id=map_web&run_id=run1&task_id=shout%5B1%5D")
+        ).text()
+        assert 'name="map_index" value="1"' in page
+        form = {
+            "dag_id": "map_web", "run_id": "run1", "task_id": "shout", "map_index": "1",
+            "state": "failed", "token": "t0ken-for-tests",
+        }  # fmt: skip
+        response = await acting.post("/actions/mark", data=form, allow_redirects=False)
+        assert response.status == 303
+        assert response.headers["Location"].endswith("task_id=shout%5B1%5D")
+    states = {t.map_index: t.state for t in await store.list_task_instances(dag_id="map_web")}
+    assert states == {0: "success", 1: "failed", 2: "success"}
 
 
 async def test_trigger_rules_count_the_mapped_instances(store: Store) -> None:
@@ -597,3 +676,78 @@ async def test_a_cleared_mapped_instance_reads_its_values_again(store: Store) ->
     async with run_engine(store, dags=[dag]) as engine:
         tis = await engine.finish("map_clear", "run1")
     assert [_result(ti) for ti in _mapped(tis, "double")] == [20, 40]
+
+
+@pytest.mark.parametrize(("before", "now"), [([1, 2], [10, 20, 30]), ([1, 2, 3], [5])])
+async def test_a_mapped_task_cleared_whole_is_expanded_again(
+    store: Store, before: list[int], now: list[int]
+) -> None:
+    # Its upstream's list changed length: the task cleared whole (every instance) expands
+    # anew over the values its upstream returns now, as many instances as there are values.
+    def numbers() -> list[list[int]]:
+        return [[x] for x in VALUES["now"]]
+
+    def double(x: int) -> int:
+        return x * 2
+
+    dag_id = f"map_reclear_{len(before)}_{len(now)}"
+    with DAG(dag_id=dag_id) as dag:
+        up = PythonOperator(task_id="numbers", python_callable=numbers)
+        PythonOperator.partial(task_id="double", python_callable=double).expand(op_args=up.output)
+    VALUES["now"] = before
+    tis = await _run(store, dag)
+    assert [_result(ti) for ti in _mapped(tis, "double")] == [2 * x for x in before]
+    tried = max(ti["try_number"] for ti in _mapped(tis, "double"))
+
+    VALUES["now"] = now
+    targets = await store.override_targets(dag_id, "run1", ["numbers"], downstream=True)
+    assert await store.clear_tasks([t.id for t in targets], who="ops", via="the command line")
+    async with run_engine(store, dags=[dag]) as engine:
+        tis = await engine.finish(dag_id, "run1")
+    assert tis["__run__"]["state"] == "success"
+    assert [_result(ti) for ti in _mapped(tis, "double")] == [2 * x for x in now]
+    # Every instance's new try numbers on from the tries made before (none is reused).
+    assert all(ti["try_number"] > tried for ti in _mapped(tis, "double"))
+
+
+async def test_a_mapped_task_cleared_whole_keeps_the_callbacks_not_run_yet(
+    store: Store, db_url: str
+) -> None:
+    # Callback requests not run yet that name instances [1..] (a task's failure, the DAG's
+    # failure naming its last failed instance) stay when the task is cleared whole: they
+    # name the one instance it folds back into.
+    def numbers() -> list[list[int]]:
+        return [[1], [2], [3]]
+
+    with DAG(dag_id="map_reclear_cb") as dag:
+        up = PythonOperator(task_id="numbers", python_callable=numbers)
+        PythonOperator.partial(task_id="double", python_callable=lambda x: x).expand(
+            op_args=up.output
+        )
+    tis = await _run(store, dag)
+    instances = _mapped(tis, "double")
+    assert len(instances) == 3
+    ids = {ti["map_index"]: ti["id"] for ti in instances}
+    run = tis["__run__"]
+    conn = await asyncpg.connect(db_url)
+    try:
+        run_pk = await conn.fetchval(
+            "SELECT dag_run_id FROM deferral_task_instances WHERE id = $1", ids[2]
+        )
+        await conn.execute(
+            "INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id, ti_id, try_number)"
+            " VALUES ('failure', $1, 'map_reclear_cb', $2, 1),"
+            " ('dag_failure', $1, 'map_reclear_cb', $3, 1)",
+            run_pk,
+            ids[1],
+            ids[2],
+        )
+    finally:
+        await conn.close()
+    assert run["state"] == "success"
+    targets = await store.override_targets("map_reclear_cb", "run1", ["double"])
+    assert {t.id for t in targets} == set(ids.values())
+    assert await store.clear_tasks([t.id for t in targets], who="ops", via="the command line")
+    left = await store.list_callback_requests()
+    assert sorted(r.kind for r in left) == ["dag_failure", "failure"]
+    assert {r.ti_id for r in left} == {ids[0]}

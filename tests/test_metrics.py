@@ -146,6 +146,15 @@ async def test_counters_move_when_an_engine_runs(store: Store) -> None:
             ChattyOperator(task_id="talk")
         async with run_engine(store) as engine:
             tis = await engine.run_dag(dag)
+
+            # (The run reads ended once the scheduler's statement commits; the scheduler
+            # observes its duration just after: wait for that, not for the row alone.)
+            async def observed() -> bool:
+                text = fresh.exposition().decode()
+                ran = {"dag_id": "counted", "state": "success"}
+                return _sample(text, "deferral_dag_run_duration_seconds_count", **ran) == 1
+
+            await wait_until(observed, what="the scheduler observing the run it ended")
             await export_fleet(engine.scheduler)
             assert engine.worker.metrics is fresh
             text = fresh.exposition().decode()

@@ -144,6 +144,9 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
             [None] * len(running),
             [False] * len(running),
             [1] * len(running),
+            None,
+            [running[0]],  # (a branch's success skips a task of its run)
+            ["t1"],
         ),
         # (timeout_deferrals is not in the list; pinned too, as the triggerer's timers
         # end deferrals with it by trigger id, and the scheduler's backstop by deadline.)

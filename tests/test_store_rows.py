@@ -27,7 +27,17 @@ from engine.store import (
     TriggerOutcome,
     downstream,
 )
-from engine.store.models import NewRun, NextRun, RunFilter, TaskLogRow, TriggerLogRow
+from engine.store.models import (
+    AssetRecord,
+    NewAssetEvent,
+    NewRun,
+    NextRun,
+    RunFilter,
+    TaskLogRow,
+    TriggerLogRow,
+    WatcherFault,
+    WatcherItem,
+)
 from engine.store.session import TriggererSession
 from operators.python import PythonOperator
 from tests.triggers_for_tests import NeverTrigger
@@ -169,8 +179,13 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     assert await s.reschedule_task(by_name["d"].id, worker, later, try_number=1)
     assert await s.defer_task(by_name["c"].id, worker, _deferral(None))
     assert await s.push_xcom(by_name["a"].id, worker, 1, [("k", encode_value(7))])
-    assert await s.skip_branch_tasks(by_name["a"].id, worker, 1, ["not_a_task"]) == []
-    done = TaskOutcome(ti_id=by_name["a"].id, worker_id=worker, try_number=1, kind="success")
+    done = TaskOutcome(
+        ti_id=by_name["a"].id,
+        worker_id=worker,
+        try_number=1,
+        kind="success",
+        skip=("not_a_task",),
+    )
     finished = await s.finish_tasks([done])
     assert [f.state for f in finished] == ["success"]
     # (a try no longer held expands nothing; an unmapped task has map index -1)
@@ -287,8 +302,61 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     await s.unregister_worker(worker)
     await _schedule_calls(s)
     await _reader_calls(s, summary.id)
+    await _asset_calls(s)
+    await _watcher_calls(s)
 
     assert set(_public_coroutines(Store)) - _LIFECYCLE - s.called == set()
+
+
+async def _asset_calls(s: Any) -> None:
+    """Assets, their watchers and events, and the runs they trigger (engine/store/assets.py)."""
+    watcher = validate_trigger(NeverTrigger("rows"))
+    asset = AssetRecord(
+        name="rows_asset",
+        uri="s3://rows",
+        group="asset",
+        extra={},
+        roles=["outlet"],
+        watchers=[("w", watcher.classpath, watcher.kwargs)],
+    )
+    await s.record_dag_assets("rows", [asset])
+    assert [w.kwargs for w in await s.asset_watchers()] == [watcher.kwargs]
+    assert await s.asset_exists("rows_asset")
+    (event,) = await s.record_asset_events([NewAssetEvent(asset="rows_asset", source_kind="cli")])
+    assert [e.id for e in await s.asset_events("rows_asset")] == [event.id]
+    assert [a.last_event_id for a in await s.list_assets()] == [event.id]
+    assert await s.queued_asset_events() == []  # (no DAG is scheduled on it)
+    assert await s.create_asset_runs() == []
+    assert await s.run_asset_events([0]) == []
+    assert await s.triggering_asset_events("rows", "r1") == []
+    assert await s.runs_asset_events([("rows", "r1")]) == {}
+    await s.forget_dag_fingerprint("rows")
+
+
+async def _watcher_calls(s: Any) -> None:
+    """Asset watchers on the triggerer (engine/store/watchers.py), on _asset_calls' asset."""
+    # (Its watcher runs once a DAG is scheduled on it, not while tasks only write it.)
+    assert (await s.sync_watchers()).started == 0
+    watcher = validate_trigger(NeverTrigger("rows"))
+    asset = AssetRecord(
+        name="rows_asset",
+        uri="s3://rows",
+        group="asset",
+        extra={},
+        roles=["schedule"],
+        watchers=[("w", watcher.classpath, watcher.kwargs)],
+    )
+    await s.record_dag_assets("rows", [asset])
+    assert (await s.sync_watchers()).started == 1
+    triggerer = await s.register_triggerer("rows-host", 2, 10, 30.0)
+    claimed = (await s.claim_triggers(triggerer, 100)).claimed
+    (watcher,) = await s.claimed_watchers(triggerer, [t.id for t in claimed])
+    item = WatcherItem(trigger_id=watcher.trigger_id, fence=1, extra={"a": 1}, seq=1)
+    assert await s.record_watcher_events(triggerer, [item]) == {watcher.trigger_id}
+    fault = WatcherFault(trigger_id=watcher.trigger_id, fence=1, error="e", retry_in_s=1.0)
+    assert await s.watcher_failed(triggerer, fault)
+    assert [(w.name, w.restarts) for w in await s.watcher_states()] == [("w", 1)]
+    await s.release_triggerer(triggerer)
 
 
 async def _reader_calls(s: Any, run_pk: int) -> None:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from triggers.base import (
+    BaseEventTrigger,
     BaseTrigger,
+    CursorEvent,
     TaskFailedEvent,
     TaskSkippedEvent,
     TaskSuccessEvent,
@@ -207,3 +209,31 @@ class EchoTrigger(BaseTrigger):
 
 class NotATrigger:
     """A class that is no BaseTrigger."""
+
+
+class FailingEventTrigger(BaseEventTrigger):
+    """An event trigger whose ``run()`` raises ``message`` at once, every time it starts (an
+    asset watcher's fault: recorded, restarted with backoff)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{_HERE}.FailingEventTrigger", {"message": self.message})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        raise RuntimeError(self.message)
+        yield  # pragma: no cover - an async generator
+
+
+class NulEventTrigger(BaseEventTrigger):
+    """An event trigger that yields one event whose payload holds NUL characters (in a key,
+    a value, a nested list) with its cursor, then waits (an outside body with a NUL byte)."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{_HERE}.NulEventTrigger", {})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        if self.cursor is None:
+            yield CursorEvent({"body": "a\x00b", "k\x00": ["x\x00", 1]}, cursor=1)
+        await asyncio.Event().wait()

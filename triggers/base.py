@@ -21,7 +21,10 @@ import msgspec
 from triggers.values import decode_ext
 
 __all__ = [
+    "BaseEventTrigger",
     "BaseTrigger",
+    "Checkpoint",
+    "CursorEvent",
     "ImportPathError",
     "SerializedTrigger",
     "TaskEndEvent",
@@ -158,6 +161,55 @@ class BaseTrigger(abc.ABC):
         # Names only: kwargs often carry tokens, and a repr ends up in logs and errors.
         args = ", ".join(f"{k}=..." for k in kwargs)
         return f"{classpath.rsplit('.', 1)[-1]}({args})"
+
+
+class CursorEvent(TriggerEvent, frozen=True):
+    """An event of an event trigger together with the trigger's cursor *after* it.
+
+    ``payload`` (a dict, or None) becomes the asset event's ``extra``; ``cursor`` (plain data,
+    MessagePack-encodable) is stored with that asset event in the same statement, so the
+    stored cursor always says exactly which outside events have been recorded."""
+
+    cursor: Any = None
+
+
+class Checkpoint(TriggerEvent, frozen=True):
+    """A new cursor without an event: what an event trigger saw that is not an event (the
+    state it started from, a response it compares the next ones with). Stored like an
+    event's cursor, fenced, and nothing else is recorded. Its ``payload`` is ignored."""
+
+    cursor: Any = None
+
+
+class BaseEventTrigger(BaseTrigger):
+    """Base class of an *event trigger*: what an asset watcher runs on the triggerer.
+
+    Unlike a deferral's trigger, whose first event ends it, an event trigger's ``run()``
+    yields events for as long as it runs and never returns on its own (a return or an error
+    is a fault: the triggerer records it and starts the trigger again, with backoff). Each
+    yielded event becomes one asset event, its ``payload`` (a dict or None) the event's
+    ``extra``.
+
+    **The cursor.** An event trigger may keep a cursor: plain data saying how far into its
+    source it has read (a last id, an offset, a high-water mark of modification times, the
+    hash of the last response). The triggerer sets :attr:`cursor` to the last cursor stored
+    for the watcher before it calls ``run()`` (None the very first time), and stores the
+    cursor carried by each :class:`CursorEvent` (or :class:`Checkpoint`) in the same
+    statement as that event, only while it still owns the watcher with the fence it claimed.
+    A trigger that starts from the stored cursor and yields, after each event, the cursor
+    that follows it therefore neither repeats an event already recorded nor skips one that
+    was not, whatever process stopped where: an event yielded but not yet written when its
+    triggerer died is yielded again by the next one, from the cursor before it. A plain
+    :class:`TriggerEvent` leaves the stored cursor as it is.
+
+    Kwargs are the watcher's identity, as for every trigger; the cursor is not a kwarg."""
+
+    #: The cursor stored for this watcher when the triggerer started it (None: none yet).
+    cursor: Any = None
+
+    def resume_from(self, cursor: Any) -> None:
+        """Set the cursor ``run()`` starts from (the triggerer calls this before ``run()``)."""
+        self.cursor = cursor
 
 
 class SerializedTrigger(msgspec.Struct, frozen=True):

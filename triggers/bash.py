@@ -20,6 +20,7 @@ from triggers.base import TriggerEvent
 from triggers.polling import DEFAULT_POLL_INTERVAL_S, PollingTrigger
 
 __all__ = [
+    "COMMAND_OPTIONS",
     "DEFAULT_COMMAND_TIMEOUT_S",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "KEPT_ENV",
@@ -39,6 +40,17 @@ KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ"
 DEFAULT_COMMAND_TIMEOUT_S = 300.0
 #: How much of one run's output is kept and logged (bytes); the rest is counted, not kept.
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
+#: The options of a command, as :class:`BashTrigger` takes them (besides ``bash_command``):
+#: ``BashSensor`` takes the same and hands them on, with the trigger's defaults and checks.
+COMMAND_OPTIONS = (
+    "env",
+    "append_env",
+    "pass_env",
+    "cwd",
+    "retry_exit_code",
+    "command_timeout",
+    "max_output_bytes",
+)
 #: Output is read (and a line without a newline logged) in pieces of this many bytes.
 _CHUNK = 8192
 

@@ -54,22 +54,33 @@ async def _select(
     selector: str,
     task_ids: Sequence[str] | None,
     *,
+    map_index: int | None = None,
     downstream: bool = False,
     upstream: bool = False,
     only_failed: bool = False,
 ) -> _Selected:
-    """The run RUN names (a selector, as every command takes) and what the override reaches;
-    LookupError naming an unknown DAG, run or task."""
+    """The run RUN names (a selector, as every command takes) and what the override reaches
+    (``task_ids``: TASK, every instance of a mapped task, or TASK[i], that instance alone;
+    ``map_index``: the instance of each bare TASK); LookupError naming an unknown DAG, run,
+    task or instance."""
+    from engine.client.mapaddr import check_instance, parse_task
     from engine.client.runsel import resolve_run
     from engine.store.overrides import NoSuchTarget
 
     if await store.get_dag(dag_id) is None:
         raise NoSuchTarget(f"no DAG {dag_id!r} (deferral dags list shows the DAGs)")
+    if map_index is not None and not task_ids:
+        raise NoSuchTarget("--map-index names an instance of the task(s) given: add a task")
+    addresses = [parse_task(t, map_index) for t in task_ids or ()]
     run = await resolve_run(store, dag_id, selector)
+    for task_id, index in addresses:
+        if index >= 0:
+            await check_instance(store, dag_id, run.run_id, task_id, index)
     targets = await store.override_targets(
         dag_id,
         run.run_id,
-        task_ids,
+        [task_id for task_id, _ in addresses] if task_ids else None,
+        map_indexes=[index for _, index in addresses] if task_ids else None,
         downstream=downstream,
         upstream=upstream,
         only_failed=only_failed,
@@ -94,11 +105,16 @@ def _checked(settings: Settings, work: Any) -> Any:
         _usage_exit(str(exc.args[0] if exc.args else exc))
 
 
+def _name(ti: Override | OverrideTarget) -> str:
+    """A task instance as the commands address it: TASK, or TASK[i] for a mapped instance."""
+    return ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
+
+
 def _targets_table(targets: Sequence[OverrideTarget]) -> Table:
     table = Table("task_id", "state", "try_number", "why")
     for t in targets:
         why = {"task": "named", "downstream": "downstream", "upstream": "upstream"}[t.relation]
-        table.add_row(cell(t.task_id), cell(t.state), cell(t.try_number), cell(why))
+        table.add_row(cell(_name(t)), cell(t.state), cell(t.try_number), cell(why))
     return table
 
 
@@ -131,7 +147,7 @@ def _print_overrides(done: Sequence[Override], *, verb: str, empty: str) -> None
         console.print(empty, markup=False, highlight=False, soft_wrap=True)
         return
     table = Table("dag_id", "run_id", "task_id", "was", "now", "note")
-    for o in sorted(done, key=lambda o: (o.task_id, o.id)):
+    for o in sorted(done, key=lambda o: (o.task_id, o.map_index, o.id)):
         notes = []
         if o.stopping_worker_id is not None:
             notes.append(f"worker {o.stopping_worker_id} told to stop try {o.try_number}")
@@ -140,7 +156,7 @@ def _print_overrides(done: Sequence[Override], *, verb: str, empty: str) -> None
         if verb == "cleared":
             notes.append(f"next try: {o.try_number + 1}")
         table.add_row(
-            cell(o.dag_id), cell(o.run_id), cell(o.task_id), cell(o.was), cell(o.state),
+            cell(o.dag_id), cell(o.run_id), cell(_name(o)), cell(o.was), cell(o.state),
             cell("; ".join(notes)),
         )  # fmt: skip
     n = len(done)
@@ -154,31 +170,22 @@ def _clear(
     selector: str,
     task_ids: Sequence[str] | None,
     *,
-    downstream: bool,
-    upstream: bool,
-    only_failed: bool,
     yes: bool,
     as_json: bool,
+    **select: Any,
 ) -> None:
+    """``tasks clear`` and ``runs clear`` (``select``: what :func:`_select` takes besides)."""
     settings = _settings(ctx)
 
-    async def select(store: Store) -> _Selected:
-        return await _select(
-            store,
-            dag_id,
-            selector,
-            task_ids,
-            downstream=downstream,
-            upstream=upstream,
-            only_failed=only_failed,
-        )
+    async def choose(store: Store) -> _Selected:
+        return await _select(store, dag_id, selector, task_ids, **select)
 
-    selected: _Selected = _checked(settings, select)
+    selected: _Selected = _checked(settings, choose)
     if not selected.targets:
         if as_json:
             _json([])
         else:
-            what = "failed task instances" if only_failed else "task instances"
+            what = "failed task instances" if select.get("only_failed") else "task instances"
             console.print(f"no {what} to clear", highlight=False)
         return
     if not yes:
@@ -203,16 +210,14 @@ def _mark(
     selector: str,
     task_ids: Sequence[str],
     *,
-    downstream: bool,
-    upstream: bool,
     as_json: bool,
+    **select: Any,
 ) -> None:
+    """``tasks mark-*`` (``select``: what :func:`_select` takes besides)."""
     settings = _settings(ctx)
 
     async def mark(store: Store) -> list[Override]:
-        selected = await _select(
-            store, dag_id, selector, task_ids, downstream=downstream, upstream=upstream
-        )
+        selected = await _select(store, dag_id, selector, task_ids, **select)
         ids = [t.id for t in selected.targets]
         done: list[Override] = await store.mark_tasks(ids, state, who=_who(), via=VIA_CLI)
         return done
@@ -224,43 +229,66 @@ def _mark(
         _print_overrides(done, verb=f"marked {state}", empty=f"nothing to mark: already {state}")
 
 
+#: ``--map-index N``: the instance of each TASK given (the same as writing TASK[N]).
+_map_index_option = click.option(
+    "--map-index",
+    "map_index",
+    type=click.IntRange(min=0),
+    help="Only this instance of each mapped TASK given (the same as writing TASK[N]).",
+)
+
 _JSON_HELP = "Print what changed as one JSON array of objects."
 _JSON_KEYS = (
     "--json keys: id, dag_run_id, dag_id, run_id, task_id, state (now), was, try_number (the "
     "latest try then), is_leaf, stopping_worker_id (the worker told to stop a running try), "
-    "left_trigger_id (the trigger a deferred task left)."
+    "left_trigger_id (the trigger a deferred task left), map_index (-1: not a mapped instance)."
 )
+
+
+def _clear_options(command: Any) -> Any:
+    """The options both clears take: --only-failed, --yes, --json."""
+    for option in (
+        click.option("--json", "as_json", is_flag=True, help=_JSON_HELP),
+        click.option("--yes", "-y", is_flag=True, help="Do not ask first."),
+        click.option("--only-failed", is_flag=True, help="Only failed or upstream_failed ones."),
+    ):
+        command = option(command)
+    return command
 
 
 @click.command("clear")
 @click.argument("dag_id", type=TEXT, metavar="DAG")
 @click.option("--run", "run_id", type=TEXT, required=True, metavar="RUN", help="The run.")
 @click.option(
-    "--task", "task_ids", type=TEXT, multiple=True, metavar="T", help="Only this task (repeat)."
+    "--task",
+    "task_ids",
+    type=TEXT,
+    multiple=True,
+    metavar="T",
+    help="Only this task (repeat); T[3]: instance 3 of a mapped task alone.",
 )
+@_map_index_option
 @click.option("--downstream", is_flag=True, help="Also the tasks downstream, transitively.")
 @click.option("--upstream", is_flag=True, help="Also the tasks upstream, transitively.")
-@click.option("--only-failed", is_flag=True, help="Only failed or upstream_failed ones.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask first.")
-@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+@_clear_options
 @click.pass_context
 def tasks_clear(
     ctx: click.Context,
+    /,
     dag_id: str,
     run_id: str,
     task_ids: tuple[str, ...],
-    downstream: bool,
-    upstream: bool,
-    only_failed: bool,
     yes: bool,
     as_json: bool,
+    **select: Any,
 ) -> None:
     """Clear task instances of run RUN of DAG: each runs again, on its next try (try number +
     1, its retries counted afresh), its XComs dropped. Without --task: every task of the run.
     A running try is told to stop first (the next try waits for it), a deferred task leaves
     its trigger (a trigger shared with other tasks keeps running for them) and its event, if
     it still comes, changes nothing. A cleared task whose upstreams have not succeeded waits
-    for them (or is resolved by its trigger rule); a run that had ended runs again.
+    for them (or is resolved by its trigger rule); a run that had ended runs again. A mapped
+    task is cleared whole; --task T[3] (or --task T --map-index 3) clears instance 3 alone.
 
     Lists what it would clear and asks first, unless --yes; with no terminal on stdin it
     refuses (exit 1) and changes nothing. RUN is a run id, a unique prefix of one, a logical
@@ -268,19 +296,9 @@ def tasks_clear(
 
     --json keys: id, dag_run_id, dag_id, run_id, task_id, state (now), was, try_number (the
     latest try then), is_leaf, stopping_worker_id (the worker told to stop a running try),
-    left_trigger_id (the trigger a deferred task left).
+    left_trigger_id (the trigger a deferred task left), map_index (-1: not a mapped instance).
     """
-    _clear(
-        ctx,
-        dag_id,
-        run_id,
-        task_ids or None,
-        downstream=downstream,
-        upstream=upstream,
-        only_failed=only_failed,
-        yes=yes,
-        as_json=as_json,
-    )
+    _clear(ctx, dag_id, run_id, task_ids or None, yes=yes, as_json=as_json, **select)
 
 
 def _mark_command(state: str) -> click.Command:
@@ -288,37 +306,30 @@ def _mark_command(state: str) -> click.Command:
     @click.argument("dag_id", type=TEXT, metavar="DAG")
     @click.argument("run_id", type=TEXT, metavar="RUN")
     @click.argument("task_ids", type=TEXT, nargs=-1, required=True, metavar="TASK...")
+    @_map_index_option
     @click.option("--downstream", is_flag=True, help=f"Also mark the downstream tasks {state}.")
     @click.option("--upstream", is_flag=True, help=f"Also mark the upstream tasks {state}.")
     @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
     @click.pass_context
     def command(
         ctx: click.Context,
+        /,
         dag_id: str,
         run_id: str,
         task_ids: tuple[str, ...],
-        downstream: bool,
-        upstream: bool,
         as_json: bool,
+        **select: Any,
     ) -> None:
-        _mark(
-            ctx,
-            state,
-            dag_id,
-            run_id,
-            task_ids,
-            downstream=downstream,
-            upstream=upstream,
-            as_json=as_json,
-        )
+        _mark(ctx, state, dag_id, run_id, task_ids, as_json=as_json, **select)
 
     command.help = (
         f"Mark task TASK of run RUN of DAG {state}, whatever it is doing: a running try is "
         "told to stop (its worker cancels it; what it reports later is ignored), a deferred "
         "task leaves its trigger (a trigger shared with other tasks keeps running for them). "
         "The tasks downstream then follow their trigger rules as if it had ended so; a run "
-        "that had ended ends anew. Task instances already "
-        f"{state} are left as they are.\n\nRUN is a run id, a unique prefix of one, a logical "
+        "that had ended ends anew. A mapped TASK is marked whole; TASK[3] (or --map-index 3) "
+        f"marks instance 3 alone. Task instances already {state} are left as they are.\n\n"
+        "RUN is a run id, a unique prefix of one, a logical "
         "date or latest. Exit code 2: no such DAG, run or task (nothing changed).\n\n" + _JSON_KEYS
     )
     return command
@@ -327,9 +338,7 @@ def _mark_command(state: str) -> click.Command:
 @click.command("clear")
 @click.argument("dag_id", type=TEXT, metavar="DAG")
 @click.argument("run_id", type=TEXT, metavar="RUN")
-@click.option("--only-failed", is_flag=True, help="Only failed or upstream_failed ones.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask first.")
-@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+@_clear_options
 @click.pass_context
 def runs_clear(
     ctx: click.Context, dag_id: str, run_id: str, only_failed: bool, yes: bool, as_json: bool
@@ -341,17 +350,7 @@ def runs_clear(
 
     --json keys: as `tasks clear` prints them.
     """
-    _clear(
-        ctx,
-        dag_id,
-        run_id,
-        None,
-        downstream=False,
-        upstream=False,
-        only_failed=only_failed,
-        yes=yes,
-        as_json=as_json,
-    )
+    _clear(ctx, dag_id, run_id, None, yes=yes, as_json=as_json, only_failed=only_failed)
 
 
 def _run_mark_command(state: str) -> click.Command:

@@ -177,6 +177,7 @@ def _log_level(loaded: Loaded, verbose: int, command: str | None) -> str:
 
 def _add_commands() -> None:
     from engine.cli import (
+        assets,
         config,
         connections,
         dags,
@@ -217,6 +218,7 @@ def _add_commands() -> None:
         tasks.tasks,
         triggers.triggers,
         pools.pools,
+        assets.assets,
         variables.variables,
         connections.connections,
         db.db,

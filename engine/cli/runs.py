@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
@@ -51,28 +51,34 @@ def runs_list(
     as_json: bool,
     wide: bool,
 ) -> None:
-    """List DAG runs, newest first: type (scheduled, manual, backfill), logical date, data
-    interval, state, and how many of their tasks are in each state.
+    """List DAG runs, newest first: type (scheduled, manual, backfill, asset_triggered),
+    logical date, data interval, state, and how many of their tasks are in each state.
 
     --json keys: dag_id, run_id, run_type, logical_date, data_interval_start,
     data_interval_end, state, conf (secrets masked), created_at, ended_at, tasks (task
-    instance counts by state).
+    instance counts by state), triggering_asset_events (an asset-triggered run's events by
+    asset name: lists of {id, asset, uri, timestamp, extra, source_kind, source_dag_id,
+    source_run_id, source_task_id, source_map_index, source_name}; {} for other runs).
     """
     settings = _settings(ctx)
 
-    async def main() -> list[DagRunSummary]:
+    async def main() -> tuple[list[DagRunSummary], dict[tuple[str, str], Any]]:
         from engine.store import open_store
 
         store = await open_store(settings)
         try:
-            return await store.list_dag_runs(dag_id=dag_id, state=state, limit=limit)
+            found = await store.list_dag_runs(dag_id=dag_id, state=state, limit=limit)
+            triggered = [(r.dag_id, r.run_id) for r in found if r.run_type == "asset_triggered"]
+            events = await store.runs_asset_events(triggered) if as_json else {}
+            return found, events
         finally:
             await store.close()
 
     # A run's conf is shown with its secrets masked (engine.masking).
-    rows = [msgspec.structs.replace(row, conf=mask_secrets(row.conf)) for row in _run(main)]
+    found, events = _run(main)
+    rows = [msgspec.structs.replace(row, conf=mask_secrets(row.conf)) for row in found]
     if as_json:
-        _json(rows)
+        _json([_with_events(row, events.get((row.dag_id, row.run_id), [])) for row in rows])
         return
     table = Table(
         "dag_id", "run_id", "run_type", "state", "logical_date", "data_interval_start",
@@ -93,6 +99,16 @@ def runs_list(
             cell(counts),
         )
     print_table(table, wide=wide, empty=filtered("runs", dag_id=dag_id, state=state))
+
+
+def _with_events(row: DagRunSummary, events: list[Any]) -> dict[str, Any]:
+    """A run's ``--json`` object: its summary and the asset events that triggered it."""
+    from engine.cli.assets import listed_event
+
+    by_asset: dict[str, list[Any]] = {}
+    for event in events:
+        by_asset.setdefault(event.asset, []).append(listed_event(event))
+    return {**msgspec.structs.asdict(row), "triggering_asset_events": by_asset}
 
 
 @runs.command("wait")

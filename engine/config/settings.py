@@ -41,7 +41,7 @@ DEFAULT_MAX_MAP_LENGTH = 1024
 
 
 #: Settings whose values are secrets: never shown, also not in an error about them.
-SECRET_SETTINGS = frozenset({"database_url", "fernet_key"})
+SECRET_SETTINGS = frozenset({"database_url", "fernet_key", "webhook_token"})
 
 
 class ConfigError(ValueError):
@@ -209,6 +209,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: --webserver-port`` starts it there too). 0: a free port, printed once bound and listed
     #: by `deferral status`.
     webserver_port: int = 8793
+    #: The token of the asset webhook (`POST /api/assets/NAME/events` on the status page),
+    #: sent as `Authorization: Bearer TOKEN`. Unset: the webhook refuses every request. Never
+    #: logged.
+    webhook_token: str | None = None
 
     #: Per-trigger and per-try log lines older than this many days are deleted by the
     #: scheduler (in small batches); 0 keeps them forever.

@@ -18,11 +18,13 @@ from engine.dags.timetables import (
     ContinuousTimetable,
     ScheduleError,
     Timetable,
+    asset_schedule,
     dag_timezone,
     dump_with_timezone,
     make_timetable,
     to_aware,
 )
+from operators.assets import Asset
 from operators.base import INT32_MAX, BaseOperator, DagLike, dag_context
 from operators.callbacks import (
     DAG_CALLBACK_KINDS,
@@ -161,6 +163,8 @@ class DAG:
         if self.timetable.periodic and self.start_date is None:
             raise ValueError(f"DAG {dag_id}: schedule {schedule!r} needs a start_date")
         self.schedule = schedule
+        #: The assets whose events trigger the DAG's runs (None: not scheduled on assets).
+        self.asset_condition = asset_schedule(schedule)
         # (A continuous DAG's next run is always the one after the last: nothing to catch up.)
         continuous = isinstance(self.timetable, ContinuousTimetable)
         self.catchup = bool(catchup) and not continuous
@@ -269,6 +273,52 @@ class DAG:
                         "is not in this DAG"
                     )
         self._topological_order()
+        self.assets()
+
+    def assets(self) -> dict[str, tuple[Asset, list[str]]]:
+        """The assets the DAG uses, by name: each with how (``schedule``, ``outlet``). Two
+        different declarations of one asset name (or of one uri under two names) in the DAG
+        are a ValueError."""
+        found: dict[str, tuple[Asset, list[str]]] = {}
+        uris: dict[str, str] = {}
+        uses: list[tuple[Asset, str]] = []
+        if self.asset_condition is not None:
+            uses += [(a, "schedule") for a in self.asset_condition.iter_assets()]
+        for task in self.tasks.values():
+            uses += [(a, "outlet") for a in getattr(task, "outlets", None) or []]
+        for asset, role in uses:
+            known = found.get(asset.name)
+            if known is not None and not known[0].same_definition(asset):
+                raise ValueError(
+                    f"DAG {self.dag_id}: asset {asset.name!r} is declared twice, differently "
+                    f"({known[0]!r} and {asset!r}): declare it once and use that value"
+                )
+            if uris.setdefault(asset.uri, asset.name) != asset.name:
+                raise ValueError(
+                    f"DAG {self.dag_id}: uri {asset.uri!r} names two assets, "
+                    f"{uris[asset.uri]!r} and {asset.name!r}"
+                )
+            if known is None:
+                found[asset.name] = (asset, [role])
+            elif role not in known[1]:
+                known[1].append(role)
+        return found
+
+    def serialize_assets(self) -> list[dict[str, Any]]:
+        """What the store keeps of the assets the DAG uses (engine/store/assets.py)."""
+        return [
+            {
+                "name": asset.name,
+                "uri": asset.uri,
+                "group": asset.group,
+                "extra": asset.extra,
+                "roles": sorted(roles),
+                "watchers": [
+                    (w.name, w.serialized.classpath, w.serialized.kwargs) for w in asset.watchers
+                ],
+            }
+            for asset, roles in self.assets().values()
+        ]
 
     def serialize_tasks(self) -> list[dict[str, Any]]:
         """What the store keeps of each task to create runs and resolve dependencies."""

@@ -24,7 +24,8 @@ import msgspec
 from engine.dags.timetables import DataInterval
 from engine.runtime.retry import REFUSED_DATA_ERRORS
 from engine.scheduler.dagruns import next_run
-from engine.store.models import NextRun
+from engine.store.assets import AssetConflict
+from engine.store.models import AssetRecord, NextRun
 
 if TYPE_CHECKING:
     from engine.dags.dag import DAG
@@ -45,6 +46,8 @@ class DagRecord:
     description: str | None
     schedule: dict[str, Any]
     fingerprint: str
+    #: The assets it uses (DAG.serialize_assets).
+    assets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def serialize_dag(dag: DAG) -> DagRecord:
@@ -52,8 +55,10 @@ def serialize_dag(dag: DAG) -> DagRecord:
     always gives the same hash)."""
     tasks = dag.serialize_tasks()
     schedule = dag.serialize_schedule()
+    assets = dag.serialize_assets()
     canonical = msgspec.json.encode(
-        [dag.dag_id, dag.fileloc, tasks, dag.description, schedule], order="deterministic"
+        [dag.dag_id, dag.fileloc, tasks, dag.description, schedule, *([assets] if assets else [])],
+        order="deterministic",
     )
     return DagRecord(
         dag_id=dag.dag_id,
@@ -62,6 +67,7 @@ def serialize_dag(dag: DAG) -> DagRecord:
         description=dag.description,
         schedule=schedule,
         fingerprint=hashlib.sha256(canonical).hexdigest(),
+        assets=assets,
     )
 
 
@@ -138,6 +144,8 @@ class DagRecorder:
                     exc,
                 )
                 continue
+            if not await self._record_assets(record):
+                continue
             self.written += 1
             log.debug("recorded DAG %s (%d tasks)", record.dag_id, len(record.tasks))
             if not reschedule:
@@ -158,6 +166,36 @@ class DagRecorder:
             )
         if changed:
             await self.store.set_next_dagruns(changed)
+        if records:
+            # Watchers of assets a DAG now uses (or no longer uses) start (or stop) at once.
+            await sync_watchers(self.store)
+
+    async def _record_assets(self, record: DagRecord) -> bool:
+        """Record the assets the DAG uses; False (logged, the DAG written again by the next
+        scan) when another DAG declares one of them differently or the database refuses
+        them (the DAG's row is already written: its fingerprint is forgotten, so the next
+        scan tries again rather than taking the DAG as recorded)."""
+        try:
+            await self.store.record_dag_assets(
+                record.dag_id, [msgspec.convert(a, AssetRecord) for a in record.assets]
+            )
+        except AssetConflict as exc:
+            self.refused += 1
+            log.error("DAG %s (%s): %s", record.dag_id, record.fileloc, exc)
+            await self.store.forget_dag_fingerprint(record.dag_id)
+            return False
+        except REFUSED_DATA_ERRORS as exc:
+            self.refused += 1
+            log.error(
+                "DAG %s (%s): its assets cannot be recorded, the database refuses them: %s: %s",
+                record.dag_id,
+                record.fileloc,
+                type(exc).__name__,
+                exc,
+            )
+            await self.store.forget_dag_fingerprint(record.dag_id)
+            return False
+        return True
 
 
 async def record_dags(store: Store, dags: Iterable[DAG]) -> int:
@@ -166,3 +204,17 @@ async def record_dags(store: Store, dags: Iterable[DAG]) -> int:
     given. A scheduler keeps one :class:`DagRecorder` for its folder instead, which remembers
     what it serialized."""
     return await DagRecorder(store).record(dags)
+
+
+async def sync_watchers(store: Store) -> None:
+    """Start the watchers of the assets the active DAGs use, stop the others (their trigger
+    rows, engine/store/watchers.py); a failure is logged, the scheduler's duty tries again."""
+    try:
+        done = await store.sync_watchers()
+    except Exception as exc:
+        log.warning(
+            "could not sync the asset watchers (%s: %s); trying later", type(exc).__name__, exc
+        )
+        return
+    if done.started or done.stopped:
+        log.info("asset watchers: %d started, %d stopped", done.started, done.stopped)

@@ -36,7 +36,7 @@ import anyio
 from engine.dags.dagbag import DagBag
 from engine.runtime.retry import TRANSIENT_ERRORS, Backoff
 from engine.runtime.wakeup import Wakeup
-from engine.scheduler.dagrecord import DagRecorder
+from engine.scheduler.dagrecord import DagRecorder, sync_watchers
 from engine.store import Store
 
 __all__ = [
@@ -94,6 +94,8 @@ async def sync_dags(
                 dag_id,
                 dagbag.folder,
             )
+    # The asset watchers the DAGs declare now run (or stop) on the triggerers.
+    await sync_watchers(store)
     return count
 
 

@@ -166,6 +166,17 @@ async def drop_orphan_triggers(h: Housekeeper) -> int:
     return orphans
 
 
+async def sync_asset_watchers(h: Housekeeper) -> int:
+    """Give each watcher of an asset an active, unpaused DAG is scheduled on a trigger row again
+    if it lost it (a trigger cancelled from the status page, failed for blocking the loop),
+    and stop the others (their DAGs paused since): the DAG scan does this too, at each
+    scan."""
+    done = await h.store.sync_watchers()
+    if done.started or done.stopped:
+        log.info("asset watchers: %d started, %d stopped", done.started, done.stopped)
+    return done.started + done.stopped
+
+
 async def delete_old_logs(h: Housekeeper) -> int:
     """Delete log lines older than ``log_retention_days``, in small batches (at most
     ``LOG_RETENTION_BATCHES`` of them a table); returns how many rows went."""
@@ -229,6 +240,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("resolve pending", _each_pass, resolve_pending, ends_runs=True),
     Duty("free ownerless triggers", _half_zombie_threshold, free_ownerless_triggers),
     Duty("drop orphan triggers", _half_zombie_threshold, drop_orphan_triggers),
+    Duty("sync asset watchers", _half_zombie_threshold, sync_asset_watchers),
     Duty("log retention", _log_retention, delete_old_logs),
     Duty("start queued runs", _each_pass, start_queued_runs),
     Duty("heartbeat", _each_pass, heartbeat),

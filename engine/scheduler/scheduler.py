@@ -43,7 +43,7 @@ from engine.scheduler.dagruns import create_due_runs
 from engine.scheduler.dagsync import CHANNEL_DAG_RESCAN, DagScan
 from engine.scheduler.duties import DutyLoop, log_started
 from engine.scheduler.fleetmetrics import observe_ended_runs
-from engine.store import CHANNEL_FINISHED, Listener, Store
+from engine.store import CHANNEL_ASSETS, CHANNEL_FINISHED, Listener, Store
 
 __all__ = ["MIN_WAIT_S", "Scheduler"]
 
@@ -138,7 +138,7 @@ class Scheduler:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
-        channels = [CHANNEL_FINISHED]
+        channels = [CHANNEL_FINISHED, CHANNEL_ASSETS]
         if self.dag_scan is not None:
             channels.append(CHANNEL_DAG_RESCAN)
         listener = self.store.listener(*channels)
@@ -231,8 +231,24 @@ class Scheduler:
         created = await create_due_runs(self.store)
         if created:
             log.info("created %d scheduled run(s)", created)
+        created += await self.create_asset_runs()
         self.runs_created += created
         return created
+
+    async def create_asset_runs(self) -> int:
+        """Create the runs of the DAGs whose asset condition holds over their queued events
+        (woken by NOTIFY deferral_assets), then start those max_active_runs admits."""
+        made = await self.store.create_asset_runs()
+        for run in made:
+            log.info(
+                "created asset-triggered run %s/%s (%d event(s))",
+                run.dag_id,
+                run.run_id,
+                run.events,
+            )
+        if made:
+            log_started(await self.store.start_queued_runs(sorted({r.dag_id for r in made})))
+        return len(made)
 
     async def _until_next_pass(self) -> float:
         """Seconds to wait: the pass interval, or less when a scheduled run or a duty is due

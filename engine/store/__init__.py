@@ -31,6 +31,7 @@ import anyio
 from engine.config import Settings
 from engine.masking import register_url_password
 from engine.security.keys import keyring_from_settings
+from engine.store.assets import CHANNEL_ASSETS, AssetConflict
 from engine.store.connection import (
     CHANNEL_DEADLINES,
     CHANNEL_FINISHED,
@@ -79,6 +80,7 @@ from engine.store.schedules import DuplicateRun
 from engine.store.store import Store
 
 __all__ = [
+    "CHANNEL_ASSETS",
     "CHANNEL_DEADLINES",
     "CHANNEL_FINISHED",
     "CHANNEL_RUNS",
@@ -87,6 +89,7 @@ __all__ = [
     "CHANNEL_TRIGGERS",
     "MARK_STATES",
     "VIA_PAGE",
+    "AssetConflict",
     "ClaimedTask",
     "ClaimedTrigger",
     "Dag",

@@ -14,7 +14,11 @@ A mark ends task instances in a state whatever they were doing; a clear makes th
   on it (a shared trigger keeps running for its other waiters); its event, should it still
   come, moves nothing;
 * an audit row (``deferral_audit``) and a line in the log of the task's latest try say who did
-  what, from where.
+  what, from where;
+* no callback is requested, neither the task's nor (for a run marked as a whole) the DAG's:
+  a mark is the user's override, not the task's outcome (as in Airflow, where marking sets
+  the state and runs no callback). A run that a mark of some tasks lets end is ended by the
+  scheduler later, and calls back as any run does.
 
 The downstream tasks are then resolved by their trigger rules, as if the task had ended that way
 (a cleared task with upstreams is resolved too: one whose upstream failed does not run).
@@ -83,15 +87,20 @@ class OverrideQueries(RunQueries):
         run_id: str,
         task_ids: Sequence[str] | None = None,
         *,
+        map_indexes: Sequence[int] | None = None,
         downstream: bool = False,
         upstream: bool = False,
         only_failed: bool = False,
     ) -> list[OverrideTarget]:
         """The task instances of run ``run_id`` of ``dag_id`` that a clear or a mark of
-        ``task_ids`` (None: every task of the run) reaches, as they are now: those tasks, with
-        ``downstream`` their downstream tasks (transitively), with ``upstream`` their upstream
-        tasks; ``only_failed``: only those failed or upstream_failed. Raises
-        :class:`NoSuchTarget` for an unknown DAG, run or task (naming it)."""
+        ``task_ids`` (None: every task of the run) reaches, as they are now: those tasks
+        (``map_indexes``, one per task id: only that instance of a mapped task; -1 or None:
+        every instance), with ``downstream`` their downstream tasks (transitively, whole),
+        with ``upstream`` their upstream tasks; ``only_failed``: only those failed or
+        upstream_failed. Raises :class:`NoSuchTarget` for an unknown DAG, run or task (naming
+        it)."""
+        if map_indexes is not None and (task_ids is None or len(map_indexes) != len(task_ids)):
+            raise ValueError("map_indexes needs one map index per task id")
         run = await self.get_dag_run(dag_id, run_id)
         if run is None:
             if await self.get_dag(dag_id) is None:
@@ -112,10 +121,11 @@ class OverrideQueries(RunQueries):
         rows = await self._pool.fetch(
             self._q["override_targets"],
             run.id,
-            None if task_ids is None else sorted(set(task_ids)),
+            None if task_ids is None else list(task_ids),
             downstream,
             upstream,
             only_failed,
+            None if task_ids is None else list(map_indexes or [-1] * len(task_ids)),
         )
         return [OverrideTarget(dag_id=dag_id, run_id=run_id, **dict(r)) for r in rows]
 
@@ -137,10 +147,12 @@ class OverrideQueries(RunQueries):
             raise NoSuchTarget(f"no run {run_id!r} of DAG {dag_id!r}")
         rows: list[asyncpg.Record] = []
         async with self._pool.acquire() as conn, conn.transaction():
-            # The triggers its deferred tasks wait on first (as a trigger firing), then its
-            # task instances, read as they are now (a task that ended before these locks keeps
-            # its end under a mark failed), then the run's row, written last as a clear or a
-            # mark of tasks writes it (a scheduler ending the run meanwhile is ended over).
+            # The triggers its deferred tasks and its deadlines wait on first (in id order, as
+            # a trigger firing locks them), then its task instances, read as they are now (a
+            # task that ended before these locks keeps its end under a mark failed), then the
+            # run's row, written last as a clear or a mark of tasks writes it (a scheduler
+            # ending the run meanwhile is ended over).
+            await conn.execute(self._q["begin_override"])
             was = await conn.fetchval(self._q["run_state"], run.id)
             left = [r["id"] for r in await conn.fetch(self._q["lock_run_triggers"], run.id)]
             marks: dict[str, list[int]] = {}
@@ -178,7 +190,10 @@ class OverrideQueries(RunQueries):
     ) -> list[Override]:
         """Make the task instances ``ti_ids`` run again, whatever they were doing: see the
         module's docstring. Their next claim is a new try (try number + 1) with its retries
-        counted afresh; a running try is stopped first (the new one waits for it)."""
+        counted afresh; a running try is stopped first (the new one waits for it). A mapped
+        task whose every instance is cleared (none still stopping) goes back to one
+        unexpanded instance and expands again over its upstream's values as they are then
+        (``collapse_cleared_mapped``)."""
         return await self._override("clear_tasks", ti_ids, who, via)
 
     async def mark_task(
@@ -198,9 +213,12 @@ class OverrideQueries(RunQueries):
         if not ids:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._q["begin_override"])
             # The triggers first, as a firing trigger locks them before its waiters.
             left = [r["id"] for r in await conn.fetch(self._q["lock_left_triggers"], ids)]
             rows = await conn.fetch(self._q[query], ids, *args)
+            if query == "clear_tasks":
+                await conn.fetch(self._q["collapse_cleared_mapped"], ids)
             if left:
                 await conn.fetch(self._q["delete_orphan_triggers"], left)
         done = structs(rows, Override)

@@ -13,8 +13,17 @@ __all__ = ["load_queries", "migrations", "schema_sql"]
 
 
 def load_queries() -> dict[str, str]:
-    """The store's named queries (parsed by the one parser of named SQL files)."""
-    return read_queries(__package__ or "engine.store", "queries.sql")
+    """The store's named queries (parsed by the one parser of named SQL files): those of
+    ``queries.sql``, of ``assets.sql`` (assets and their events) and of ``watchers.sql`` (asset
+    watchers on the triggerer), one set of names."""
+    package = __package__ or "engine.store"
+    queries = dict(read_queries(package, "queries.sql"))
+    for extra in ("assets.sql", "watchers.sql"):
+        for name, sql in read_queries(package, extra).items():
+            if name in queries:
+                raise RuntimeError(f"query {name!r} is named in queries.sql and in {extra}")
+            queries[name] = sql
+    return queries
 
 
 def schema_sql() -> str:

@@ -484,14 +484,20 @@ ORDER BY ti.id;
 -- $7 the try (only that try, still held by that worker, changes: an outcome written again
 -- after a lost reply cannot end a later try), $3 the outcome kind (deferral_task_outcome),
 -- 'success' / 'skipped' (with $4 its result) or 'failed' (with $5 the error; up_for_retry at
--- the policy's delay while retries remain, unless $6 says no retry). Returns the tries that changed. One
--- statement per batch, not per task: a worker resuming a thousand tasks a second would
--- otherwise queue them on a thousand fsynced commits.
+-- the policy's delay while retries remain, unless $6 says no retry). $8: the asset events the
+-- successes record (a JSON array of {"ti": task instance, "asset", "extra"}; null: none),
+-- written with them in this statement (a failure writes none; events of unknown assets are
+-- dropped). A branching task's success skips the tasks of its run it does not follow, in the
+-- same statement (both land or neither: a worker killed before this write leaves them
+-- pending): pairs ($9 task instance, $10 task id), only those still pending. Returns the tries
+-- that changed, then the tasks skipped (worker_id NULL). One statement per batch, not per
+-- task: a worker resuming a thousand tasks a second would otherwise queue them on a thousand
+-- fsynced commits.
 WITH outcome AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]::deferral_task_outcome[],
                          $4::bytea[], $5::text[], $6::boolean[], $7::integer[])
         AS o(id, worker_id, kind, result, error, no_retry, try_number)
-)
+), done AS (
 UPDATE deferral_task_instances ti
 SET state = CASE o.kind WHEN 'success' THEN 'success'
                         WHEN 'skipped' THEN 'skipped'
@@ -512,7 +518,30 @@ FROM outcome o
 -- without statistics a generic plan did. It may still read the running tasks once.)
 WHERE ti.id = o.id AND ti.worker_id IS NOT DISTINCT FROM o.worker_id AND ti.state = 'running'
   AND ti.try_number = o.try_number
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id;
+RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, o.worker_id, ti.dag_id,
+          ti.run_id, ti.map_index
+), asset_events AS (
+    -- (the asset events of the successes: engine/store/assets.sql)
+    INSERT INTO deferral_asset_events (asset, extra, source_kind, source_dag_id, source_run_id,
+                                       source_task_id, source_map_index)
+    SELECT ev->>'asset', COALESCE(ev->'extra', '{}'::jsonb), 'task', d.dag_id, d.run_id,
+           d.task_id, d.map_index
+    FROM jsonb_array_elements(COALESCE($8::jsonb, '[]'::jsonb)) ev
+    JOIN done d ON d.id = (ev->>'ti')::bigint AND d.state = 'success'
+    WHERE EXISTS (SELECT 1 FROM deferral_assets a WHERE a.name = ev->>'asset')
+), skipped AS (
+    -- (Pending rows: never one of the running rows `done` changes.)
+    UPDATE deferral_task_instances t
+    SET state = 'skipped', ended_at = now(), run_after = now()
+    FROM done e
+    JOIN unnest($9::bigint[], $10::text[]) AS k(id, task_id) ON k.id = e.id
+    WHERE e.state = 'success' AND t.dag_run_id = e.dag_run_id AND t.task_id = k.task_id
+      AND t.state = 'pending'
+    RETURNING t.id, t.dag_run_id, t.task_id, t.state, t.is_leaf, NULL::bigint AS worker_id
+)
+SELECT id, dag_run_id, task_id, state, is_leaf, worker_id FROM done
+UNION ALL
+SELECT * FROM skipped;
 
 -- name: reschedule_task
 -- A sensor in reschedule mode gives its slot back until $3: try $4 of task instance $1, if
@@ -728,7 +757,10 @@ WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY ($1::bigint[])
       WHERE ti.dag_run_id = r.id
         AND ti.state NOT IN ('success', 'failed', 'skipped', 'upstream_failed'))
 ORDER BY r.id
-FOR UPDATE OF r;
+-- (NO KEY UPDATE, what the UPDATE of finish_dag_runs takes anyway: a firing trigger's
+-- callback request shares the run's key, and must not wait for a run whose end waits for
+-- that trigger's lock.)
+FOR NO KEY UPDATE OF r;
 
 -- name: finish_dag_runs
 -- End the runs $1 (locked by lock_runs_to_finish) whose task instances are all finished:
@@ -1160,6 +1192,7 @@ WHERE t.id = ANY ($2::bigint[]) AND t.triggerer_id IS NOT DISTINCT FROM $1  -- s
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: lock_orphan_triggers
@@ -1169,6 +1202,7 @@ WHERE t.created_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 ORDER BY t.id
 FOR UPDATE OF t;
 
@@ -1180,6 +1214,7 @@ WHERE t.id = ANY ($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deferral_task_instances ti
                   WHERE ti.trigger_id = t.id AND ti.state = 'deferred')
   AND NOT EXISTS (SELECT 1 FROM deferral_deadline_alerts dl WHERE dl.trigger_id = t.id)
+  AND NOT EXISTS (SELECT 1 FROM deferral_asset_watchers w WHERE w.trigger_id = t.id)
 RETURNING t.id;
 
 -- name: list_triggers
@@ -1613,7 +1648,8 @@ WHERE ti.pool = $1 AND ti.state = ANY ($2::text[]) AND (NOT $3 OR ti.run_after <
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
            ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id,
-           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.max_active_tis_per_dag,
+           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.map_index,
+           ti.max_active_tis_per_dag,
            ti.try_queued_at, ti.try_started_at, ti.started_at, ti.deferred_at, ti.fired_at,
            ti.ended_at, ti.error, ti.rendered_fields, ti.first_try_at
     FROM deferral_task_instances ti
@@ -1704,7 +1740,7 @@ WITH old AS (
 )
 SELECT c.id, c.dag_run_id, c.task_id, c.state, c.is_leaf, o.dag_id, o.run_id,
        o.state AS was, o.try_number, s.worker_id AS stopping_worker_id,
-       o.trigger_id AS left_trigger_id, (SELECT count(*) FROM told) AS told
+       o.trigger_id AS left_trigger_id, o.map_index, (SELECT count(*) FROM told) AS told
 FROM cleared c
 JOIN old o ON o.id = c.id
 LEFT JOIN stopping s ON s.ti_id = c.id
@@ -1727,7 +1763,8 @@ ORDER BY c.id;
 WITH old AS (
     SELECT ti.id, ti.dag_run_id, ti.state, ti.worker_id, ti.try_number, ti.trigger_id, ti.pool,
            ti.pool_slots, ti.dag_id, ti.run_id, ti.task_id,
-           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.max_active_tis_per_dag
+           deferral_ti_name(ti.task_id, ti.map_index) AS name, ti.map_index,
+           ti.max_active_tis_per_dag
     FROM deferral_task_instances ti
     WHERE ti.id = ANY ($1::bigint[]) AND ti.state <> $2
     ORDER BY ti.id
@@ -1792,7 +1829,7 @@ WITH old AS (
 )
 SELECT c.id, c.dag_run_id, c.task_id, c.state, c.is_leaf, o.dag_id, o.run_id,
        o.state AS was, o.try_number, s.worker_id AS stopping_worker_id,
-       o.trigger_id AS left_trigger_id, (SELECT count(*) FROM told) AS told
+       o.trigger_id AS left_trigger_id, o.map_index, (SELECT count(*) FROM told) AS told
 FROM marked c
 JOIN old o ON o.id = c.id
 LEFT JOIN stopping s ON s.ti_id = c.id
@@ -1800,36 +1837,46 @@ ORDER BY c.id;
 
 -- name: override_targets
 -- The task instances of run $1 (its primary key) that a clear or a mark of tasks $2 (null: every
--- task of the run) reaches: those tasks; with $3 their downstream tasks, transitively (along
--- the upstream lists); with $4 their upstream tasks, transitively; $5: only those failed or
--- upstream_failed. relation says why each is in: 'task', 'downstream' or 'upstream'.
+-- task of the run) reaches: those tasks (with $6, one map index per task of $2: only that
+-- instance of a mapped task; -1: every instance); with $3 their downstream tasks, transitively
+-- (along the upstream lists), whole; with $4 their upstream tasks, transitively, whole; $5:
+-- only those failed or upstream_failed. relation says why each is in: 'task', 'downstream' or
+-- 'upstream'.
 WITH RECURSIVE tis AS (
-    SELECT ti.id, ti.task_id, ti.upstream, ti.state, ti.try_number
+    SELECT ti.id, ti.task_id, ti.map_index, ti.upstream, ti.state, ti.try_number
     FROM deferral_task_instances ti
     WHERE ti.dag_run_id = $1
+), named AS (
+    SELECT * FROM unnest($2::text[], $6::integer[]) AS n(task_id, map_index)
 ), roots AS (
     SELECT DISTINCT t.task_id FROM tis t WHERE $2::text[] IS NULL OR t.task_id = ANY ($2::text[])
+), chosen AS (
+    SELECT t.id FROM tis t
+    WHERE $2::text[] IS NULL
+       OR EXISTS (SELECT 1 FROM named n WHERE n.task_id = t.task_id
+                  AND (n.map_index IS NULL OR n.map_index < 0 OR n.map_index = t.map_index))
 ), down (task_id) AS (
-    SELECT r.task_id FROM roots r WHERE $3::boolean
+    SELECT t.task_id FROM tis t JOIN roots r ON r.task_id = ANY (t.upstream) WHERE $3::boolean
     UNION
     SELECT t.task_id FROM tis t JOIN down d ON d.task_id = ANY (t.upstream)
 ), up (task_id) AS (
-    SELECT r.task_id FROM roots r WHERE $4::boolean
+    SELECT u.task_id FROM roots r JOIN tis t ON t.task_id = r.task_id
+    CROSS JOIN LATERAL unnest(t.upstream) AS u(task_id)
+    WHERE $4::boolean
     UNION
     SELECT u.task_id FROM up JOIN tis t ON t.task_id = up.task_id
     CROSS JOIN LATERAL unnest(t.upstream) AS u(task_id)
 )
-SELECT t.id, t.task_id, t.state, t.try_number,
-       CASE WHEN t.task_id IN (SELECT task_id FROM roots) THEN 'task'
+SELECT t.id, t.task_id, t.map_index, t.state, t.try_number,
+       CASE WHEN t.id IN (SELECT id FROM chosen) THEN 'task'
             WHEN t.task_id IN (SELECT task_id FROM down) THEN 'downstream'
             ELSE 'upstream' END AS relation
 FROM tis t
-WHERE (t.task_id IN (SELECT task_id FROM roots)
+WHERE (t.id IN (SELECT id FROM chosen)
        OR t.task_id IN (SELECT task_id FROM down)
        OR t.task_id IN (SELECT task_id FROM up))
   AND (NOT $5::boolean OR t.state IN ('failed', 'upstream_failed'))
-ORDER BY t.task_id, t.id;
-
+ORDER BY t.task_id, t.map_index, t.id;
 -- name: run_task_ids
 -- The task ids of run $1 (its primary key).
 SELECT DISTINCT task_id FROM deferral_task_instances WHERE dag_run_id = $1 ORDER BY task_id;
@@ -1840,12 +1887,69 @@ SELECT DISTINCT task_id FROM deferral_task_instances WHERE dag_run_id = $1 ORDER
 -- the order a clear or a mark of tasks takes them; locking it first could deadlock with one.
 SELECT r.state FROM deferral_dag_runs r WHERE r.id = $1;
 
+-- name: collapse_cleared_mapped
+-- After clear_tasks of task instances $1, in the same transaction: a mapped task every instance
+-- of which was cleared (none of them still stopping a running try) goes back to one
+-- unexpanded instance (map index -1, its instance 0's row), so that it expands again over what
+-- its upstream returns by then, as many instances as there are values (the upstream's list
+-- may have changed length). The other instances' rows go (their tries, archived by the clear,
+-- stay). The instance's try number becomes the highest of them: every new instance's tries
+-- number on from the tries made before. The callback requests not run yet that name a removed
+-- instance (its own callbacks, a DAG callback naming it for its context) name the instance
+-- left instead: a request's row would go with its instance's (ON DELETE CASCADE), and the
+-- callback with it. Returns the rows removed.
+WITH cleared AS (
+    SELECT DISTINCT ti.dag_run_id, ti.task_id FROM deferral_task_instances ti
+    WHERE ti.id = ANY ($1::bigint[]) AND ti.map_index >= 0
+), whole AS (
+    SELECT ti.dag_run_id, ti.task_id, max(ti.try_number) AS tries
+    FROM deferral_task_instances ti
+    JOIN cleared c ON c.dag_run_id = ti.dag_run_id AND c.task_id = ti.task_id
+    GROUP BY ti.dag_run_id, ti.task_id
+    HAVING bool_and(ti.id = ANY ($1::bigint[]))
+       AND NOT EXISTS (SELECT 1 FROM deferral_stopping_tries s
+                       WHERE s.ti_id = ANY (array_agg(ti.id)))
+), kept AS (
+    SELECT ti.id, ti.dag_run_id, ti.task_id FROM deferral_task_instances ti
+    JOIN whole w ON ti.dag_run_id = w.dag_run_id AND ti.task_id = w.task_id
+    WHERE ti.map_index = 0
+), repointed AS (
+    -- (done before the removal's cascade runs, at the statement's end, which sees it)
+    UPDATE deferral_callback_requests c
+    SET ti_id = k.id
+    FROM deferral_task_instances ti
+    JOIN kept k ON k.dag_run_id = ti.dag_run_id AND k.task_id = ti.task_id
+    WHERE c.ti_id = ti.id AND ti.map_index > 0
+    RETURNING c.id
+), gone AS (
+    DELETE FROM deferral_task_instances ti USING whole w
+    WHERE ti.dag_run_id = w.dag_run_id AND ti.task_id = w.task_id AND ti.map_index > 0
+    RETURNING ti.id
+), folded AS (
+    UPDATE deferral_task_instances ti
+    SET map_index = -1, map_value = NULL, try_number = w.tries
+    FROM whole w
+    WHERE ti.dag_run_id = w.dag_run_id AND ti.task_id = w.task_id AND ti.map_index = 0
+    RETURNING ti.id
+)
+SELECT g.id FROM gone g;
+
+-- name: begin_override
+-- This transaction marks or clears task instances (or a run) for a user: what it changes is
+-- the user's override, not an outcome, and requests no callback (deferral_task_callback,
+-- deferral_run_ended read the setting). Transaction-local.
+SELECT set_config('deferral.override', 'on', true);
+
 -- name: lock_run_triggers
 -- Lock the triggers the deferred task instances of run $1 (its primary key) wait on, before a
--- mark of the whole run locks its task instances (as lock_left_triggers does for some).
+-- mark of the whole run locks its task instances (as lock_left_triggers does for some), with
+-- the timers of its deadline alerts, which the run's end deletes: all of them in id order, as
+-- a triggerer firing a batch locks them (else a timer older than a task's trigger, firing in
+-- one batch with it, was locked in the other order; delete_orphan_triggers keeps the timers).
 SELECT t.id FROM deferral_triggers t
 WHERE t.id IN (SELECT ti.trigger_id FROM deferral_task_instances ti
                WHERE ti.dag_run_id = $1 AND ti.state = 'deferred')
+   OR t.id IN (SELECT dl.trigger_id FROM deferral_deadline_alerts dl WHERE dl.dag_run_id = $1)
 ORDER BY t.id
 FOR UPDATE OF t;
 
@@ -2666,17 +2770,3 @@ DELETE FROM deferral_callback_requests WHERE id = $1 AND worker_id = $2 RETURNIN
 SELECT c.id, c.kind, c.dag_id, c.ti_id, c.try_number, c.error, c.deadline_index,
        c.deadline_at, c.worker_id, c.lease_until, c.claims, c.created_at
 FROM deferral_callback_requests c ORDER BY c.id;
-
--- Branching (operators/python.py: BranchPythonOperator, ShortCircuitOperator).
-
--- name: skip_branch_tasks
--- A branching task skips the tasks $4 of its run that are still pending (none of them ran:
--- they wait on it), just before its success is written: only while worker $2 holds try $3 of
--- task instance $1 (a late write of a reaped try skips nothing). Returns what moved, for the
--- caller to resolve their downstreams by their trigger rules.
-UPDATE deferral_task_instances ti
-SET state = 'skipped', ended_at = now(), run_after = now()
-FROM deferral_task_instances b
-WHERE b.id = $1 AND b.worker_id = $2 AND b.try_number = $3 AND b.state = 'running'
-  AND ti.dag_run_id = b.dag_run_id AND ti.task_id = ANY ($4::text[]) AND ti.state = 'pending'
-RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf;

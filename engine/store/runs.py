@@ -57,17 +57,6 @@ class RunQueries(StoreCore):
         )
         return structs(rows, MovedTask)
 
-    async def skip_branch_tasks(
-        self, ti_id: int, worker_id: int, try_number: int, task_ids: Sequence[str]
-    ) -> list[MovedTask]:
-        """A branching try (task instance ``ti_id``, try ``try_number``, held by ``worker_id``)
-        skips the pending tasks ``task_ids`` of its run; returns what moved (nothing when the
-        worker no longer holds the try). The caller settles them."""
-        rows = await self._pool.fetch(
-            self._q["skip_branch_tasks"], ti_id, worker_id, try_number, list(task_ids)
-        )
-        return structs(rows, MovedTask)
-
     async def wake_workers(self) -> None:
         """A task instance became runnable."""
         await self.notify(CHANNEL_TASKS)

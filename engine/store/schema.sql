@@ -57,7 +57,7 @@ CREATE TABLE deferral_dag_runs (
     -- added by migration 0009: how the run came to be, its data interval, and when it left
     -- 'queued' (its task instances were created then)
     run_type     text NOT NULL DEFAULT 'manual'
-                 CHECK (run_type IN ('scheduled', 'manual', 'backfill')),
+                 CHECK (run_type IN ('scheduled', 'manual', 'backfill', 'asset_triggered')),
     data_interval_start timestamptz,
     data_interval_end   timestamptz,
     started_at   timestamptz,
@@ -739,13 +739,16 @@ CREATE TABLE deferral_deadline_alerts (
 CREATE INDEX deferral_deadline_alerts_run ON deferral_deadline_alerts (dag_run_id);
 
 -- A task instance whose task declares callbacks reached an outcome: the request, in the same
--- transaction. Skips by a trigger rule (from pending) are not the task's outcome and have none.
+-- transaction. Skips by a trigger rule (from pending) are not the task's outcome and have none,
+-- nor do a user's marks (a transaction that sets deferral.override: engine/store/overrides.py).
 CREATE FUNCTION deferral_task_callback() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     k text := CASE NEW.state WHEN 'success' THEN 'success' WHEN 'failed' THEN 'failure'
                              WHEN 'up_for_retry' THEN 'retry' WHEN 'skipped' THEN 'skipped' END;
 BEGIN
-    IF k = ANY (NEW.callbacks) THEN
+    -- (a mark is the user's override, not the task's outcome: no callback, as in Airflow)
+    IF k = ANY (NEW.callbacks)
+       AND current_setting('deferral.override', true) IS DISTINCT FROM 'on' THEN
         INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id, ti_id, try_number,
                                                 error, queue)
         VALUES (k, NEW.dag_run_id, NEW.dag_id, NEW.id, NEW.try_number,
@@ -802,19 +805,35 @@ CREATE TRIGGER deferral_run_deadlines AFTER INSERT ON deferral_dag_runs
     FOR EACH ROW EXECUTE FUNCTION deferral_run_deadlines();
 
 -- A run ended: its deadlines are over (their triggers go), and the DAG's callback of that
--- end, if it declares one, is requested.
+-- end, if it declares one, is requested (naming the task instance its context shows: for a
+-- failure the failed one that ended last, for a success the last by task id; none for a run a
+-- user marked). The triggers are locked first (in id order): a firing trigger locks its row
+-- before its deadline alert, and so does this.
 CREATE FUNCTION deferral_run_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     k text := CASE NEW.state WHEN 'success' THEN 'dag_success' ELSE 'dag_failure' END;
+    named record;
 BEGIN
+    PERFORM 1 FROM deferral_triggers t
+    WHERE t.id IN (SELECT dl.trigger_id FROM deferral_deadline_alerts dl
+                   WHERE dl.dag_run_id = NEW.id)
+    ORDER BY t.id
+    FOR UPDATE OF t;
     WITH gone AS (
         DELETE FROM deferral_deadline_alerts WHERE dag_run_id = NEW.id RETURNING trigger_id
     )
     DELETE FROM deferral_triggers t USING gone WHERE t.id = gone.trigger_id;
-    IF EXISTS (SELECT 1 FROM deferral_dags g WHERE g.dag_id = NEW.dag_id
-               AND g.alerts -> 'callbacks' ? substr(k, 5)) THEN
-        INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id)
-        VALUES (k, NEW.id, NEW.dag_id);
+    IF current_setting('deferral.override', true) IS DISTINCT FROM 'on'
+       AND EXISTS (SELECT 1 FROM deferral_dags g WHERE g.dag_id = NEW.dag_id
+                   AND g.alerts -> 'callbacks' ? substr(k, 5)) THEN
+        SELECT ti.id, ti.try_number INTO named FROM deferral_task_instances ti
+        WHERE ti.dag_run_id = NEW.id
+        ORDER BY CASE WHEN k = 'dag_failure' THEN ti.state = 'failed' END DESC NULLS LAST,
+                 CASE WHEN k = 'dag_failure' THEN ti.ended_at END DESC NULLS LAST,
+                 ti.task_id DESC, ti.map_index DESC
+        LIMIT 1;
+        INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id, ti_id, try_number)
+        VALUES (k, NEW.id, NEW.dag_id, named.id, named.try_number);
         PERFORM pg_notify('deferral_tasks', '');
     END IF;
     RETURN NULL;
@@ -844,3 +863,159 @@ $$;
 CREATE TRIGGER deferral_deadline_fired AFTER DELETE ON deferral_triggers
     FOR EACH ROW WHEN (starts_with(OLD.dedup_key, 'deadline:'))
     EXECUTE FUNCTION deferral_deadline_fired();
+
+-- Assets and asset-triggered runs (added by 0024; 'asset_triggered' runs: the run_type CHECK
+-- above).
+
+-- The assets the DAG files declare (recorded by the DAG scan with the DAGs that use them,
+-- record_dag_assets). A row stays when no DAG uses it any more (its events keep their
+-- asset); deferral_dag_assets says which DAGs use it now.
+CREATE TABLE deferral_assets (
+    name        text PRIMARY KEY,
+    uri         text NOT NULL,
+    asset_group text NOT NULL DEFAULT 'asset',
+    extra       jsonb NOT NULL DEFAULT '{}'::jsonb,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Which DAG uses which asset, and how: 'schedule' (the DAG's runs are triggered by its
+-- events) or 'outlet' (a task of the DAG records events of it). Replaced whole for a DAG each
+-- time the DAG is recorded.
+CREATE TABLE deferral_dag_assets (
+    dag_id  text NOT NULL REFERENCES deferral_dags (dag_id) ON DELETE CASCADE,
+    asset   text NOT NULL REFERENCES deferral_assets (name),
+    role    text NOT NULL CHECK (role IN ('schedule', 'outlet')),
+    PRIMARY KEY (asset, role, dag_id),
+    -- a digest of the group, extra and watchers the DAG declares (null: a bare declaration:
+    -- default group, no extra, no watchers; migration 0027)
+    declared text
+);
+CREATE INDEX deferral_dag_assets_dag ON deferral_dag_assets (dag_id);
+
+-- The watchers the assets declare (AssetWatcher: a name, unique per asset, and an event
+-- trigger, stored as triggers are: classpath and encrypted, encoded kwargs). Replaced with
+-- their asset's record. The triggerer's runtime of watchers adds its own columns or table.
+CREATE TABLE deferral_asset_watchers (
+    asset     text NOT NULL REFERENCES deferral_assets (name) ON DELETE CASCADE,
+    name      text NOT NULL,
+    classpath text NOT NULL,
+    kwargs    bytea NOT NULL,
+    PRIMARY KEY (asset, name)
+);
+
+-- One row per asset event. extra: JSON data set by whoever recorded it; source_kind: who did,
+-- with its details (a task: dag/run/task/map index; a watcher: source_name is its name; the
+-- webhook and the CLI: source_name says who, when known).
+CREATE TABLE deferral_asset_events (
+    id               bigserial PRIMARY KEY,
+    asset            text NOT NULL REFERENCES deferral_assets (name),
+    extra            jsonb NOT NULL DEFAULT '{}'::jsonb,
+    source_kind      text NOT NULL CHECK (source_kind IN ('task', 'watcher', 'webhook', 'cli')),
+    source_dag_id    text,
+    source_run_id    text,
+    source_task_id   text,
+    source_map_index integer,
+    source_name      text,
+    created_at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX deferral_asset_events_asset ON deferral_asset_events (asset, id);
+
+-- Events not yet consumed by a run of a DAG scheduled on their asset: one row per (DAG,
+-- event). The scheduler consumes all of a DAG's rows into one run once its condition holds
+-- (queued events collapse into one run).
+-- (No foreign keys here and in deferral_run_asset_events: their rows are written by the
+-- trigger and by create_asset_runs from rows that exist, and a check per row cost more than
+-- the insert, thousands of them per event burst.)
+CREATE TABLE deferral_asset_queue (
+    dag_id   text NOT NULL,
+    event_id bigint NOT NULL,
+    asset    text NOT NULL,
+    PRIMARY KEY (dag_id, event_id)
+);
+-- (which assets a DAG has events of queued: one probe per (DAG, asset), however many events
+-- are queued: create_asset_runs)
+CREATE INDEX deferral_asset_queue_asset ON deferral_asset_queue (dag_id, asset);
+
+-- The events that triggered each asset-triggered run.
+CREATE TABLE deferral_run_asset_events (
+    dag_run_id bigint NOT NULL,
+    event_id   bigint NOT NULL,
+    PRIMARY KEY (dag_run_id, event_id)
+);
+CREATE INDEX deferral_run_asset_events_event ON deferral_run_asset_events (event_id);
+
+-- Every inserted event is queued for the active, unpaused DAGs scheduled on its asset, in the
+-- inserting statement's transaction (an event of a task is queued with its success, or not at
+-- all), and the schedulers are woken (NOTIFY deferral_assets, a signal only) when one was.
+-- (A row trigger: a statement that inserts no event, finish_tasks for tasks without outlets,
+-- runs nothing; a statement trigger ran its function for each of them, some 20-70 us.)
+CREATE FUNCTION deferral_queue_asset_event() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO deferral_asset_queue (dag_id, event_id, asset)
+    SELECT s.dag_id, NEW.id, NEW.asset
+    FROM deferral_dag_assets s
+    JOIN deferral_dags d ON d.dag_id = s.dag_id
+    WHERE s.asset = NEW.asset AND s.role = 'schedule' AND d.is_active AND NOT d.is_paused
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        PERFORM pg_notify('deferral_assets', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER deferral_asset_events_queue AFTER INSERT ON deferral_asset_events
+    FOR EACH ROW EXECUTE FUNCTION deferral_queue_asset_event();
+
+-- Whether an asset condition holds when the assets named in $2 have queued events: a
+-- condition is {"asset": name}, {"all": [conditions]} or {"any": [conditions]} (engine's
+-- AssetAll, AssetAny; a schedule list is "all").
+CREATE FUNCTION deferral_asset_condition(cond jsonb, present text[]) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    part jsonb;
+BEGIN
+    IF cond ? 'asset' THEN
+        RETURN (cond->>'asset') = ANY (present);
+    ELSIF cond ? 'all' THEN
+        FOR part IN SELECT jsonb_array_elements(cond->'all') LOOP
+            IF NOT deferral_asset_condition(part, present) THEN
+                RETURN false;
+            END IF;
+        END LOOP;
+        RETURN true;
+    ELSIF cond ? 'any' THEN
+        FOR part IN SELECT jsonb_array_elements(cond->'any') LOOP
+            IF deferral_asset_condition(part, present) THEN
+                RETURN true;
+            END IF;
+        END LOOP;
+        RETURN false;
+    END IF;
+    RETURN false;
+END;
+$$;
+-- Asset watchers on the triggerer (issue 22). Each watcher of an asset an active DAG uses runs
+-- as a row of deferral_triggers (claimed with leases, adopted on failover, fenced, like every
+-- trigger) that no task waits on and that never fires: its events are written as asset events
+-- with its cursor (record_watcher_events). The watcher's row keeps what must outlive a trigger
+-- row: the cursor, and the faults that are shown by `deferral assets list`.
+ALTER TABLE deferral_asset_watchers
+    -- the trigger row that runs it now (null: none, e.g. no active DAG uses its asset)
+    ADD COLUMN trigger_id    bigint REFERENCES deferral_triggers (id) ON DELETE SET NULL,
+    -- digest of the trigger that row runs (classpath and kwargs as declared): a watcher whose
+    -- trigger changed starts again without a cursor
+    ADD COLUMN trigger_key   text,
+    -- the event trigger's cursor after the last event recorded (MessagePack; null: none yet)
+    ADD COLUMN cursor        bytea,
+    ADD COLUMN events        bigint NOT NULL DEFAULT 0,
+    -- the (fence, sequence number) of the last item written: a batch written again after its
+    -- reply was lost writes nothing twice
+    ADD COLUMN written_fence bigint NOT NULL DEFAULT 0,
+    ADD COLUMN written_seq   bigint NOT NULL DEFAULT 0,
+    ADD COLUMN restarts      integer NOT NULL DEFAULT 0,
+    ADD COLUMN last_error    text,
+    ADD COLUMN last_error_at timestamptz,
+    -- when a watcher whose trigger raised starts again (its backoff)
+    ADD COLUMN retry_at      timestamptz;
+CREATE UNIQUE INDEX deferral_asset_watchers_trigger ON deferral_asset_watchers (trigger_id)
+    WHERE trigger_id IS NOT NULL;

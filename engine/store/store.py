@@ -10,6 +10,7 @@ import asyncpg
 
 from engine.runtime.retry import with_db_retry
 from engine.security.keys import Keyring
+from engine.store.assets import AssetQueries
 from engine.store.callbacks import CallbackQueries
 from engine.store.connection import CONNECT_ATTEMPTS, Listener, create_pool
 from engine.store.endpoints import Endpoints
@@ -26,6 +27,7 @@ from engine.store.status import StatusQueries
 from engine.store.tasks import TaskQueries
 from engine.store.triggers import TriggerQueries
 from engine.store.variables import VariableQueries
+from engine.store.watchers import WatcherQueries
 from engine.store.why import WhyQueries
 from engine.store.xcom import XComStore
 
@@ -50,6 +52,8 @@ class Store(
     FleetStats,
     XComStore,
     CallbackQueries,
+    AssetQueries,
+    WatcherQueries,
 ):
     """A pool of connections and one method per named query (or per transaction of them),
     each defined by the reader class of its part of the engine."""

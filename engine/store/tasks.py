@@ -206,9 +206,11 @@ class TaskQueries(StoreCore):
     # -- what a try writes -----------------------------------------------------------------
 
     async def finish_tasks(self, outcomes: Sequence[TaskOutcome]) -> list[FinishedTask]:
-        """End running tries in one statement; returns the tries that changed, with their new
-        state (a missing one: its worker no longer held it). The caller settles them
-        (engine/store/downstream.py)."""
+        """End running tries in one statement, with the tasks their branching successes skip
+        (``TaskOutcome.skip``); returns the tries that changed, with their new state (a
+        missing one: its worker no longer held it), then the tasks skipped (``worker_id``
+        None). The caller settles them (engine/store/downstream.py)."""
+        skips = [(o.ti_id, t) for o in outcomes for t in o.skip]
         rows = await self._pool.fetch(
             self._q["finish_tasks"],
             [o.ti_id for o in outcomes],
@@ -218,6 +220,15 @@ class TaskQueries(StoreCore):
             [storable_opt(o.error) for o in outcomes],
             [o.no_retry for o in outcomes],
             [o.try_number for o in outcomes],
+            [
+                {"ti": o.ti_id, **event}
+                for o in outcomes
+                if o.asset_events and o.kind == "success"
+                for event in o.asset_events
+            ]
+            or None,
+            [ti_id for ti_id, _ in skips],
+            [task_id for _, task_id in skips],
         )
         return structs(rows, FinishedTask)
 

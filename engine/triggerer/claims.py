@@ -19,11 +19,13 @@ from engine.runtime.crashpoints import crash_point
 from engine.runtime.retry import Backoff
 from engine.security.allow import TriggerNotAllowed, check_classpath, check_import_paths
 from engine.store import ClaimedTrigger, TriggerOutcome
+from engine.store.models import ClaimedWatcher
 from engine.triggerer.classes import TriggerClasses
 from engine.triggerer.deadlines import Deadlines
 from engine.triggerer.outcomes import TriggerOutbox
-from engine.triggerer.running import TriggerRunner
+from engine.triggerer.running import TriggerRunner, task_name
 from engine.triggerer.state import LoopState
+from engine.triggerer.watching import WatcherRunner
 from triggers.base import (
     BaseTrigger,
     TriggerSerializationError,
@@ -55,6 +57,7 @@ class Claimer:
         poll_interval_s: float,
         allow: Callable[[str], bool] | None,
         classes: TriggerClasses | None = None,
+        watchers: WatcherRunner | None = None,
     ) -> None:
         self._state = state
         self._outcomes = outcomes
@@ -68,6 +71,7 @@ class Claimer:
         #: One string object per classpath, shared by every trigger of that class.
         self._classpaths: dict[str, str] = {}
         self._classes = classes if classes is not None else TriggerClasses()
+        self._watchers = watchers
 
     async def run(self) -> None:
         """Claim until the triggerer stops."""
@@ -141,11 +145,43 @@ class Claimer:
         of the triggers already held stay on time), and take them out of the garbage
         collector's generations once started."""
         await self._import_new_classes(rows)
+        watchers = await self._claimed_watchers(rows)
         for first in range(0, len(rows), START_SLICE):
             for row in rows[first : first + START_SLICE]:
-                self._start(row)
+                watcher = watchers.get(row.id)
+                if watcher is not None:
+                    self._start_watcher(row, watcher)
+                else:
+                    self._start(row)
             await asyncio.sleep(0)  # the new tasks take their first step, up to their wait
             self._state.freeze()
+
+    async def _claimed_watchers(self, rows: list[ClaimedTrigger]) -> dict[int, ClaimedWatcher]:
+        """The claimed rows that run asset watchers, with the cursor each starts from; read
+        after the claim committed. A row is a watcher's by its link in the watchers' table,
+        whatever its class: one this triggerer cannot import, may not run (allow-list) or that
+        is no event trigger is that watcher's fault, recorded on it and retried with backoff
+        (on the ordinary path its failure would delete the row and the watchers' sync make it
+        again, in a loop nobody sees)."""
+        triggerer_id = self._state.id
+        if self._watchers is None or triggerer_id is None or not rows:
+            return {}
+        found = await self._state.store.claimed_watchers(triggerer_id, [row.id for row in rows])
+        return {w.trigger_id: w for w in found}
+
+    def _start_watcher(self, row: ClaimedTrigger, watcher: ClaimedWatcher) -> None:
+        """Start an asset watcher: built (again after each fault) from the row's kwargs."""
+        assert self._watchers is not None
+        classpath = self._classpaths.setdefault(row.classpath, row.classpath)
+        held = self._state.held.take(row.id, row.fence, classpath)
+        self._watchers.start(
+            row.id,
+            held,
+            watcher,
+            # (kwargs that do not decode are the watcher's fault too, raised by each build)
+            lambda: self._rebuild(classpath, decode_value(row.kwargs), row.sealed),
+            task_name(row.id, row.fence),
+        )
 
     async def _import_new_classes(self, rows: list[ClaimedTrigger]) -> None:
         """Import the trigger classes not seen yet (or whose file in the DAGs folder changed) in

@@ -33,6 +33,7 @@ from engine.triggerer.ownership import Ownership, ensure_listening
 from engine.triggerer.running import TriggerRunner
 from engine.triggerer.state import LoopState
 from engine.triggerer.watchdog import BlockReport, LoopWatchdog
+from engine.triggerer.watching import WatcherOutbox, WatcherRunner
 from engine.usercode import guard as usercode
 
 __all__ = ["Triggerer"]
@@ -79,6 +80,10 @@ class Triggerer:
         self.metrics.watch_triggerer(lambda: len(state.held), capacity)
         self._lease: LeaseKeeper | None = None
         self._runner = TriggerRunner(state, outcomes, cleanup_timeout_s=config.cleanup_timeout_s)
+        self._watcher_writes = WatcherOutbox(state)
+        self._watchers = watchers = WatcherRunner(
+            state, self._watcher_writes, cleanup_timeout_s=config.cleanup_timeout_s
+        )
         self._deadlines = Deadlines(state)
         self._claimer = Claimer(
             state,
@@ -90,6 +95,7 @@ class Triggerer:
             poll_interval_s=config.poll_interval_s,
             allow=allow,
             classes=TriggerClasses(config.dags_folder),
+            watchers=watchers,
         )
         self._ownership = Ownership(
             state,
@@ -126,13 +132,19 @@ class Triggerer:
         return self._outcomes.fired
 
     @property
+    def recorded(self) -> int:
+        """Asset events its watchers recorded so far."""
+        return self._watcher_writes.recorded
+
+    @property
     def blocks(self) -> list[BlockReport]:
         return self._blocking.blocks
 
     @property
     def unwritten_events(self) -> int:
         """Outcomes produced but not written yet (queued, or in the write in flight)."""
-        return len(self._outcomes) + self._outcomes.in_flight
+        watchers = self._watcher_writes
+        return len(self._outcomes) + self._outcomes.in_flight + len(watchers) + watchers.in_flight
 
     def stats(self) -> dict[str, float]:
         return {
@@ -194,6 +206,7 @@ class Triggerer:
                 return
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._outcomes.run, name="triggerer-writer")
+                tg.start_soon(self._watcher_writes.run, name="triggerer-watcher-writer")
                 tg.start_soon(state.logs.run, name="triggerer-logs")
                 tg.start_soon(self._deadlines.run, name="triggerer-deadlines")
                 tg.start_soon(self._ownership.run, listener, name="triggerer-ownership")
@@ -201,6 +214,8 @@ class Triggerer:
                 await self._claimer.run()
                 with anyio.move_on_after(max(self.lease_s, 5.0)):
                     await self._outcomes.drain()  # events already produced, before letting go
+                    self._watchers.stop_all()  # (the watchers' events so far, with cursors)
+                    await self._watcher_writes.drain()
                 tg.cancel_scope.cancel()
         finally:
             watchdog.stop()

@@ -65,17 +65,23 @@ async def _targets(store: Store, form: Any) -> tuple[list[int], str]:
     """The task instances an action on the form's task reaches (with its ``downstream`` and
     ``upstream`` choices), as the command line selects them; its page to go back to."""
     dag_id, run_id, task_id = (_field(form, n) for n in ("dag_id", "run_id", "task_id"))
+    # (an instance's page sends its map index: the action is on that instance alone)
+    index = str(form.get("map_index", "-1"))
+    if not index.lstrip("-").isdigit():
+        raise web.HTTPBadRequest(text="form field 'map_index' must be a number")
     try:
         targets = await store.override_targets(
             dag_id,
             run_id,
             [task_id],
+            map_indexes=[int(index)],
             downstream=_flag(form, "downstream"),
             upstream=_flag(form, "upstream"),
         )
     except NoSuchTarget as exc:
         raise web.HTTPNotFound(text=str(exc)) from None
-    return [t.id for t in targets], task_url(dag_id, run_id, task_id)
+    name = task_id if int(index) < 0 else f"{task_id}[{index}]"
+    return [t.id for t in targets], task_url(dag_id, run_id, name)
 
 
 async def clear(request: web.Request, store: Store, form: Any, actor: str) -> web.StreamResponse:

@@ -22,6 +22,7 @@ from engine.web import hooks, params, views
 from engine.web.actions import ACTION_ROUTES, Action, authorized, who
 from engine.web.guard import add_security_headers
 from engine.web.render import environment
+from engine.web.webhook import add_webhook
 
 __all__ = ["make_app"]
 
@@ -224,10 +225,15 @@ async def _pools_offered(app: web.Application) -> None:
     app[POOLS] = await hooks.pools(app[STORE]) is not None
 
 
-def make_app(store: Store, *, token: str | None = None) -> web.Application:
+def make_app(
+    store: Store, *, token: str | None = None, webhook_token: str | None = None
+) -> web.Application:
     """The status page on ``store``. With a ``token``, the actions too (POST, each needing the
-    token); without one, read-only: no action route exists and no button is rendered."""
+    token); without one, read-only: no action route exists and no button is rendered. The
+    asset webhook (engine/web/webhook.py) needs ``webhook_token`` (setting webhook_token);
+    without one it refuses every request."""
     app = web.Application()
+    add_webhook(app, store, webhook_token)
     app[STORE] = store
     app[ENV] = environment()
     if token:

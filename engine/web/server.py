@@ -42,9 +42,12 @@ class WebServer:
         host: str,
         port: int,
         token: str | None = None,
+        webhook_token: str | None = None,
         sock: socket.socket | None = None,
     ) -> None:
         self.store = store
+        #: The asset webhook's token (setting webhook_token; None: the webhook refuses).
+        self.webhook_token = webhook_token
         self.host = host
         self.port = port
         self.token = token
@@ -63,7 +66,10 @@ class WebServer:
         """Listen (ConfigError, naming the setting, when the address cannot be bound)."""
         if self._runner is not None:
             return
-        runner = web.AppRunner(make_app(self.store, token=self.token), access_log=None)
+        runner = web.AppRunner(
+            make_app(self.store, token=self.token, webhook_token=self.webhook_token),
+            access_log=None,
+        )
         await runner.setup()
         try:
             site: web.BaseSite = (
@@ -118,6 +124,7 @@ async def run_webserver(settings: Settings, token: str | None) -> None:
             host=settings.webserver_host,
             port=settings.webserver_port,
             token=token,
+            webhook_token=settings.webhook_token,
             sock=inherited_socket(),
         )
         await server.start()

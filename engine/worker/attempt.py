@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from engine.dags.dagbag import DagBag
 from engine.runtime.crashpoints import crash_point
@@ -34,6 +35,7 @@ from engine.worker import isolation, mapping, templating, xcom
 from engine.worker.callbacks import call_callbacks
 from engine.worker.outcomes import (
     Raised,
+    Returned,
     TryOutcome,
     describe,
     outcome_of_call,
@@ -43,6 +45,7 @@ from engine.worker.outcomes import (
     worker_cancelled,
 )
 from engine.worker.trylogs import TryLogs
+from operators.assets import OutletEventAccessors
 from operators.base import BaseOperator, Context, MappedOperator
 from operators.callbacks import callbacks_of
 from operators.xcom import current_context
@@ -129,6 +132,19 @@ class Attempts:
                 return made
             op = made
         context = await self._context(op, ti, worker_id)
+        outlets: OutletEventAccessors = context["outlet_events"]
+        outcome = await self._call(op, ti, context)
+        if isinstance(outcome, Returned) and op.outlets and outcome.asset_events is None:
+            # (the events its success records, written with it: finish_tasks)
+            try:
+                events = outlets.events()
+            except ValueError as exc:
+                return Raised(f"task {ti.dag_id}.{ti.task_id}: {exc}", no_retry=True)
+            return msgspec.structs.replace(outcome, asset_events=events)
+        return outcome
+
+    async def _call(self, op: BaseOperator, ti: ClaimedTask, context: Context) -> TryOutcome:
+        """Call the try's method (execute, or the one a deferral resumes at)."""
         fn, kwargs = _method(op, ti)
         remaining = _remaining_s(ti)
         if remaining is not None and remaining <= 0:

@@ -17,6 +17,7 @@ a task's callback, with the lines of the try whose outcome it follows) and chang
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -216,12 +217,12 @@ class CallbackRunner:
                 request.dag_id,
             )
             return
-        if request.ti_id is not None and request.task_id is not None:
-            await self._task_callbacks(request, dag)
-        elif request.kind == "deadline":
+        if request.kind == "deadline":
             await self._deadline_callback(request, dag)
-        else:
+        elif request.kind in ("dag_success", "dag_failure"):
             await self._dag_callbacks(request, dag)
+        elif request.ti_id is not None and request.task_id is not None:
+            await self._task_callbacks(request, dag)
 
     async def _dag(self, dag_id: str) -> Any:
         try:
@@ -274,12 +275,30 @@ class CallbackRunner:
             context.pop(name, None)
         return context
 
+    def _dag_context(self, request: ClaimedCallback, dag: Any) -> dict[str, Any]:
+        """A DAG callback's context: its run's, with the task instance the run's end named
+        (``ti``, ``task_instance``, ``task``: for a failure, the failed task instance that
+        ended last; for a success, the last by task id, as Airflow picks it), when it has one
+        the DAG still declares."""
+        op = None
+        if request.ti_id is not None and request.task_id is not None:
+            with contextlib.suppress(KeyError):
+                op = dag.get_task(request.task_id).fresh_copy()
+        if op is None:
+            return self._run_context(request, dag)
+        ti = _claimed_task(request)
+        context = build_context(ti, op, dag, default_deferrable=self._default_deferrable)
+        loop = asyncio.get_running_loop()
+        rti = xcom.bind(ti, self._store, max_bytes=self._xcom_max_bytes, loop=loop)
+        context["ti"] = context["task_instance"] = rti
+        return context
+
     async def _dag_callbacks(self, request: ClaimedCallback, dag: Any) -> None:
         kind = "success" if request.kind == "dag_success" else "failure"
         fns = callbacks_of(getattr(dag, f"on_{kind}_callback", None))
         if not fns:
             return
-        context = self._run_context(request, dag)
+        context = self._dag_context(request, dag)
         context["reason"] = "success" if kind == "success" else "task_failure"
         with logs.binding(dag=request.dag_id, run=request.run_id):
             log.info("run %s ended (%s): running the DAG's on_%s_callback", request.run_id,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -19,6 +19,7 @@ import pendulum
 
 from engine.usercode.variables import CONNECTIONS, VARIABLES, bind_fallback
 from engine.worker.macros import MACROS
+from operators.assets import AssetEvent, OutletEventAccessors, TriggeringAssetEvents
 
 if TYPE_CHECKING:
     from engine.store import ClaimedTask
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from operators.base import BaseOperator
 
 __all__ = [
+    "NO_ASSET_EVENTS",
     "PREV_SUCCESS",
     "PREV_SUCCESS_KEYS",
     "TEMPLATE_VARIABLES",
@@ -38,7 +40,19 @@ __all__ = [
     "restore_context",
     "run_values",
     "to_pendulum",
+    "triggering_events",
 ]
+
+#: The triggering events of a run not triggered by assets.
+NO_ASSET_EVENTS = TriggeringAssetEvents([])
+
+
+def triggering_events(rows: Sequence[Any]) -> TriggeringAssetEvents:
+    """An asset-triggered run's events as its context shows them (``rows``: the store's)."""
+    return TriggeringAssetEvents(
+        [msgspec.convert(msgspec.structs.asdict(r), AssetEvent) for r in rows]
+    )
+
 
 #: The variable that costs a store query: looked up only when a template or callable asks.
 PREV_SUCCESS = "prev_data_interval_start_success"
@@ -79,7 +93,9 @@ TEMPLATE_VARIABLES = (
 )
 
 #: Context entries a child process (isolation="process") cannot be sent and puts back.
-_LOCAL = ("task", "macros", "dag", "var", "conn", "task_instance", "inlets", "outlets")
+_LOCAL = (
+    "task", "macros", "dag", "var", "conn", "task_instance", "inlets", "outlets", "outlet_events",
+)  # fmt: skip
 
 
 _UTC = pendulum.UTC
@@ -197,6 +213,9 @@ def build_context(
         "task_instance_key_str": f"{ti.dag_id}__{ti.task_id}__{ds_nodash}",
         "inlets": list(getattr(op, "inlets", None) or []),
         "outlets": list(getattr(op, "outlets", None) or []),
+        "outlet_events": OutletEventAccessors(ti.task_id, list(getattr(op, "outlets", None) or [])),
+        # (an asset-triggered run's: read by render_task, engine/worker/templating.py)
+        "triggering_asset_events": NO_ASSET_EVENTS,
         "var": VARIABLES,
         "conn": CONNECTIONS,
         "macros": MACROS,
@@ -250,7 +269,9 @@ def child_context(context: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in context.items():
         if key in _LOCAL:
             continue
-        if isinstance(value, DagRunInfo):
+        if isinstance(value, TriggeringAssetEvents):
+            value = [msgspec.structs.asdict(e) for events in value.values() for e in events]
+        elif isinstance(value, DagRunInfo):
             value = {
                 f: _plain(v) for f, v in msgspec.structs.asdict(value).items()
             }  # fmt: skip
@@ -279,6 +300,10 @@ def restore_context(plain: Mapping[str, Any], op: BaseOperator) -> dict[str, Any
     context["dag"] = dag
     context["inlets"] = list(getattr(op, "inlets", None) or [])
     context["outlets"] = list(getattr(op, "outlets", None) or [])
+    context["outlet_events"] = OutletEventAccessors(op.task_id, list(op.outlets))
+    context["triggering_asset_events"] = TriggeringAssetEvents(
+        [msgspec.convert(e, AssetEvent) for e in plain.get("triggering_asset_events") or []]
+    )
     context["var"] = VARIABLES
     context["conn"] = CONNECTIONS
     context["macros"] = MACROS

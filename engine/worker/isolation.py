@@ -43,7 +43,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from engine.worker.outcomes import TryOutcome, outcome_of_call
+from engine.worker.outcomes import Raised, Returned, TryOutcome, outcome_of_call
 from operators.bash import clean_env
 
 __all__ = [
@@ -274,13 +274,14 @@ def _locate(request: Request) -> Any:
     raise LookupError(f"the DAG file {request.file} defines no DAG {request.dag_id!r}")
 
 
-def _call(request: Request) -> Any:
+def _call(request: Request, seen: list[Any]) -> Any:
     from engine.worker import templating
     from triggers.base import decode_value
 
     op = _locate(request)
     fn = getattr(op, request.method) if request.method else op.execute
     context = templating.restore_context(decode_value(request.context), op)
+    seen.append(context["outlet_events"])  # (what the task set of its outlets' events)
     # The worker rendered the same fields from the same values (and stored them): render
     # them again here, on this process's copy of the operator.
     templating.prepare(op).render(context)
@@ -294,7 +295,15 @@ def run_request(request: Request) -> TryOutcome:
     """Run the task in this process; how the try ended (finding the operator and rendering
     its fields included: what fails there fails the try as in the worker)."""
     task = f"{request.dag_id}.{request.task_id}"
-    return outcome_of_call(functools.partial(_call, request), task=task)
+    seen: list[Any] = []
+    outcome = outcome_of_call(functools.partial(_call, request, seen), task=task)
+    if isinstance(outcome, Returned) and seen and len(seen[0]):
+        try:
+            events = seen[0].events()
+        except ValueError as exc:
+            return Raised(f"task {task}: {exc}", no_retry=True)
+        return msgspec.structs.replace(outcome, asset_events=events)
+    return outcome
 
 
 def _end_with_parent(parent_pid: int) -> None:

@@ -73,6 +73,9 @@ class Returned(msgspec.Struct, frozen=True, tag="returned"):
 
     result: bytes | None
     skip: tuple[str, ...] = ()
+    #: The asset events its success records (its outlets: ``[{"asset", "extra"}]``; None:
+    #: none), written with the success.
+    asset_events: list[dict[str, Any]] | None = None
 
 
 class Raised(msgspec.Struct, frozen=True, tag="raised"):

@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
-from typing import assert_never
+from typing import Any, assert_never
 
 import anyio
 
@@ -163,8 +163,9 @@ class Recorder:
     ) -> None:
         """Write how try ``ti`` ended (``started``: its ``time.perf_counter()`` at the start)."""
         match outcome:
-            case Returned(result=payload):
-                await self._record_end(ti, worker_id, "success", payload)
+            case Returned(result=payload, asset_events=events, skip=skip):
+                # (A branch's skips are written with its success: both land or neither.)
+                await self._record_end(ti, worker_id, "success", payload, events, skip)
                 what = f"resume at {ti.next_method}" if ti.next_method else "execute"
                 log.info("%s succeeded in %.1f ms", what, (time.perf_counter() - started) * 1000)
             case Raised(error=error, no_retry=no_retry):
@@ -260,7 +261,13 @@ class Recorder:
         )
 
     async def _record_end(
-        self, ti: ClaimedTask, worker_id: int, state: TaskOutcomeKind, payload: bytes | None
+        self,
+        ti: ClaimedTask,
+        worker_id: int,
+        state: TaskOutcomeKind,
+        payload: bytes | None,
+        asset_events: list[dict[str, Any]] | None = None,
+        skip: tuple[str, ...] = (),
     ) -> None:
         outcome = TaskOutcome(
             ti_id=ti.id,
@@ -268,6 +275,8 @@ class Recorder:
             try_number=ti.try_number,
             kind=state,
             result=payload,
+            asset_events=asset_events,
+            skip=skip,
         )
         self._lost_if_not(await self._finish(outcome) is not None, ti)
 
@@ -393,7 +402,8 @@ class Recorder:
         await self._logs.flush([(q.outcome.ti_id, q.outcome.try_number) for q in batch])
         finished = await self._store.finish_tasks([q.outcome for q in batch])
         await settle(self._store, finished)
-        return {(f.id, f.worker_id): f.state for f in finished}
+        # (worker_id None: a task a branch skipped, not a try of this batch)
+        return {(f.id, f.worker_id): f.state for f in finished if f.worker_id is not None}
 
     def _written(self, batch: list[_Queued], states: dict[tuple[int, int], str]) -> None:
         for queued in batch:

@@ -59,6 +59,7 @@ from engine.worker.context import (
     prev_success_values,
     restore_context,
     run_values,
+    triggering_events,
 )
 from engine.worker.jinjaenv import CompiledTemplate, Env, TemplateRenderError, close_names, env_for
 from engine.worker.macros import MACROS, ds_add, ds_format
@@ -127,6 +128,12 @@ async def render_task(
     context = build_context(ti, op, op.dag, default_deferrable=default_deferrable)
     if task_instance is not None:
         context["ti"] = context["task_instance"] = task_instance
+    if ti.run_type == "asset_triggered":
+        rows = await with_db_retry(
+            "read the run's triggering asset events",
+            lambda: store.triggering_asset_events(ti.dag_id, ti.run_id),
+        )
+        context["triggering_asset_events"] = triggering_events(rows)
     if reads_files(op):
         prepared = await anyio.to_thread.run_sync(prepare, op)
     else:

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from engine.masking import redact
 from engine.runtime.retry import with_db_retry
-from engine.store.downstream import settle
 from engine.worker.mapping import ref_value
 from engine.worker.outcomes import (
     Deferred,
@@ -95,30 +94,7 @@ async def finish_try(
             return Raised(why, no_retry=True)
     if isinstance(outcome, Returned | Deferred | Rescheduled | Skipped):
         await write_pushes(store, ti, worker_id)
-    if isinstance(outcome, Returned) and outcome.skip:
-        await skip_tasks(store, ti, worker_id, outcome.skip)
     return outcome
-
-
-async def skip_tasks(
-    store: Store, ti: ClaimedTask, worker_id: int, task_ids: Sequence[str]
-) -> None:
-    """A branching try skips ``task_ids`` (those still pending) before its success is written,
-    so that its downstream tasks, resolved once it succeeds, find them skipped; their own
-    downstreams are resolved at once (skipping propagates by the trigger rules)."""
-    moved = await with_db_retry(
-        "skip the tasks a branch does not follow",
-        lambda: store.skip_branch_tasks(ti.id, worker_id, ti.try_number, task_ids),
-    )
-    if moved:
-        log.info(
-            "%s.%s (run %s) skipped %s",
-            ti.dag_id,
-            ti.task_id,
-            ti.run_id,
-            ", ".join(m.task_id for m in moved),
-        )
-    await settle(store, moved)
 
 
 class RuntimeTaskInstance:

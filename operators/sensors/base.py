@@ -140,8 +140,11 @@ class BaseSensorOperator(BaseOperator):
 
     @property
     def ends_in_trigger(self) -> bool:
-        """Whether the trigger may end the task itself (nothing to run after the event)."""
-        return type(self).execute_complete is BaseSensorOperator.execute_complete
+        """Whether the trigger may end the task itself (nothing to run after the event). Not
+        with ``outlets``: their events are written with the success by a worker."""
+        return (
+            type(self).execute_complete is BaseSensorOperator.execute_complete and not self.outlets
+        )
 
     def trigger_kwargs(self) -> dict[str, Any]:
         """``poll_interval`` and ``end_from_trigger`` for a built-in polling trigger."""

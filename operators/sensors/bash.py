@@ -8,7 +8,7 @@ from typing import Any
 from operators.base import Context, FailTask
 from operators.sensors.base import BaseSensorOperator
 from triggers.base import BaseTrigger, TriggerEvent
-from triggers.bash import DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_MAX_OUTPUT_BYTES, BashTrigger
+from triggers.bash import COMMAND_OPTIONS, BashTrigger
 
 __all__ = ["BashSensor"]
 
@@ -31,45 +31,25 @@ class BashSensor(BaseSensorOperator):
 
     template_fields = ("bash_command", "env")
 
-    def __init__(
-        self,
-        *,
-        bash_command: str,
-        env: Mapping[str, str] | None = None,
-        append_env: bool = True,
-        pass_env: Sequence[str] = (),
-        cwd: str | None = None,
-        retry_exit_code: int | None = None,
-        command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, bash_command: str, **kwargs: Any) -> None:
+        # The command's options (COMMAND_OPTIONS: env, append_env, pass_env, cwd,
+        # retry_exit_code, command_timeout, max_output_bytes) are BashTrigger's, with its
+        # defaults and its checks; the rest are the sensor's.
+        options = {name: kwargs.pop(name) for name in COMMAND_OPTIONS if name in kwargs}
         super().__init__(**kwargs)
         self.bash_command = bash_command
-        self.env = dict(env or {})
-        self.append_env = bool(append_env)
-        self.pass_env = list(pass_env)
-        self.cwd = cwd
-        self.retry_exit_code = retry_exit_code
-        self.command_timeout = command_timeout
-        self.max_output_bytes = max_output_bytes
         # Checked now, not when the first check runs: a bad argument is a DAG file's error.
-        self._trigger(("", "", ""))
+        checked = self._trigger(("", "", ""), options)
+        for name in COMMAND_OPTIONS:
+            setattr(self, name, getattr(checked, name))
 
-    def _trigger(self, task: Sequence[str]) -> BashTrigger:
+    def _trigger(
+        self, task: Sequence[str], options: Mapping[str, Any] | None = None
+    ) -> BashTrigger:
+        if options is None:
+            options = {name: getattr(self, name) for name in COMMAND_OPTIONS}
         try:
-            return BashTrigger(
-                self.bash_command,
-                env=self.env,
-                append_env=self.append_env,
-                pass_env=self.pass_env,
-                cwd=self.cwd,
-                retry_exit_code=self.retry_exit_code,
-                command_timeout=self.command_timeout,
-                max_output_bytes=self.max_output_bytes,
-                task=task,
-                **self.trigger_kwargs(),
-            )
+            return BashTrigger(self.bash_command, **options, task=task, **self.trigger_kwargs())
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"task {self.task_id}: {exc}") from None
 

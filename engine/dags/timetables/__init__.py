@@ -15,6 +15,11 @@ from typing import Any
 from dateutil.relativedelta import relativedelta
 
 from engine.dags.timetables._cron import PRESETS
+from engine.dags.timetables.assets import (
+    AssetTriggeredTimetable,
+    asset_schedule,
+    make_asset_timetable,
+)
 from engine.dags.timetables.base import (
     UTC,
     DagRunInfo,
@@ -42,6 +47,7 @@ from engine.dags.timetables.trigger import CronTriggerTimetable
 
 __all__ = [
     "PRESETS",
+    "AssetTriggeredTimetable",
     "ContinuousTimetable",
     "CronDataIntervalTimetable",
     "CronTimetable",
@@ -57,6 +63,7 @@ __all__ = [
     "ScheduleError",
     "TimeRestriction",
     "Timetable",
+    "asset_schedule",
     "dag_timezone",
     "dump_with_timezone",
     "load_timetable",
@@ -70,7 +77,7 @@ __all__ = [
 _SCHEDULE_HELP = (
     "schedule must be None, a cron expression, a preset (@once, @continuous, @hourly, @daily, "
     "@weekly, @monthly, @quarterly, @yearly), a datetime.timedelta, a "
-    "dateutil.relativedelta.relativedelta or a timetable"
+    "dateutil.relativedelta.relativedelta, a timetable, or assets (a list of Assets, a & b, a | b)"
 )
 
 
@@ -84,6 +91,9 @@ def make_timetable(
     evaluated in ``tz``, the DAG's time zone."""
     if schedule is None:
         return NullTimetable()
+    condition = asset_schedule(schedule)
+    if condition is not None:
+        return make_asset_timetable(condition)
     if isinstance(schedule, dt.timedelta | relativedelta):
         return DeltaDataIntervalTimetable(schedule, tz)
     if isinstance(schedule, str):
@@ -148,4 +158,6 @@ def load_timetable(data: dict[str, Any] | None) -> Timetable:
         return EventsTimetable.load(data)
     if kind == "custom":
         return load_custom(data)
+    if kind == "assets":
+        return AssetTriggeredTimetable.load(data)
     raise ScheduleError(f"unknown stored timetable {data!r}")

@@ -8,6 +8,15 @@ output encodes them as they are). Import them from here (or the public ones from
 
 from __future__ import annotations
 
+from engine.store.models.assets import (
+    AssetEventRow,
+    AssetRecord,
+    AssetRow,
+    AssetRunCreated,
+    AssetWatcherRow,
+    NewAssetEvent,
+    RecordedAssetEvent,
+)
 from engine.store.models.browse import (
     GridCellCounts,
     GridRun,
@@ -72,13 +81,26 @@ from engine.store.models.triggers import (
     WaitingTask,
 )
 from engine.store.models.variables import PrevRun, StoredConnection, VariableRow
+from engine.store.models.watchers import (
+    ClaimedWatcher,
+    WatcherFault,
+    WatcherItem,
+    WatcherState,
+    WatcherSync,
+)
 from engine.store.models.why import RunWait, TaskWait, WhyTask
 
 __all__ = [
+    "AssetEventRow",
+    "AssetRecord",
+    "AssetRow",
+    "AssetRunCreated",
+    "AssetWatcherRow",
     "AuditRow",
     "Backlog",
     "ClaimedTask",
     "ClaimedTrigger",
+    "ClaimedWatcher",
     "Dag",
     "DagOverview",
     "DagRun",
@@ -98,6 +120,7 @@ __all__ = [
     "LogLine",
     "LoggedTry",
     "MovedTask",
+    "NewAssetEvent",
     "NewRun",
     "NextRun",
     "OldestWait",
@@ -106,6 +129,7 @@ __all__ = [
     "PoolRow",
     "PoolTask",
     "PrevRun",
+    "RecordedAssetEvent",
     "RefusedTrigger",
     "RunFilter",
     "RunOverride",
@@ -137,6 +161,10 @@ __all__ = [
     "TryRecord",
     "VariableRow",
     "WaitingTask",
+    "WatcherFault",
+    "WatcherItem",
+    "WatcherState",
+    "WatcherSync",
     "WhyTask",
     "WorkLeft",
     "WorkerRow",

@@ -26,9 +26,10 @@ class MovedTask(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FinishedTask(MovedTask, frozen=True, kw_only=True):
-    """A try finish_tasks ended, with the worker that ran it."""
+    """A try finish_tasks ended, with the worker that ran it; or (``worker_id`` None) a task
+    that a branching try's success skipped in the same statement."""
 
-    worker_id: int
+    worker_id: int | None
 
 
 class TimedOutTask(MovedTask, frozen=True, kw_only=True):

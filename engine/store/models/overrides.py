@@ -31,6 +31,8 @@ class Override(msgspec.Struct, frozen=True, kw_only=True):
     stopping_worker_id: int | None
     #: The trigger it was waiting on and left (None: it was not deferred).
     left_trigger_id: int | None
+    #: Which instance of a mapped task (-1: not mapped).
+    map_index: int = -1
 
 
 class OverrideTarget(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,6 +44,8 @@ class OverrideTarget(msgspec.Struct, frozen=True, kw_only=True):
     task_id: str
     state: str
     try_number: int
+    #: Which instance of a mapped task (-1: not mapped).
+    map_index: int = -1
     #: Why it is in: ``task`` (named), ``downstream`` or ``upstream`` (of a named one).
     relation: str
 

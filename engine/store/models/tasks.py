@@ -67,7 +67,8 @@ def ti_name(task_id: str, map_index: int) -> str:
 class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """How a running try ended: ``success`` / ``skipped`` (with its encoded result) or
     ``failed`` (with the error; ``no_retry`` ends the task whatever retries remain), written
-    only while ``worker_id`` still holds try ``try_number`` of the task."""
+    only while ``worker_id`` still holds try ``try_number`` of the task. ``skip``: the tasks
+    of its run a branching task's success skips (those still pending), written with it."""
 
     ti_id: int
     worker_id: int
@@ -76,6 +77,10 @@ class TaskOutcome(msgspec.Struct, frozen=True, kw_only=True):
     result: bytes | None = None
     error: str | None = None
     no_retry: bool = False
+    #: The asset events a success records with it (``[{"asset": name, "extra": {...}}]``;
+    #: None: none).
+    asset_events: list[dict[str, Any]] | None = None
+    skip: tuple[str, ...] = ()
 
 
 class Deferral(msgspec.Struct, frozen=True, kw_only=True):

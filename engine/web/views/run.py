@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.store import Store
-from engine.store.models import DagRun, GridCell
+from engine.store.models import AssetEventRow, DagRun, GridCell
 from engine.web.graph import MAX_DRAWN_TASKS, graph
 from engine.web.paging import Pager, shortened
 from engine.web.render import _age, _when, masked, pretty
@@ -29,6 +29,28 @@ TASK_COLUMNS: list[Column] = [
     Column("ended", lambda c: _when(c.ended_at)),
     Column("duration", _duration, numeric=True),
     Column("upstream", lambda c: shortened(c.upstream)),
+]
+
+
+#: The triggering asset events an asset-triggered run's page lists at most.
+MAX_EVENTS_SHOWN = 100
+
+
+def _source(e: AssetEventRow) -> str:
+    if e.source_kind == "task":
+        task = e.source_task_id or "?"
+        if e.source_map_index is not None and e.source_map_index >= 0:
+            task = f"{task}[{e.source_map_index}]"
+        return f"task {e.source_dag_id}/{e.source_run_id}/{task}"
+    return e.source_kind + (f" {e.source_name}" if e.source_name else "")
+
+
+EVENT_COLUMNS: list[Column] = [
+    Column("asset", lambda e: e.asset),
+    Column("event", lambda e: e.id, numeric=True),
+    Column("time", lambda e: _when(e.timestamp)),
+    Column("source", _source),
+    Column("extra", lambda e: pretty(masked(e.extra)) if e.extra else "-"),
 ]
 
 
@@ -67,7 +89,14 @@ async def run_page(
         Column("task", lambda c: Link(c.name, task_url(dag_id, run_id, c.name))),
         *TASK_COLUMNS[1:],
     ]
+    events = (
+        await store.triggering_asset_events(dag_id, run_id)
+        if run.run_type == "asset_triggered"
+        else []
+    )
     return {
+        "asset_events": Table(EVENT_COLUMNS, events[:MAX_EVENTS_SHOWN]) if events else None,
+        "asset_events_count": len(events),
         "title": f"Run {run_id}",
         "run": run,
         **_links(dag_id, run_id),
