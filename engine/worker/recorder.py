@@ -384,7 +384,10 @@ class Recorder:
         if failures:  # written alone (the outbox substitutes one item at a time)
             finished = await self._store.finish_tasks(failures)
             await settle(self._store, finished)
-            states.update({(f.id, f.worker_id): f.state for f in finished})
+            # (worker_id None: a task a branch skipped, not a try of this batch)
+            states.update(
+                {(f.id, f.worker_id): f.state for f in finished if f.worker_id is not None}
+            )
         return states
 
     def _deferrals_written(
