@@ -145,6 +145,7 @@ async def run_component(kind: str, settings: Settings) -> None:
     # wait for new connections (see create_pool).
     store = await open_store(settings, warm=kind in _WARM_POOL)
     try:
+        await _prime(kind, store)
         made = _MAKERS[kind](store, settings, metrics)
         component: Component = made
         where: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
@@ -169,6 +170,22 @@ async def run_component(kind: str, settings: Settings) -> None:
             await store.close()
     if cancelled:
         exit_without_threads()
+
+
+async def _prime(kind: str, store: Store) -> None:
+    """The hot statements of a worker or a triggerer run once on each connection of its pool
+    (``prime_worker_connections``): the first burst meets warm backends. Only latency depends
+    on it, so a failure is a warning."""
+    prime = {
+        "worker": store.prime_worker_connections,
+        "triggerer": store.prime_triggerer_connections,
+    }.get(kind)
+    if prime is None:
+        return
+    try:
+        await prime()
+    except Exception as exc:  # (the process runs all the same, its first burst slower)
+        log.warning("could not prime the database connections: %s: %s", type(exc).__name__, exc)
 
 
 def _metrics_socket(settings: Settings) -> socket.socket | None:

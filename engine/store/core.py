@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -109,6 +109,21 @@ class StoreCore:
         conn, self._heartbeat_conn = self._heartbeat_conn, None
         if conn is not None:
             conn.terminate()
+
+    async def _on_every_connection(self, run: Callable[[Conn], Awaitable[object]]) -> int:
+        """Run ``run`` on each connection of the pool at once (all of them held together, so
+        that each is a different one); returns how many. For a pool opened in full
+        (``warm``): the connections a burst will use are otherwise first used in it."""
+        size = self._pool.get_max_size()
+        held: list[Conn] = []
+        try:
+            for _ in range(size):
+                held.append(await self._pool.acquire())
+            await asyncio.gather(*(run(conn) for conn in held))
+        finally:
+            for conn in held:
+                await self._pool.release(conn)
+        return len(held)
 
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[Conn]:

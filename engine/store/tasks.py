@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from engine.security.keys import UnreadableValue
+from engine.store.connection import Conn
 from engine.store.core import StoreCore, from_dicts, one, storable_opt, structs
 from engine.store.models import (
     ClaimedTask,
@@ -292,6 +293,29 @@ class TaskQueries(StoreCore):
             [storable_opt(d.line) for _, d in deferrals],
         )
         return {r["id"] for r in rows}
+
+    async def prime_worker_connections(self) -> int:
+        """Run a worker's hot statements once on every connection of the pool, with arguments
+        that match nothing (a claim of none, empty batches of outcomes and deferrals, a claim
+        of no callback): nothing is written. Returns the connections primed.
+
+        A pool opened in full at start (``warm``) is used last-in first-out, so a worker whose
+        deferrals go through one writer uses two or three of its connections until a burst
+        of resumes reaches for the others. The first run of a statement on a backend costs
+        it the plan, the catalog caches of every table and index it touches, the compiled
+        admission function and asyncpg's prepare and type look-ups: 7 to 17 ms for a claim
+        or a completion on this machine's two cores (1 ms after), each holding the admission
+        lock (claims) or the slots of its batch (completions) meanwhile, all at the first due
+        time. Paid here, at start, instead."""
+        q = self._q
+
+        async def prime(conn: Conn) -> None:
+            await conn.fetch(q["claim_tasks"], 0, 0, [], 0)
+            await conn.fetch(q["finish_tasks"], [], [], [], [], [], [], [], None, [], [])
+            await conn.fetch(q["defer_tasks"], [], 0, [], [], [], [], [], [], [], [])
+            await conn.fetch(q["claim_callbacks"], 0, [], 0, 1.0)
+
+        return await self._on_every_connection(prime)
 
     async def set_rendered_fields(
         self, ti_id: int, worker_id: int, try_number: int, rendered: dict[str, Any]

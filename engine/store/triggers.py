@@ -271,6 +271,19 @@ class TriggerQueries(StoreCore):
             self._pool, self._q, self.keyring, triggerer_id, outcomes
         )
 
+    async def prime_triggerer_connections(self) -> int:
+        """Run a triggerer's hot statements once on every connection of the pool, with
+        arguments that match nothing (a fire of no trigger, in its transaction; a claim of
+        none): nothing is written. Returns the connections primed. Why:
+        ``TaskQueries.prime_worker_connections``."""
+        q, keyring = self._q, self.keyring
+
+        async def prime(conn: Conn) -> None:
+            await write_trigger_outcomes(conn, q, keyring, 0, [])
+            await conn.fetch(q["claim_triggers"], 0, 0)
+
+        return await self._on_every_connection(prime)
+
     async def timeout_deferrals(
         self, trigger_ids: Sequence[int] | None, *, grace_s: float = 0.0
     ) -> list[TimedOutTask]:
