@@ -115,7 +115,7 @@ class StoreCore:
         that each is a different one); returns how many. For a pool opened in full
         (``warm``): the connections a burst will use are otherwise first used in it."""
         size = self._pool.get_max_size()
-        held: list[Conn] = []
+        held: list[asyncpg.pool.PoolConnectionProxy] = []
         try:
             for _ in range(size):
                 held.append(await self._pool.acquire())
