@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -147,6 +148,8 @@ async def run_component(kind: str, settings: Settings) -> None:
     try:
         await _prime(kind, store)
         made = _MAKERS[kind](store, settings, metrics)
+        if isinstance(made, Worker):
+            await _import_dags(made)
         component: Component = made
         where: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
         if sock is not None:
@@ -186,6 +189,19 @@ async def _prime(kind: str, store: Store) -> None:
         await prime()
     except Exception as exc:  # (the process runs all the same, its first burst slower)
         log.warning("could not prime the database connections: %s: %s", type(exc).__name__, exc)
+
+
+async def _import_dags(worker: Worker) -> None:
+    """A worker imports its DAGs folder before it claims anything. Else it imports a DAG at
+    the first try of it that it claims, and every try of that DAG it claimed meanwhile waits,
+    holding its pool's slots: a worker that ran none of a fleet's deferrals (the other took
+    them all) met the first due resumes with a 1,000-task DAG file to import. A file that
+    fails is an import error, as it would be at the first try (and a slow one goes on in its
+    own child, see ``DagBag.collect``)."""
+    try:
+        await anyio.to_thread.run_sync(functools.partial(worker.dagbag.collect, wait_slow=False))
+    except Exception as exc:  # (its tries import it again, and fail as they would have)
+        log.warning("could not import the DAGs folder: %s: %s", type(exc).__name__, exc)
 
 
 def _metrics_socket(settings: Settings) -> socket.socket | None:

@@ -173,9 +173,11 @@ class Attempts:
 
     async def _operator(self, ti: ClaimedTask) -> BaseOperator:
         if not self._dagbag.is_current(ti.dag_id):
-            # Importing DAG files is blocking work: keep it off the loop, one at a time.
+            # Importing DAG files is blocking work: keep it off the loop, one at a time. (The
+            # tries that waited for another's import find it loaded: no turn in a thread each.)
             async with self._dag_lock:
-                await anyio.to_thread.run_sync(self._dagbag.get_dag, ti.dag_id)
+                if not self._dagbag.is_current(ti.dag_id):
+                    await anyio.to_thread.run_sync(self._dagbag.get_dag, ti.dag_id)
         return self._dagbag.get_task(ti.dag_id, ti.task_id).fresh_copy()
 
     async def _context(self, op: BaseOperator, ti: ClaimedTask, worker_id: int) -> Context:
