@@ -154,6 +154,9 @@ def _noop() -> None:
 async def test_every_public_store_call_returns_structs_not_records(store: Store) -> None:
     s: Any = _Checked(store)
     await s.migrate()
+    # (on every connection of the pool: it opens them all)
+    assert await s.prime_worker_connections() == store._pool.get_max_size()
+    assert await s.prime_triggerer_connections() == store._pool.get_max_size()
     now = await s.now()
     await s.notify(CHANNEL_TASKS, "")
     with DAG(dag_id="rows") as dag:
