@@ -60,6 +60,15 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+# Settings of every pooled connection. ``jit``: PostgreSQL compiles a statement whose
+# estimated cost passes ``jit_above_cost`` with LLVM, and the claim's function runs with
+# ``enable_seqscan = off``, which prices a sequential read of a small table at 1e10: on a
+# server built with JIT (most packaged ones; the embedded one is not) every claim was
+# compiled and optimised anew, 1.6-7 s a call instead of ~1 ms, and resumes waited minutes.
+# The engine's statements are short; compiling them never pays.
+SESSION_SETTINGS = {"jit": "off"}
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Pooled connections keep no session state (no LISTEN, no session locks, no SET), so the
     reset round trip asyncpg makes on every release is skipped."""
@@ -98,6 +107,7 @@ async def create_pool(
             init=init,
             reset=_keep_session,
             command_timeout=60,
+            server_settings=SESSION_SETTINGS,
         ),
         attempts=CONNECT_ATTEMPTS,
     )
