@@ -19,3 +19,13 @@ async def test_every_pooled_connection_runs_without_jit(store: Store) -> None:
     finally:
         for conn in held:
             await store._pool.release(conn)
+
+
+async def test_the_workers_heartbeat_connection_runs_without_jit(store: Store) -> None:
+    # A heartbeat with a deadline runs on a connection of its own, opened outside the pool.
+    worker_id = await store.register_worker("host", 1, 4)
+    beat = await store.heartbeat_worker(worker_id, [], timeout_s=30.0)
+    assert beat.alive
+    conn = store._heartbeat_conn
+    assert conn is not None
+    assert await conn.fetchval("SHOW jit") == "off"

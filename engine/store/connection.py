@@ -22,6 +22,7 @@ __all__ = [
     "CHANNEL_TASKS",
     "CHANNEL_TRIGGERS",
     "CONNECT_ATTEMPTS",
+    "SESSION_SETTINGS",
     "Conn",
     "Listener",
     "create_pool",
@@ -60,12 +61,13 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-# Settings of every pooled connection. ``jit``: PostgreSQL compiles a statement whose
-# estimated cost passes ``jit_above_cost`` with LLVM, and the claim's function runs with
-# ``enable_seqscan = off``, which prices a sequential read of a small table at 1e10: on a
-# server built with JIT (most packaged ones; the embedded one is not) every claim was
-# compiled and optimised anew, 1.6-7 s a call instead of ~1 ms, and resumes waited minutes.
-# The engine's statements are short; compiling them never pays.
+# Settings of every pooled connection, the workers' heartbeat connection and the
+# triggerers' lease connection (those two run against a deadline). ``jit``: PostgreSQL
+# compiles a statement whose estimated cost passes ``jit_above_cost`` with LLVM, and the
+# claim's function runs with ``enable_seqscan = off``, which prices a sequential read of a
+# small table at 1e10: on a server built with JIT (most packaged ones; the embedded one is
+# not) every claim was compiled and optimised anew, 1.6-7 s a call instead of ~1 ms, and
+# resumes waited minutes. The engine's statements are short; compiling them never pays.
 SESSION_SETTINGS = {"jit": "off"}
 
 

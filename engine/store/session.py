@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from engine.security.keys import Keyring
+from engine.store.connection import SESSION_SETTINGS
 from engine.store.models import TriggererHealth, TriggerOutcome
 from engine.store.queries import load_queries
 from engine.store.triggers import (
@@ -47,7 +48,7 @@ class TriggererSession:
         self._conn = await asyncpg.connect(
             self._url,
             timeout=self.timeout_s,
-            server_settings={"application_name": "deferral triggerer lease"},
+            server_settings={**SESSION_SETTINGS, "application_name": "deferral triggerer lease"},
         )
 
     async def close(self) -> None:

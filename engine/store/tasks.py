@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 
 from engine.security.keys import UnreadableValue
-from engine.store.connection import Conn
+from engine.store.connection import SESSION_SETTINGS, Conn
 from engine.store.core import StoreCore, from_dicts, one, storable_opt, structs
 from engine.store.models import (
     ClaimedTask,
@@ -103,7 +103,9 @@ class TaskQueries(StoreCore):
                 try:
                     conn = self._heartbeat_conn
                     if conn is None or conn.is_closed():
-                        conn = await asyncpg.connect(self.url, timeout=timeout_s)
+                        conn = await asyncpg.connect(
+                            self.url, timeout=timeout_s, server_settings=SESSION_SETTINGS
+                        )
                         self._heartbeat_conn = conn
                     found = await conn.fetchrow(
                         self._q["heartbeat_worker"],
