@@ -382,12 +382,7 @@ class Recorder:
             )
             states.update({(ti_id, worker_id): "deferred" for ti_id in parked})
         if failures:  # written alone (the outbox substitutes one item at a time)
-            finished = await self._store.finish_tasks(failures)
-            await settle(self._store, finished)
-            # (worker_id None: a task a branch skipped, not a try of this batch)
-            states.update(
-                {(f.id, f.worker_id): f.state for f in finished if f.worker_id is not None}
-            )
+            states.update(await self._end_tries(failures))
         return states
 
     def _deferrals_written(
@@ -396,14 +391,18 @@ class Recorder:
         for queued in batch:
             queued.state = states.get((queued.ti_id, queued.worker_id))
             queued.done.set()
-        for state, n in collections.Counter(states.values()).items():
-            self._metrics.task_outcomes.labels(state).inc(n)
+        self._count_states(states)
 
     async def _write_outcomes(self, batch: list[_Queued]) -> dict[tuple[int, int], str]:
         # The lines these tries logged go first (nothing when they logged none): a reader
         # that sees a try ended has every line it logged before its outcome.
         await self._logs.flush([(q.outcome.ti_id, q.outcome.try_number) for q in batch])
-        finished = await self._store.finish_tasks([q.outcome for q in batch])
+        return await self._end_tries([q.outcome for q in batch])
+
+    async def _end_tries(self, outcomes: list[TaskOutcome]) -> dict[tuple[int, int], str]:
+        """End these tries in one statement and settle what that changed downstream; the
+        state each try of the batch now has, by (task instance, worker)."""
+        finished = await self._store.finish_tasks(outcomes)
         await settle(self._store, finished)
         # (worker_id None: a task a branch skipped, not a try of this batch)
         return {(f.id, f.worker_id): f.state for f in finished if f.worker_id is not None}
@@ -412,6 +411,9 @@ class Recorder:
         for queued in batch:
             queued.state = states.get((queued.outcome.ti_id, queued.outcome.worker_id))
             queued.done.set()
+        self._count_states(states)
+
+    def _count_states(self, states: dict[tuple[int, int], str]) -> None:
         for state, n in collections.Counter(states.values()).items():
             self._metrics.task_outcomes.labels(state).inc(n)
 
