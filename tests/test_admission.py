@@ -26,7 +26,7 @@ from engine import DAG
 from engine.cli import cli
 from engine.config import ConfigError, Settings, load
 from engine.scheduler.dagrecord import record_dags
-from engine.store import ClaimedTask, Store, TriggerOutcome
+from engine.store import ClaimedTask, Store, TaskClaim, TaskOutcome, TriggerOutcome
 from engine.store.queries import load_queries
 from engine.testing import LocalEngine, run_engine
 from operators.base import BaseOperator, Context
@@ -774,3 +774,54 @@ async def test_a_claim_waits_for_the_one_before_it_and_counts_what_it_took(
     assert second == [[]]
     states = await _states(store, "one_slot")
     assert states == {"run1.t0": "running"} | {f"run1.t{i}": "scheduled" for i in range(1, 6)}
+
+
+async def test_a_claim_with_nothing_runnable_does_not_wait_for_another_claims_admission(
+    store: Store, db_url: str
+) -> None:
+    """Admission is serial, but a claim that has nothing to admit has nothing to wait for:
+    while another worker's claim holds admission (uncommitted), a claim whose queues have no
+    runnable task answers at once, empty, and still says when its next waiting task (a retry
+    due in ten minutes) becomes runnable. (Several workers wake for each notification; every
+    one of those empty claims queued behind the one that took the tasks.)"""
+    with DAG(dag_id="nothing_now") as dag:
+        BaseOperator(task_id="later", retries=1, retry_delay=600)
+        BaseOperator(task_id="elsewhere", queue="other")
+    await _record(store, dag)
+    default_worker = await store.register_worker("default", 1, 10)
+    other_worker = await store.register_worker("other", 1, 10)
+    (later,) = (await store.claim_tasks(default_worker, 10)).claimed
+    failed = TaskOutcome(
+        ti_id=later.id, worker_id=default_worker, try_number=1, kind="failed", error="boom"
+    )
+    assert [f.state for f in await store.finish_tasks([failed])] == ["up_for_retry"]
+
+    holding = await asyncpg.connect(db_url)
+    watch = await asyncpg.connect(db_url)
+    answers: list[TaskClaim] = []
+    try:
+        tx = holding.transaction()
+        await tx.start()
+        (taken,) = await holding.fetch(load_queries()["claim_tasks"], other_worker, 1, ["other"], 0)
+        assert taken["task_id"] == "elsewhere"
+
+        async def claim() -> None:
+            answers.append(await store.claim_tasks(default_worker, 10))
+
+        async def waiting_or_done() -> bool:
+            return bool(answers) or await waiting_on_locks(watch, 1)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await wait_until(waiting_or_done, what="the claim to wait or end")
+            done_before_commit = bool(answers)
+            await tx.commit()
+    finally:
+        await holding.close()
+        await watch.close()
+
+    assert done_before_commit, "the empty claim waited for the other claim's admission"
+    (answer,) = answers
+    assert answer.claimed == [] and answer.refused == []
+    assert answer.next_in is not None and 0 < answer.next_in <= 600
+    assert (await _states(store, "nothing_now"))["run1.later"] == "up_for_retry"

@@ -519,13 +519,29 @@ CREATE TABLE deferral_xcom (
 -- planner cannot read (it depends on each pool's room) is taken for a tenth of a pool's
 -- rows, for which it chose to read them all and sort them (tests/test_admission_plan.py pins
 -- the plan at 100,000 runnable rows).
+-- (The check before the lock: migration 0028.)
 CREATE FUNCTION deferral_claim_tasks(
     p_worker bigint, p_limit integer, p_queues text[], p_parallelism integer
 ) RETURNS TABLE (id bigint, missing_pool boolean) LANGUAGE plpgsql ROWS 16
 SET plan_cache_mode = force_generic_plan SET enable_bitmapscan = off
 SET enable_seqscan = off AS $$
 BEGIN
+    -- Nothing of these queues runnable now: an empty answer, without the lock or the counts.
+    -- (Several workers wake for one notification and the first claims what there is; a
+    -- slot that frees wakes its own worker. The check is a superset of what the admission
+    -- reads: whatever it finds, the admission below decides.) Once more after the lock, in
+    -- a snapshot taken after it: the claim that held the lock may have taken everything.
+    IF NOT EXISTS (SELECT 1 FROM deferral_task_instances r
+                   WHERE r.state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
+                     AND r.run_after <= now() AND r.queue = ANY (p_queues)) THEN
+        RETURN;
+    END IF;
     PERFORM pg_advisory_xact_lock(74657203);
+    IF NOT EXISTS (SELECT 1 FROM deferral_task_instances r
+                   WHERE r.state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
+                     AND r.run_after <= now() AND r.queue = ANY (p_queues)) THEN
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH RECURSIVE busy AS MATERIALIZED (
         SELECT b.pool, b.dag_id, b.task_id, b.pool_slots, b.max_active_tis_per_dag
