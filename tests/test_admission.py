@@ -822,6 +822,8 @@ async def test_a_claim_with_nothing_runnable_does_not_wait_for_another_claims_ad
 
     assert done_before_commit, "the empty claim waited for the other claim's admission"
     (answer,) = answers
-    assert answer.claimed == [] and answer.refused == []
-    assert answer.next_in is not None and 0 < answer.next_in <= 600
+    assert answer.claimed == []
+    assert answer.refused == []
+    assert answer.next_in is not None
+    assert 0 < answer.next_in <= 600
     assert (await _states(store, "nothing_now"))["run1.later"] == "up_for_retry"
