@@ -827,3 +827,57 @@ async def test_a_claim_with_nothing_runnable_does_not_wait_for_another_claims_ad
     assert answer.next_in is not None
     assert 0 < answer.next_in <= 600
     assert (await _states(store, "nothing_now"))["run1.later"] == "up_for_retry"
+
+
+async def test_a_claim_that_waited_for_the_one_taking_everything_answers_empty_with_next_in(
+    store: Store, db_url: str
+) -> None:
+    """The claim before it (uncommitted) took the one runnable task: the second claim, which
+    saw that task still runnable, waits for admission, then finds nothing left and answers
+    empty, still saying when its waiting retry becomes runnable; nothing else changes."""
+    with DAG(dag_id="all_taken") as dag:
+        BaseOperator(task_id="later", retries=1, retry_delay=600)
+        BaseOperator(task_id="now")
+    await _record(store, dag)
+    first_worker = await store.register_worker("first", 1, 10)
+    second_worker = await store.register_worker("second", 2, 10)
+    await store.set_pool("default_pool", 1)
+    (later,) = (await store.claim_tasks(first_worker, 10)).claimed
+    assert later.task_id == "later"
+    failed = TaskOutcome(
+        ti_id=later.id, worker_id=first_worker, try_number=1, kind="failed", error="boom"
+    )
+    assert [f.state for f in await store.finish_tasks([failed])] == ["up_for_retry"]
+
+    holding = await asyncpg.connect(db_url)
+    watch = await asyncpg.connect(db_url)
+    answers: list[TaskClaim] = []
+    try:
+        tx = holding.transaction()
+        await tx.start()
+        (taken,) = await holding.fetch(
+            load_queries()["claim_tasks"], first_worker, 10, ["default"], 0
+        )
+        assert taken["task_id"] == "now"
+
+        async def claim() -> None:
+            answers.append(await store.claim_tasks(second_worker, 10))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await wait_until(
+                lambda: waiting_on_locks(watch, 1), what="the claim to wait for admission"
+            )
+            await tx.commit()
+    finally:
+        await holding.close()
+        await watch.close()
+
+    (answer,) = answers
+    assert answer.claimed == []
+    assert answer.next_in is not None
+    assert 0 < answer.next_in <= 600
+    assert await _states(store, "all_taken") == {
+        "run1.later": "up_for_retry",
+        "run1.now": "running",
+    }
