@@ -3,8 +3,11 @@ and of the admission query (test_admission_plan.py) share these."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
+
+from engine.store.queries import schema_sql
 
 #: A function that EXPLAINs a statement's generic plan through PL/pgSQL's EXECUTE (the simple
 #: protocol: the extended one would ask for the values a generic plan leaves open).
@@ -35,3 +38,28 @@ def plan_outline(plan: dict[str, Any], depth: int = 0) -> str:
     for child in plan.get("Plans", []):
         lines.append(plan_outline(child, depth + 1))
     return "\n".join(lines)
+
+
+#: The parameters of deferral_fire_triggers (migration 0028) as the ``$n`` of a statement.
+_FIRE_PARAMETERS = {
+    "p_triggerer": "$1::bigint",
+    "p_ids": "$2::bigint[]",
+    "p_fences": "$3::bigint[]",
+    "p_kinds": "$4::text[]",
+    "p_payloads": "$5::bytea[]",
+    "p_errors": "$6::text[]",
+    "p_shown": "$7::text[]",
+}
+
+
+def fire_statement() -> str:
+    """The fire of ``fire_triggers``: the statement that deferral_fire_triggers runs after
+    its lock (queries.sql calls the function, whose EXPLAIN shows only a Function Scan), taken
+    from schema.sql (which test_store.py holds equal to the migrations) with the function's
+    parameters as ``$1``..``$7``, as the statement was sent before it moved into the
+    function."""
+    schema = schema_sql()
+    start = schema.index("CREATE FUNCTION deferral_fire_triggers(")
+    body = schema[schema.index("RETURN QUERY", start) + len("RETURN QUERY") :]
+    body = body[: body.index(";\nEND;")]
+    return re.sub(r"\bp_[a-z]+\b", lambda m: _FIRE_PARAMETERS[m.group(0)], body)

@@ -306,3 +306,24 @@ def test_the_secrets_filter_masks_records_for_handlers_of_your_own() -> None:
     assert masking.SecretsFilter().filter(record)
     shown = logging.Formatter().format(record)
     _hidden(shown, "registered-in-log-2", "in-traceback-1")
+
+
+def test_key_names_are_judged_the_same_every_time_and_the_memo_is_bounded() -> None:
+    """is_sensitive_key remembers its answers (a triggerer masks every event's payload): the
+    same answer again, for any key, and no more than a bounded number of names kept."""
+    from engine.masking.rules import _sensitive_name, is_sensitive_key
+
+    for _ in range(2):
+        assert is_sensitive_key("api_key")
+        assert is_sensitive_key("X-Auth-Token")
+        assert is_sensitive_key("basic_auth")
+        assert not is_sensitive_key("author")
+        assert not is_sensitive_key("fired")
+        assert not is_sensitive_key("")
+        assert not is_sensitive_key(("password",))  # not a string: not a name
+        assert redact({"password": "x", "fired": 1.5}) == {"password": MASK, "fired": 1.5}
+    for i in range(10_000):
+        is_sensitive_key(f"field_{i}")
+    maxsize = _sensitive_name.cache_info().maxsize
+    assert maxsize is not None
+    assert _sensitive_name.cache_info().currsize <= maxsize

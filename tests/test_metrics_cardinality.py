@@ -63,6 +63,25 @@ def test_classes_past_the_cap_or_refused_are_counted_under_other() -> None:
         Metrics(max_series=0)
 
 
+def test_a_class_counted_again_keeps_its_series_and_a_new_allow_list_applies() -> None:
+    """inc_by_class keeps each class's labelled series (a triggerer counts every event): what
+    it counts is what it counted before, and an allow-list set later re-labels the classes
+    it had refused."""
+    m = Metrics(max_series=3, admit_class=TriggerAllowList(["triggers.*"]))
+    for _ in range(3):
+        m.inc_by_class(m.trigger_events, "triggers.a.A")
+        m.inc_by_class(m.trigger_events, "mine.B")
+    m.inc_by_class(m.trigger_failures, "triggers.a.A", 2)
+    series = _series(m.exposition().decode())
+    assert series["deferral_trigger_events"] == {"triggers.a.A": 3, OTHER: 3}
+    assert series["deferral_trigger_failures"] == {"triggers.a.A": 2}
+    m.admit_classes(TriggerAllowList(["triggers.*", "mine.*"]))
+    m.inc_by_class(m.trigger_events, "mine.B")
+    m.inc_by_class(m.trigger_events, "triggers.a.A")
+    series = _series(m.exposition().decode())
+    assert series["deferral_trigger_events"] == {"triggers.a.A": 4, OTHER: 3, "mine.B": 1}
+
+
 def test_the_setting_is_validated() -> None:
     from engine.config import ConfigError, load_settings
 

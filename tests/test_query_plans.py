@@ -28,7 +28,7 @@ import pytest
 
 from engine.store.databases import create_database, drop_database, with_database
 from engine.store.queries import load_queries
-from tests.plans import EXPLAIN_GENERIC, plan_nodes, plan_outline
+from tests.plans import EXPLAIN_GENERIC, fire_statement, plan_nodes, plan_outline
 
 #: Deferred task instances, each waiting on a trigger of its own (owned by a triggerer).
 WAITING = 100_000
@@ -257,7 +257,9 @@ def plan_dbs(admin_url: str, template_db: str) -> Iterator[dict[str, str]]:
 
 
 async def _explain(url: str, name: str, *, generic: bool) -> dict[str, Any]:
-    sql = load_queries()[_STATEMENT.get(name, name)]
+    sql = (
+        fire_statement() if name == "fire_triggers" else load_queries()[_STATEMENT.get(name, name)]
+    )
     conn = await asyncpg.connect(url)
     try:
         stats = await conn.fetchval(

@@ -34,7 +34,8 @@ PRIMED = (
     "finish_tasks",
     "defer_tasks",
     "claim_callbacks",
-    "lock_owned_triggers",
+    # (The lock of the triggers is a statement of deferral_fire_triggers, planned in the
+    # backend by its first call, which the priming makes.)
     "fire_triggers",
     "claim_triggers",
 )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import platform
 from collections import Counter as _Tally
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import asyncpg
 import prometheus_client
@@ -100,6 +101,8 @@ class Metrics:
         self._admit_class = admit_class
         #: Per family (its name), the classes it labels by their own value.
         self._classes: dict[str, set[str]] = {}
+        #: The labelled children inc_by_class counts in, by family and class.
+        self._by_class: dict[tuple[str, str], Any] = {}
         self.registry = registry = registry if registry is not None else CollectorRegistry()
         #: The process these metrics are of (scheduler, worker, triggerer): its registry holds
         #: only the families that are its own (a triggerer exports no worker slots). None: all
@@ -299,6 +302,7 @@ class Metrics:
         """Label by a trigger class only when ``allow`` admits it (the trigger allow-list;
         None: any class, up to the cap)."""
         self._admit_class = allow
+        self._by_class.clear()  # a class refused before may be admitted now
 
     def class_label(self, family: Counter, trigger_class: str) -> str:
         """The label value ``trigger_class`` is counted under in ``family``: itself when the
@@ -335,7 +339,14 @@ class Metrics:
 
     def inc_by_class(self, counter: Counter, trigger_class: str, amount: float = 1.0) -> None:
         """Add ``amount`` to ``counter`` under ``trigger_class`` (or OTHER)."""
-        counter.labels(self.class_label(counter, trigger_class)).inc(amount)
+        key = (counter._name, trigger_class)
+        child = self._by_class.get(key)
+        if child is None:
+            # (A class's label never changes once given: seen classes only grow, and one
+            # refused stays refused. The labelled child is kept: a triggerer counts each
+            # event, and labels() takes a lock and builds its key every time.)
+            child = self._by_class[key] = counter.labels(self.class_label(counter, trigger_class))
+        child.inc(amount)
 
     def watch_triggerer(self, running: Callable[[], float], capacity: int) -> None:
         self.triggers_running.set_function(running)

@@ -1037,10 +1037,11 @@ RETURNING t.id, t.classpath, t.kwargs, t.fence, t.timeout_at, now() AS db_now;
 SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 
 -- name: fire_triggers
--- Write a batch of trigger outcomes in one statement, after lock_owned_triggers in the same
--- transaction (so that a task that joined a trigger as it fired is seen waiting; later joiners
--- wait for the lock, then find the trigger gone and insert a new one). Each trigger row is deleted only while triggerer $1 still owns it with the
--- fencing token it claimed, and only then are its waiting task instances moved, each by a
+-- Write a batch of trigger outcomes in one call of deferral_fire_triggers (migration 0028):
+-- lock_owned_triggers, then the fire, each a statement of that function with a snapshot of
+-- its own (so that a task that joined a trigger as it fired is seen waiting; later joiners
+-- wait for the lock, then find the trigger gone and insert a new one). Each trigger row is
+-- deleted only while triggerer $1 still owns it with the fencing token it claimed, and only then are its waiting task instances moved, each by a
 -- conditional update on state = 'deferred' AND trigger_id: a duplicate or stale event changes
 -- nothing. Outcome kinds (deferral_trigger_outcome): 'event' (resume on a worker),
 -- 'success' / 'skipped' (end the task), 'failed' (the retry policy applies). Returns one row
@@ -1051,72 +1052,9 @@ SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 -- Each moved task's try gets a line in its log saying how its wait ended (what the trigger
 -- sent, $7: shown masked, null when it sent nothing to show): written here, with the outcome,
 -- the line costs the worker nothing, and is there before a worker can claim the resume.
-WITH outcome AS (
-    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]::deferral_trigger_outcome[],
-                         $5::bytea[], $6::text[], $7::text[])
-        AS o(trigger_id, fence, kind, payload, error, shown)
-), fired AS (
-    DELETE FROM deferral_triggers t
-    USING outcome o
-    -- (IS NOT DISTINCT FROM, not =: no index on the owner can serve it, so every plan reaches
-    -- each row by its id. Without statistics, a generic plan otherwise read every trigger the
-    -- triggerer owns through the owner index, for each batch.)
-    -- (t.id = ANY ($2): without statistics a custom plan hashed the outcomes against a
-    -- sequential scan of every trigger; the array gives every plan the primary key.)
-    WHERE t.id = o.trigger_id AND t.id = ANY ($2::bigint[])
-      AND t.triggerer_id IS NOT DISTINCT FROM $1 AND t.fence = o.fence
-    RETURNING t.id, t.classpath, o.kind, o.payload, o.error, o.shown
-), moved AS (
-    UPDATE deferral_task_instances ti
-    SET state = CASE f.kind WHEN 'event' THEN 'scheduled'
-                            WHEN 'success' THEN 'success'
-                            WHEN 'skipped' THEN 'skipped'
-                            WHEN 'failed' THEN deferral_fail_state(ti.try_number, ti.retries)
-                END,
-        next_event = CASE WHEN f.kind = 'event' THEN f.payload END,
-        next_method = CASE WHEN f.kind = 'event' THEN ti.next_method END,
-        next_kwargs = CASE WHEN f.kind = 'event' THEN ti.next_kwargs END,
-        result = CASE WHEN f.kind = 'success' THEN f.payload ELSE ti.result END,
-        error = CASE WHEN f.kind = 'failed' THEN f.error END,
-        run_after = CASE WHEN f.kind = 'failed'
-                         THEN deferral_retry_at(ti.try_number, ti.retry_delay_s,
-                                                ti.retry_exponential_backoff,
-                                                ti.max_retry_delay_s)
-                         ELSE now() END,
-        ended_at = CASE WHEN f.kind = 'event' THEN NULL ELSE now() END,
-        trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL
-    FROM fired f
-    WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
-    RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id,
-              ti.dag_id, ti.run_id, ti.try_number, ti.next_method, f.classpath, f.kind,
-              f.error, f.shown, ti.map_index
-), logged AS (
-    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
-                                    logger, message)
-    SELECT m.dag_id, m.run_id, deferral_ti_name(m.task_id, m.map_index), m.try_number, now(),
-           CASE WHEN m.kind = 'failed' THEN 'ERROR' ELSE 'INFO' END, 'log', 'engine.triggerer',
-           CASE m.kind
-               WHEN 'event' THEN format('trigger %s (%s) fired with event %s; the try resumes '
-                                        'at %s when a worker claims it', m.trigger_id,
-                                        m.classpath, COALESCE(m.shown, 'null'), m.next_method)
-               WHEN 'failed' THEN format('trigger %s (%s) failed the try: %s', m.trigger_id,
-                                         m.classpath, left(m.error, 4000))
-               WHEN 'success' THEN format('trigger %s (%s) ended the task: success%s',
-                                          m.trigger_id, m.classpath,
-                                          COALESCE(' with ' || m.shown, ''))
-               WHEN 'skipped' THEN format('trigger %s (%s) ended the task: skipped%s',
-                                          m.trigger_id, m.classpath,
-                                          COALESCE(' with ' || m.shown, ''))
-           END
-    FROM moved m
-), woke AS (
-    SELECT pg_notify('deferral_tasks', '') FROM moved WHERE state = 'scheduled' LIMIT 1
-)
-SELECT f.id AS fired_id, NULL::bigint AS id, NULL::bigint AS dag_run_id, NULL::text AS task_id,
-       NULL::text AS state, NULL::boolean AS is_leaf, (SELECT count(*) FROM woke) AS woke
-FROM fired f
-UNION ALL
-SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FROM moved m;
+-- One round trip, in no transaction of the caller's: BEGIN, the lock, the fire and COMMIT
+-- were four, and cost the triggerer's loop about as much as the fire's arrays and rows.
+SELECT * FROM deferral_fire_triggers($1, $2, $3, $4, $5, $6, $7);
 
 -- name: timeout_deferrals
 -- End the deferrals that passed their deadline: of the given triggers ($1), or of every

@@ -10,9 +10,8 @@ triggerer settles it (engine/store/downstream.py).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -117,16 +116,6 @@ async def reap_triggerers(
     return len(gone), int(row["triggers"])
 
 
-@contextlib.asynccontextmanager
-async def _transaction(on: Conn | asyncpg.Pool) -> AsyncIterator[Conn]:
-    if isinstance(on, asyncpg.Pool):
-        async with on.acquire() as conn, conn.transaction():
-            yield conn
-    else:
-        async with on.transaction():
-            yield on
-
-
 async def write_trigger_outcomes(
     on: Conn | asyncpg.Pool,
     q: dict[str, str],
@@ -136,9 +125,9 @@ async def write_trigger_outcomes(
     *,
     timeout_s: float | None = None,
 ) -> FiredTriggers:
-    """Write a batch of trigger outcomes in one transaction, their payloads sealed with
-    ``keyring``: lock the triggers, then write every outcome in one statement (see
-    lock_owned_triggers in queries.sql for why not one statement).
+    """Write a batch of trigger outcomes in one round trip, their payloads sealed with
+    ``keyring``: one call that locks the triggers, then writes every outcome in a statement of
+    its own (fire_triggers in queries.sql, and lock_owned_triggers for why two statements).
 
     Returns the ids of the triggers whose outcome was accepted (the others were refused by
     the fencing check: this triggerer no longer owns them, or owns a later claim of them) and
@@ -147,19 +136,17 @@ async def write_trigger_outcomes(
         keyring, lambda batch: [keyring.encrypt_opt(o.payload) for o in batch], list(outcomes)
     )
     ids = [o.trigger_id for o in outcomes]
-    async with _transaction(on) as conn:
-        await conn.execute(q["lock_owned_triggers"], triggerer_id, ids, timeout=timeout_s)
-        rows = await conn.fetch(
-            q["fire_triggers"],
-            triggerer_id,
-            ids,
-            [o.fence for o in outcomes],
-            [o.kind for o in outcomes],
-            payloads,
-            [storable_opt(o.error) for o in outcomes],
-            [storable_opt(o.shown) for o in outcomes],
-            timeout=timeout_s,
-        )
+    rows = await on.fetch(
+        q["fire_triggers"],
+        triggerer_id,
+        ids,
+        [o.fence for o in outcomes],
+        [o.kind for o in outcomes],
+        payloads,
+        [storable_opt(o.error) for o in outcomes],
+        [storable_opt(o.shown) for o in outcomes],
+        timeout=timeout_s,
+    )
     accepted = frozenset([r["fired_id"] for r in rows])
     woke = any(r["woke"] for r in rows)
     moved = structs([r for r in rows if r["id"] is not None], MovedTask)
@@ -273,7 +260,7 @@ class TriggerQueries(StoreCore):
 
     async def prime_triggerer_connections(self) -> int:
         """Run a triggerer's hot statements once on every connection of the pool, with
-        arguments that match nothing (a fire of no trigger, in its transaction; a claim of
+        arguments that match nothing (a fire of no trigger; a claim of
         none): nothing is written. Returns the connections primed. Why:
         ``TaskQueries.prime_worker_connections``."""
         q, keyring = self._q, self.keyring

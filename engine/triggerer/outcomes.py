@@ -53,6 +53,10 @@ class TriggerOutbox(Outbox[TriggerOutcome, int, bool]):
         self._state = state
         #: Outcomes the database accepted so far.
         self.fired = 0
+        # (The labelled series each write is observed in, looked up once.)
+        metrics = state.metrics
+        self._batch_sizes = metrics.write_batch.labels("trigger_events")
+        self._write_seconds = metrics.write_duration.labels("trigger_events")
 
     def emit(self, outcome: TriggerOutcome) -> None:
         """Queue a trigger's outcome for the writer, counted as an event or a failure of its
@@ -64,9 +68,8 @@ class TriggerOutbox(Outbox[TriggerOutcome, int, bool]):
         metrics.inc_by_class(counter, held.classpath if held is not None else "unknown")
 
     def _observe_write(self, size: int, duration_s: float) -> None:
-        metrics = self._state.metrics
-        metrics.write_batch.labels("trigger_events").observe(size)
-        metrics.write_duration.labels("trigger_events").observe(duration_s)
+        self._batch_sizes.observe(size)
+        self._write_seconds.observe(duration_s)
 
     async def _fire(self, batch: list[TriggerOutcome]) -> dict[int, bool]:
         state = self._state

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine, Generator
+from typing import Any
 
 from engine.masking import shown_json
 from engine.runtime import logs
@@ -115,11 +117,17 @@ class TriggerRunner:
 
     async def _close(self, trigger: BaseTrigger, agen: object, held: Held) -> None:
         try:
+            closing = _closing(trigger, agen)
+            # Its first step here, without a timeout: most triggers close without waiting for
+            # anything (no cleanup of their own, nothing awaited in their generator's finally),
+            # and a timeout is a timer scheduled and cancelled on the loop for each trigger.
+            # One that waits finishes under the timeout, from where it waits.
+            try:
+                waiting_on = closing.send(None)
+            except StopIteration:
+                return
             async with asyncio.timeout(self.cleanup_timeout_s):
-                aclose = getattr(agen, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-                await trigger.cleanup()
+                await _Resumed(closing, waiting_on)
         except TimeoutError:
             log.warning(
                 "cleanup of %s did not finish within %.1fs; abandoned",
@@ -182,6 +190,42 @@ class TriggerRunner:
             payload=payload,
             shown=shown_json(event.payload),
         )
+
+
+async def _closing(trigger: BaseTrigger, agen: object) -> None:
+    """Close the trigger's generator (if it made one), then run its cleanup."""
+    aclose = getattr(agen, "aclose", None)
+    if aclose is not None:
+        await aclose()
+    await trigger.cleanup()
+
+
+class _Resumed:
+    """Awaits a coroutine that already took its first step and is waiting on ``waiting_on``
+    (what that step yielded to the task): each value sent and each exception thrown in (a
+    cancellation) goes on to the coroutine, as ``await`` would have passed them."""
+
+    __slots__ = ("_coro", "_waiting_on")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
+        self._coro = coro
+        self._waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, waiting_on = self._coro, self._waiting_on
+        while True:
+            try:
+                sent = yield waiting_on
+            except BaseException as exc:
+                try:
+                    waiting_on = coro.throw(exc)
+                except StopIteration:
+                    return
+                continue
+            try:
+                waiting_on = coro.send(sent)
+            except StopIteration:
+                return
 
 
 def _failed(trigger_id: int, held: Held, error: str) -> TriggerOutcome:
