@@ -40,7 +40,7 @@ def plan_outline(plan: dict[str, Any], depth: int = 0) -> str:
     return "\n".join(lines)
 
 
-#: The parameters of deferral_fire_triggers (migration 0028) as the ``$n`` of a statement.
+#: The parameters of deferral_fire_triggers (migration 0029) as the ``$n`` of a statement.
 _FIRE_PARAMETERS = {
     "p_triggerer": "$1::bigint",
     "p_ids": "$2::bigint[]",

@@ -1037,7 +1037,7 @@ RETURNING t.id, t.classpath, t.kwargs, t.fence, t.timeout_at, now() AS db_now;
 SELECT count(*) AS n FROM deferral_triggers WHERE triggerer_id IS NULL;
 
 -- name: fire_triggers
--- Write a batch of trigger outcomes in one call of deferral_fire_triggers (migration 0028):
+-- Write a batch of trigger outcomes in one call of deferral_fire_triggers (migration 0029):
 -- lock_owned_triggers, then the fire, each a statement of that function with a snapshot of
 -- its own (so that a task that joined a trigger as it fired is seen waiting; later joiners
 -- wait for the lock, then find the trigger gone and insert a new one). Each trigger row is
