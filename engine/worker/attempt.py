@@ -167,6 +167,8 @@ class Attempts:
             if not inspect.iscoroutinefunction(fn):
                 in_thread = functools.partial(outcome_of_call, call, task=task)
                 return await self._in_thread(ti, in_thread, remaining)
+            if remaining is None:  # (no timeout: no cancel scope to enter and leave)
+                return await outcome_of_coroutine(call, task=task)
             with anyio.move_on_after(remaining):
                 return await outcome_of_coroutine(call, task=task)
         return timed_out(ti)
