@@ -174,13 +174,19 @@ class Attempts:
         return timed_out(ti)
 
     async def _operator(self, ti: ClaimedTask) -> BaseOperator:
-        if not self._dagbag.is_current(ti.dag_id):
+        bag = self._dagbag
+        if bag.is_current(ti.dag_id):
+            # (The DAG as loaded: get_task would look at its file a second time.)
+            dag = bag.dags.get(ti.dag_id)
+            if dag is not None:
+                return dag.get_task(ti.task_id).fresh_copy()
+        else:
             # Importing DAG files is blocking work: keep it off the loop, one at a time. (The
             # tries that waited for another's import find it loaded: no turn in a thread each.)
             async with self._dag_lock:
-                if not self._dagbag.is_current(ti.dag_id):
-                    await anyio.to_thread.run_sync(self._dagbag.get_dag, ti.dag_id)
-        return self._dagbag.get_task(ti.dag_id, ti.task_id).fresh_copy()
+                if not bag.is_current(ti.dag_id):
+                    await anyio.to_thread.run_sync(bag.get_dag, ti.dag_id)
+        return bag.get_task(ti.dag_id, ti.task_id).fresh_copy()
 
     async def _context(self, op: BaseOperator, ti: ClaimedTask, worker_id: int) -> Context:
         """The call's context, with ``op``'s templated fields rendered in place (before
