@@ -8,6 +8,7 @@ deadline alerts (one that fires, one a run that ends first removes)."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -530,7 +531,7 @@ async def test_only_a_callback_request_sends_the_callback_runner_to_the_database
         for _ in range(3):
             seen = task_claims[0]
             await store.notify(CHANNEL_TASKS)
-            await wait_until(lambda: _at_least(task_claims, seen + 1), what="a claim")
+            await wait_until(functools.partial(_at_least, task_claims, seen + 1), what="a claim")
         assert callback_claims[0] == before
         await store.notify(CHANNEL_TASKS, PAYLOAD_CALLBACKS)
         await wait_until(lambda: _at_least(callback_claims, before + 1), what="a callback claim")

@@ -526,12 +526,14 @@ def test_fresh_copy_copies_flat_containers_as_deepcopy_does() -> None:
     copy_.counts["b"] = 2  # type: ignore[attr-defined]
     copy_.nested[1].append(2)  # type: ignore[attr-defined]
     copy_.inlets.append("in")
-    assert op.first == [1, 2] and op.second is op.first  # type: ignore[attr-defined]
+    assert op.first == [1, 2]
+    assert op.second is op.first
     assert op.labels == {"x", "y"}  # type: ignore[attr-defined]
     assert op.counts == {"a": 1}  # type: ignore[attr-defined]
     assert op.nested == ("k", [1])  # type: ignore[attr-defined]
     assert op.inlets == []
-    assert copy_.pair == ("k", 1) and copy_.frozen == frozenset({"a"})  # type: ignore[attr-defined]
+    assert copy_.pair == ("k", 1)
+    assert copy_.frozen == frozenset({"a"})
 
 
 def test_fresh_copy_honours_a_custom_deepcopy() -> None:
