@@ -105,6 +105,8 @@ class Attempts:
         #: Setting max_map_length: the most instances of one mapped task.
         self._max_map_length = max_map_length
         self._limiter = anyio.CapacityLimiter(slots)
+        #: The event loop the tries run on (the worker's).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._dag_lock = anyio.Lock()
         #: Threads of tries failed at their execution_timeout (or told to stop) that still run
         #: (Python cannot stop a thread), by (task instance, try): each keeps its slot until
@@ -193,7 +195,10 @@ class Attempts:
         ``execute`` and again before a resumed method, from the same values; what they
         rendered to is stored at the start of the try): the worker's one visit to
         ``templating``."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            # (Asked once: on Python 3.11 asking the running loop costs a getpid() call.)
+            loop = self._loop = asyncio.get_running_loop()
         rti = xcom.bind(ti, self._store, max_bytes=self._xcom_max_bytes, loop=loop)
         rendered = await templating.render_task(
             ti,
