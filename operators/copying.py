@@ -55,7 +55,8 @@ def _plain_copy_hooks(cls: type) -> bool:
 def fresh_copy(obj: T, shared: object = None) -> T:
     """What ``copy.deepcopy(obj)`` makes, with ``shared`` (an operator's DAG) shared, not
     copied. An object whose state is its ``__dict__`` is built directly: its immutable
-    attribute values are shared, not sent through deepcopy one by one."""
+    attribute values are shared, and its flat containers copied, not sent through deepcopy
+    one by one."""
     memo: dict[int, Any] = {}
     if shared is not None:
         memo[id(shared)] = shared
@@ -66,5 +67,35 @@ def fresh_copy(obj: T, shared: object = None) -> T:
     memo[id(obj)] = new
     state = new.__dict__
     for key, value in obj.__dict__.items():
-        state[key] = value if type(value) in _IMMUTABLE else copy.deepcopy(value, memo)
+        state[key] = value if type(value) in _IMMUTABLE else _copy_value(value, memo)
     return new
+
+
+def _copy_value(value: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy(value, memo)``, made directly for a list, set, dict, tuple or frozenset
+    of immutable values (an operator's ``upstream_task_ids``, its empty ``inlets``): deepcopy
+    copies a set or a frozenset through its pickle protocol, which looks up the slot names of
+    its type on every copy."""
+    found = memo.get(id(value), _MISSING)
+    if found is not _MISSING:
+        return found  # (the DAG; a value reached twice stays one value in the copy)
+    cls = type(value)
+    if cls in _FLAT:
+        if cls is dict:
+            flat = all(type(k) in _IMMUTABLE and type(v) in _IMMUTABLE for k, v in value.items())
+        else:
+            flat = all(type(v) in _IMMUTABLE for v in value)
+        if flat:
+            # (An immutable container of immutable values is its own copy.)
+            made = value if cls is tuple or cls is frozenset else value.copy()
+            memo[id(value)] = made
+            # As deepcopy does: the original is kept alive (its id not reused) with the memo.
+            memo.setdefault(id(memo), []).append(value)
+            return made
+    return copy.deepcopy(value, memo)
+
+
+#: Containers :func:`_copy_value` copies itself when they hold only immutable values.
+_FLAT: frozenset[type] = frozenset({list, set, dict, tuple, frozenset})
+
+_MISSING = object()

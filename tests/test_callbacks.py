@@ -8,6 +8,7 @@ deadline alerts (one that fires, one a run that ends first removes)."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -497,3 +498,61 @@ async def test_marks_queue_no_callbacks(store: Store) -> None:
     marked = await store.mark_run("cb_marks", "run1", "success", who="ops")
     assert await store.list_callback_requests() == []
     assert dag_calls == []
+
+
+def _counting(store: Store, name: str) -> list[int]:
+    """Count the calls of the store's method ``name`` (the real method is called)."""
+    calls = [0]
+    real = getattr(store, name)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return await real(*args, **kwargs)
+
+    setattr(store, name, counted)
+    return calls
+
+
+async def test_only_a_callback_request_sends_the_callback_runner_to_the_database(
+    store: Store,
+) -> None:
+    """A notification about tasks wakes the worker's claim loop, not its callback runner;
+    the one a callback request's write sends wakes the runner (no poll within the test)."""
+    from engine.store import CHANNEL_TASKS, PAYLOAD_CALLBACKS
+
+    callback_claims = _counting(store, "claim_callbacks")
+    task_claims = _counting(store, "claim_tasks")
+    async with run_engine(
+        store, scheduler=False, triggerer=False, worker_options={"poll_interval_s": 300.0}
+    ) as engine:
+        await wait_until(lambda: _at_least(callback_claims, 1), what="the runner's first claim")
+        await wait_until(lambda: _at_least(task_claims, 1), what="the worker's first claim")
+        before = callback_claims[0]
+        for _ in range(3):
+            seen = task_claims[0]
+            await store.notify(CHANNEL_TASKS)
+            await wait_until(functools.partial(_at_least, task_claims, seen + 1), what="a claim")
+        assert callback_claims[0] == before
+        await store.notify(CHANNEL_TASKS, PAYLOAD_CALLBACKS)
+        await wait_until(lambda: _at_least(callback_claims, before + 1), what="a callback claim")
+        await engine.drain()
+
+
+async def test_a_callback_request_wakes_the_callback_runner(store: Store) -> None:
+    """The request written with a task's outcome is claimed at once, not at the next poll."""
+    with DAG(dag_id="cb_wake") as dag:
+        PythonOperator(
+            task_id="ok", python_callable=lambda: 1, on_success_callback=_recorder("success")
+        )
+    async with run_engine(store, poll_interval_s=300.0) as engine:
+        await engine.start_run(dag)
+        await engine.finish(dag.dag_id)
+
+        async def called() -> bool:
+            return _kinds() == [("success", "ok")]
+
+        await wait_until(called, timeout_s=30, what="the success callback")
+
+
+async def _at_least(calls: list[int], n: int) -> bool:
+    return calls[0] >= n

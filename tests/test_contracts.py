@@ -505,6 +505,37 @@ def test_fresh_copy_is_a_deep_copy_that_shares_the_dag() -> None:
     assert second.upstream_task_ids == {"first"}
 
 
+def test_fresh_copy_copies_flat_containers_as_deepcopy_does() -> None:
+    """Lists, sets and dicts of plain values (copied without deepcopy) are the copy's own; a
+    value two attributes share stays one value in the copy; what deepcopy would copy inside
+    a container (a list in a tuple) is still copied."""
+    with DAG(dag_id="flat_copies"):
+        op = Collector(task_id="op")
+    shared = [1, 2]
+    op.first, op.second = shared, shared  # type: ignore[attr-defined]
+    op.labels = {"x", "y"}  # type: ignore[attr-defined]
+    op.frozen = frozenset({"a"})  # type: ignore[attr-defined]
+    op.pair = ("k", 1)  # type: ignore[attr-defined]
+    op.nested = ("k", [1])  # type: ignore[attr-defined]
+    op.counts = {"a": 1}  # type: ignore[attr-defined]
+    copy_ = op.fresh_copy()
+    assert copy_.__dict__ == op.__dict__
+    assert copy_.first is copy_.second  # type: ignore[attr-defined]
+    copy_.first.append(3)  # type: ignore[attr-defined]
+    copy_.labels.add("z")  # type: ignore[attr-defined]
+    copy_.counts["b"] = 2  # type: ignore[attr-defined]
+    copy_.nested[1].append(2)  # type: ignore[attr-defined]
+    copy_.inlets.append("in")
+    assert op.first == [1, 2]
+    assert op.second is op.first
+    assert op.labels == {"x", "y"}  # type: ignore[attr-defined]
+    assert op.counts == {"a": 1}  # type: ignore[attr-defined]
+    assert op.nested == ("k", [1])  # type: ignore[attr-defined]
+    assert op.inlets == []
+    assert copy_.pair == ("k", 1)
+    assert copy_.frozen == frozenset({"a"})
+
+
 def test_fresh_copy_honours_a_custom_deepcopy() -> None:
     with DAG(dag_id="custom_copies"):
         op = CustomCopy(task_id="op")

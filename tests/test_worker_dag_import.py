@@ -117,3 +117,47 @@ async def test_a_worker_imports_its_dags_folder_before_it_claims(
     # registered: no task of it was ever claimed.
     assert marker.exists(), "the worker registered without importing its DAGs folder"
     assert str(pid) in marker.read_text().split(), marker.read_text()
+
+
+async def test_a_try_looks_at_its_dag_file_once_and_sees_it_changed(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A try of a loaded DAG costs one stat() of its file (it ran two: the check and the
+    lookup); a file changed since is imported again, and the try gets its new task."""
+    from engine.dags import dagbag as dagbag_module
+
+    path = tmp_path / "imported.py"
+    path.write_text(DAG_FILE.format(marker=str(tmp_path / "marker")))
+    bag = CountingBag(tmp_path)
+    attempts = Attempts(
+        store,
+        bag,
+        TryLogs(store),
+        slots=10,
+        default_deferrable=False,
+        kill_grace_s=1.0,
+        stopping={},
+        freed=lambda _stopped: None,
+        xcom_max_bytes=1 << 20,
+    )
+    ti: Any = SimpleNamespace(dag_id="imported", task_id="t")
+    await attempts._operator(ti)  # (the first import)
+    stats: list[str] = []
+    real_stat = dagbag_module.file_stat
+
+    def counted(path: Any) -> Any:
+        stats.append(str(path))
+        return real_stat(path)
+
+    monkeypatch.setattr(dagbag_module, "file_stat", counted)
+    op = await attempts._operator(ti)
+    assert op.task_id == "t"
+    assert stats == [str(path)]
+    path.write_text(
+        DAG_FILE.format(marker=str(tmp_path / "marker")).replace(
+            'task_id="t"', 'task_id="t", retries=7'
+        )
+    )
+    changed = await attempts._operator(ti)
+    assert changed.retries == 7
+    assert bag.loads == 2

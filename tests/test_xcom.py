@@ -134,6 +134,7 @@ async def test_values_keep_their_types(store: Store) -> None:
         ("return", object(), "cannot be stored as its value: the value is a builtins.object"),
         ("push", {1: "x"}, "keys must be str"),
         ("return", {"f": len}, "the value['f'] is a builtins.builtin_function_or_method"),
+        ("return", {"a": [1, {"b": {2}}]}, "the value['a'][1]['b'] is a builtins.set"),
         ("push", "x" * 3000, "over the limit of 2000 bytes (setting xcom_max_bytes)"),
         ("return", b"y" * 3000, "over the limit of 2000 bytes (setting xcom_max_bytes)"),
     ],

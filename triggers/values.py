@@ -39,8 +39,12 @@ def _convert(value: Any, path: str) -> Any:
     kind = type(value)
     if kind in _PLAIN:
         return value
+    # (A plain item is taken as it is, without building the path it sits at: a result's
+    # dict of numbers and strings costs no string formatting.)
     if kind is list or kind is tuple:
-        return [_convert(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [
+            v if type(v) in _PLAIN else _convert(v, f"{path}[{i}]") for i, v in enumerate(value)
+        ]
     if kind is dict:
         out = {}
         for k, v in value.items():
@@ -48,7 +52,7 @@ def _convert(value: Any, path: str) -> Any:
                 raise TypeError(
                     f"{path} has a key of type {type(k).__name__} ({k!r}); keys must be str"
                 )
-            out[k] = _convert(v, f"{path}[{k!r}]")
+            out[k] = v if type(v) in _PLAIN else _convert(v, f"{path}[{k!r}]")
         return out
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None and value.utcoffset() is not None:

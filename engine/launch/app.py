@@ -21,6 +21,7 @@ from engine.dags.dagbag import DagBag, add_to_sys_path
 from engine.dags.timetables.custom import allow_custom_timetables
 from engine.runtime import logs
 from engine.runtime.health import Check, HealthServer, WithHealth, database_check
+from engine.runtime.heap import settle_heap
 from engine.runtime.listen import (
     LISTEN_FD_ENV,
     ListenError,
@@ -149,6 +150,9 @@ async def run_component(kind: str, settings: Settings) -> None:
         await _prime(kind, store)
         made = _MAKERS[kind](store, settings, metrics)
         if isinstance(made, Worker):
+            # (Its modules frozen out of the cycle collector's passes; the DAGs it imports
+            # next are not, so that a DAG file that changes leaves nothing behind.)
+            settle_heap()
             await _import_dags(made)
         component: Component = made
         where: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()

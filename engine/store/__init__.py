@@ -39,6 +39,7 @@ from engine.store.connection import (
     CHANNEL_STOP,
     CHANNEL_TASKS,
     CHANNEL_TRIGGERS,
+    PAYLOAD_CALLBACKS,
     Listener,
 )
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
@@ -88,6 +89,7 @@ __all__ = [
     "CHANNEL_TASKS",
     "CHANNEL_TRIGGERS",
     "MARK_STATES",
+    "PAYLOAD_CALLBACKS",
     "VIA_PAGE",
     "AssetConflict",
     "ClaimedTask",

@@ -22,6 +22,7 @@ __all__ = [
     "CHANNEL_TASKS",
     "CHANNEL_TRIGGERS",
     "CONNECT_ATTEMPTS",
+    "PAYLOAD_CALLBACKS",
     "SESSION_SETTINGS",
     "Conn",
     "Listener",
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 #: A task instance became runnable: workers claim.
 CHANNEL_TASKS = "deferral_tasks"
+#: The payload on :data:`CHANNEL_TASKS` of a callback request written (migration 0028): only
+#: the workers' callback runners claim.
+PAYLOAD_CALLBACKS = "callbacks"
 #: A trigger is unowned: triggerers claim.
 CHANNEL_TRIGGERS = "deferral_triggers"
 #: A task joined a running trigger with an earlier deadline; the payload is the trigger id.

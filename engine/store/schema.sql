@@ -769,7 +769,7 @@ BEGIN
                                                 error, queue)
         VALUES (k, NEW.dag_run_id, NEW.dag_id, NEW.id, NEW.try_number,
                 CASE WHEN k IN ('failure', 'retry') THEN NEW.error END, NEW.queue);
-        PERFORM pg_notify('deferral_tasks', '');
+        PERFORM pg_notify('deferral_tasks', 'callbacks');
     END IF;
     RETURN NULL;
 END;
@@ -850,7 +850,7 @@ BEGIN
         LIMIT 1;
         INSERT INTO deferral_callback_requests (kind, dag_run_id, dag_id, ti_id, try_number)
         VALUES (k, NEW.id, NEW.dag_id, named.id, named.try_number);
-        PERFORM pg_notify('deferral_tasks', '');
+        PERFORM pg_notify('deferral_tasks', 'callbacks');
     END IF;
     RETURN NULL;
 END;
@@ -871,7 +871,7 @@ BEGIN
                                             deadline_at)
     SELECT 'deadline', f.dag_run_id, f.dag_id, f.deadline_index, f.deadline_at FROM fired f;
     IF FOUND THEN
-        PERFORM pg_notify('deferral_tasks', '');
+        PERFORM pg_notify('deferral_tasks', 'callbacks');
     END IF;
     RETURN NULL;
 END;

@@ -105,6 +105,8 @@ class Attempts:
         #: Setting max_map_length: the most instances of one mapped task.
         self._max_map_length = max_map_length
         self._limiter = anyio.CapacityLimiter(slots)
+        #: The event loop the tries run on (the worker's).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._dag_lock = anyio.Lock()
         #: Threads of tries failed at their execution_timeout (or told to stop) that still run
         #: (Python cannot stop a thread), by (task instance, try): each keeps its slot until
@@ -167,25 +169,36 @@ class Attempts:
             if not inspect.iscoroutinefunction(fn):
                 in_thread = functools.partial(outcome_of_call, call, task=task)
                 return await self._in_thread(ti, in_thread, remaining)
+            if remaining is None:  # (no timeout: no cancel scope to enter and leave)
+                return await outcome_of_coroutine(call, task=task)
             with anyio.move_on_after(remaining):
                 return await outcome_of_coroutine(call, task=task)
         return timed_out(ti)
 
     async def _operator(self, ti: ClaimedTask) -> BaseOperator:
-        if not self._dagbag.is_current(ti.dag_id):
+        bag = self._dagbag
+        if bag.is_current(ti.dag_id):
+            # (The DAG as loaded: get_task would look at its file a second time.)
+            dag = bag.dags.get(ti.dag_id)
+            if dag is not None:
+                return dag.get_task(ti.task_id).fresh_copy()
+        else:
             # Importing DAG files is blocking work: keep it off the loop, one at a time. (The
             # tries that waited for another's import find it loaded: no turn in a thread each.)
             async with self._dag_lock:
-                if not self._dagbag.is_current(ti.dag_id):
-                    await anyio.to_thread.run_sync(self._dagbag.get_dag, ti.dag_id)
-        return self._dagbag.get_task(ti.dag_id, ti.task_id).fresh_copy()
+                if not bag.is_current(ti.dag_id):
+                    await anyio.to_thread.run_sync(bag.get_dag, ti.dag_id)
+        return bag.get_task(ti.dag_id, ti.task_id).fresh_copy()
 
     async def _context(self, op: BaseOperator, ti: ClaimedTask, worker_id: int) -> Context:
         """The call's context, with ``op``'s templated fields rendered in place (before
         ``execute`` and again before a resumed method, from the same values; what they
         rendered to is stored at the start of the try): the worker's one visit to
         ``templating``."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            # (Asked once: on Python 3.11 asking the running loop costs a getpid() call.)
+            loop = self._loop = asyncio.get_running_loop()
         rti = xcom.bind(ti, self._store, max_bytes=self._xcom_max_bytes, loop=loop)
         rendered = await templating.render_task(
             ti,

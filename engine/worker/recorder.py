@@ -11,6 +11,7 @@ logged. The slot stays held until the outcome is written.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import datetime as dt
 import logging
@@ -61,7 +62,7 @@ class _Queued:
 
     def __init__(self, outcome: TaskOutcome) -> None:
         self.outcome = outcome
-        self.done = anyio.Event()
+        self.done = asyncio.Event()  # (anyio's asks which event loop runs, each time)
         self.state: str | None = None
 
     @property
@@ -105,7 +106,7 @@ class _QueuedDeferral:
         self.try_number = try_number
         self.deferral = deferral
         self.failure = failure
-        self.done = anyio.Event()
+        self.done = asyncio.Event()
         #: "deferred", the state the substitute failure led to, or None: not written.
         self.state: str | None = None
 

@@ -138,7 +138,7 @@ async def render_task(
         prepared = await anyio.to_thread.run_sync(prepare, op)
     else:
         prepared = prepare(op)
-    if any(wants(op, prepared, key) for key in PREV_SUCCESS_KEYS):
+    if _wants_prev_success(op, prepared):
         row = await with_db_retry(
             "look up the previous successful run",
             lambda: store.prev_success_run(ti.dag_id, ti.logical_date),
@@ -390,6 +390,14 @@ def _may_hold_template(value: Any, ext: tuple[str, ...]) -> bool:
     if isinstance(value, dict):
         return any(_may_hold_template(v, ext) for v in value.values())
     return bool(_template_fields_of(value))
+
+
+def _wants_prev_success(op: BaseOperator, prepared: Prepared) -> bool:
+    """Whether the task asks for any of :data:`PREV_SUCCESS_KEYS` (one store query gives them
+    all). (Most tasks have no template reading them and no ``python_callable``: two looks.)"""
+    if not prepared.names and getattr(op, "python_callable", None) is None:
+        return False
+    return any(wants(op, prepared, key) for key in PREV_SUCCESS_KEYS)
 
 
 def wants(op: BaseOperator, prepared: Prepared, name: str) -> bool:

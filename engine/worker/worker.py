@@ -25,7 +25,7 @@ from engine.runtime.keepalive import KeepAlive
 from engine.runtime.overrides import overridden
 from engine.runtime.retry import TRANSIENT_ERRORS, Backoff
 from engine.runtime.wakeup import Wakeup
-from engine.store import CHANNEL_STOP, CHANNEL_TASKS, ClaimedTask, Store
+from engine.store import CHANNEL_STOP, CHANNEL_TASKS, PAYLOAD_CALLBACKS, ClaimedTask, Store
 from engine.usercode import guard as usercode
 from engine.worker import registration
 from engine.worker.attempt import Attempts
@@ -231,8 +231,13 @@ class Worker:
             if payload == str(self.id) and self._keepalive is not None:
                 self._keepalive.poke()
             return
+        if payload == PAYLOAD_CALLBACKS:
+            # A callback request was written: the callback runner claims it. (Any other
+            # notification of the channel is about tasks: asking the database for callback
+            # requests on each one cost a query per worker per notification.)
+            self.callbacks.wake()
+            return
         self._wake.set()
-        self.callbacks.wake()
 
     async def _claim_loop(self, tasks: anyio.abc.TaskGroup) -> None:
         backoff = Backoff()
