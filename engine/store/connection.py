@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 #: A task instance became runnable: workers claim.
 CHANNEL_TASKS = "deferral_tasks"
-#: The payload on :data:`CHANNEL_TASKS` of a callback request written (migration 0028): only
+#: The payload on :data:`CHANNEL_TASKS` of a callback request written (migration 0030): only
 #: the workers' callback runners claim.
 PAYLOAD_CALLBACKS = "callbacks"
 #: A trigger is unowned: triggerers claim.
