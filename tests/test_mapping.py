@@ -22,7 +22,7 @@ from engine import DAG, task
 from engine.cli import cli
 from engine.dags.dagbag import DagBag
 from engine.store import Store
-from engine.testing import run_engine
+from engine.testing import EngineTimeout, run_engine
 from engine.web.app import make_app
 from operators.base import BaseOperator, Context, MapInputError
 from operators.bash import BashOperator
@@ -708,6 +708,28 @@ async def test_a_mapped_task_cleared_whole_is_expanded_again(
     assert [_result(ti) for ti in _mapped(tis, "double")] == [2 * x for x in now]
     # Every instance's new try numbers on from the tries made before (none is reused).
     assert all(ti["try_number"] > tried for ti in _mapped(tis, "double"))
+
+
+async def test_a_run_not_ended_in_time_is_reported_with_its_task_instances(
+    store: Store, tmp_path: Path
+) -> None:
+    # The harness's timeout says where each task instance was (a run of the test above
+    # once timed out under load saying only "waiting for run ... to end").
+    with DAG(dag_id="map_stuck") as dag:
+        up = PythonOperator(
+            task_id="files", python_callable=lambda: [str(tmp_path / "a"), str(tmp_path / "b")]
+        )
+        FileSensor.partial(task_id="wait", deferrable=True).expand(filepath=up.output)
+    async with run_engine(store, triggerer=False) as engine:
+        await engine.start_run(dag)
+        await engine.wait_for_state("map_stuck", "wait[0]", "deferred")
+        await engine.wait_for_state("map_stuck", "wait[1]", "deferred")
+        with pytest.raises(EngineTimeout) as raised:
+            await engine.finish("map_stuck", timeout_s=0.1)
+    assert str(raised.value).endswith(
+        "waiting for run map_stuck/run1 to end (it is running; its task instances: "
+        "files success (try 1), wait[0] deferred (try 1), wait[1] deferred (try 1))"
+    )
 
 
 async def test_a_mapped_task_cleared_whole_keeps_the_callbacks_not_run_yet(
