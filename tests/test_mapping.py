@@ -24,10 +24,12 @@ from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import EngineTimeout, run_engine
 from engine.web.app import make_app
+from engine.worker.outcomes import Expanded
 from operators.base import BaseOperator, Context, MapInputError
 from operators.bash import BashOperator
 from operators.python import PythonOperator
 from operators.sensors.file import FileSensor
+from tests.helpers import wait_until
 from triggers.base import decode_value
 from triggers.temporal import TimeDeltaTrigger
 
@@ -708,6 +710,39 @@ async def test_a_mapped_task_cleared_whole_is_expanded_again(
     assert [_result(ti) for ti in _mapped(tis, "double")] == [2 * x for x in now]
     # Every instance's new try numbers on from the tries made before (none is reused).
     assert all(ti["try_number"] > tried for ti in _mapped(tis, "double"))
+
+
+async def test_instance_0_claimed_before_the_expanding_try_has_ended_runs(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Instance 0 is the expanded row itself (its id) with its try number given back: claimed
+    # again before the worker had let go of the expanding try, the claim was taken for that
+    # try found again and dropped, and the run never ended (seen under load as a 30 s
+    # timeout with "double[0] running (try 1)"). Here the expanding try waits for that claim.
+    with DAG(dag_id="map_quick_claim") as dag:
+        up = PythonOperator(task_id="numbers", python_callable=lambda: [[1], [2]])
+        PythonOperator.partial(task_id="double", python_callable=lambda x: x * 2).expand(
+            op_args=up.output
+        )
+    async with run_engine(store) as engine:
+        record = engine.worker.recorder.record
+
+        async def record_then_see_instance_0_claimed(
+            ti: Any, worker_id: int, outcome: Any, *, started: float
+        ) -> None:
+            await record(ti, worker_id, outcome, started=started)
+            if isinstance(outcome, Expanded):
+
+                async def claimed() -> bool:
+                    tis = await engine.task_instances("map_quick_claim")
+                    return bool(tis["double[0]"]["state"] != "scheduled")
+
+                await wait_until(claimed, what="instance 0 to be claimed")
+
+        monkeypatch.setattr(engine.worker.recorder, "record", record_then_see_instance_0_claimed)
+        await engine.start_run(dag)
+        tis = await engine.finish("map_quick_claim")
+    assert [_result(ti) for ti in _mapped(tis, "double")] == [2, 4]
 
 
 async def test_a_run_not_ended_in_time_is_reported_with_its_task_instances(
