@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from operators.base import BaseOperator, Context, SkipTask
-from triggers.bash import KEPT_ENV, clean_env
+from triggers.bash import KEPT_ENV, clean_env, end_command, start_command
 
 __all__ = ["KEPT_ENV", "BashCommandFailed", "BashOperator", "clean_env"]
 
@@ -21,7 +21,9 @@ class BashOperator(BaseOperator):
     """Runs ``bash -c bash_command``; its output is logged and the last line is the result.
 
     Exit code ``skip_on_exit_code`` (99 by default) ends the task as skipped; any other
-    non-zero code fails it.
+    non-zero code fails it. The command runs in a process group of its own: a try stopped
+    before it ends (its ``execution_timeout``, a worker's stop) kills the whole group, what
+    the command started included.
 
     The command does not inherit the worker's environment: it gets a clean one
     (:data:`KEPT_ENV` and ``LC_*``), the worker's variables named in ``pass_env``, then
@@ -67,15 +69,8 @@ class BashOperator(BaseOperator):
             DEFERRAL_RUN_ID=context.get("run_id", ""),
             DEFERRAL_TASK_ID=context.get("task_id", ""),
         )
-        proc = await asyncio.create_subprocess_exec(
-            "bash",
-            "-c",
-            self.bash_command,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=env,
-            cwd=self.cwd,
-            start_new_session=True,
+        proc, transport = await start_command(
+            ["bash", "-c", self.bash_command], env=env, cwd=self.cwd
         )
         last: str | None = None
         try:
@@ -85,11 +80,10 @@ class BashOperator(BaseOperator):
                 self.log.info("%s", line)
                 last = line
             code = await proc.wait()
-        except BaseException:
-            if proc.returncode is None:
-                proc.kill()
-                await asyncio.shield(proc.wait())
-            raise
+        finally:
+            # Stopped (its execution_timeout, a stop): what the command started goes too,
+            # and nothing of it outlives the try (end_command).
+            await asyncio.shield(end_command(proc, transport))
         if code != 0 and code == self.skip_on_exit_code:
             raise SkipTask(f"command exited with {code}")
         if code != 0:

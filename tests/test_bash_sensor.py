@@ -4,9 +4,13 @@ environment; retry_exit_code, the command timeout and the output limit; BashTrig
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 from pathlib import Path
 
+import anyio
 import asyncpg
 import pytest
 
@@ -116,6 +120,40 @@ async def test_a_run_past_command_timeout_is_killed_with_its_children(tmp_path: 
     with pytest.raises(BashCommandTimeout, match=r"longer than command_timeout \(0.5s\)"):
         await trigger.check()
     assert started.exists()
+
+
+def _open_files(pid: int | str) -> set[str]:
+    """What the descriptors of a process point to ("pipe:[inode]", "socket:[inode]", ...)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed since the listing
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return found
+
+
+async def test_a_killed_run_lets_go_of_its_output_pipe(tmp_path: Path) -> None:
+    """A run killed past command_timeout closes this side of its output pipe before the
+    check ends, even while a process it started holds the other end (here one that left
+    its process group, which the kill misses): otherwise the event loop keeps watching the
+    pipe (uvloop then fails to close: "Device or resource busy"; Python 3.11's wait()
+    waits for the pipe too, so the check would not end before that process does)."""
+    pid_file = tmp_path / "pid"
+    trigger = BashTrigger(
+        f"setsid sleep 300 & echo $! > {pid_file}; wait", command_timeout=0.5, poll_interval=0
+    )
+    before = _open_files("self")
+    try:
+        with anyio.fail_after(60), pytest.raises(BashCommandTimeout):
+            await trigger.check()
+        escaped = pid_file.read_text().strip()
+        assert os.readlink(f"/proc/{escaped}/fd/1").startswith(("pipe:", "socket:"))
+        # (a pipe of uvloop's is a socket pair: its two ends have inodes of their own)
+        left = {f for f in _open_files("self") - before if f.startswith(("pipe:", "socket:"))}
+        assert not left, "the check ended with its output pipe open"
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 async def test_output_is_kept_up_to_max_output_bytes(caplog: pytest.LogCaptureFixture) -> None:

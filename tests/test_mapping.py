@@ -22,12 +22,14 @@ from engine import DAG, task
 from engine.cli import cli
 from engine.dags.dagbag import DagBag
 from engine.store import Store
-from engine.testing import run_engine
+from engine.testing import EngineTimeout, run_engine
 from engine.web.app import make_app
+from engine.worker.outcomes import Expanded
 from operators.base import BaseOperator, Context, MapInputError
 from operators.bash import BashOperator
 from operators.python import PythonOperator
 from operators.sensors.file import FileSensor
+from tests.helpers import wait_until
 from triggers.base import decode_value
 from triggers.temporal import TimeDeltaTrigger
 
@@ -708,6 +710,61 @@ async def test_a_mapped_task_cleared_whole_is_expanded_again(
     assert [_result(ti) for ti in _mapped(tis, "double")] == [2 * x for x in now]
     # Every instance's new try numbers on from the tries made before (none is reused).
     assert all(ti["try_number"] > tried for ti in _mapped(tis, "double"))
+
+
+async def test_instance_0_claimed_before_the_expanding_try_has_ended_runs(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Instance 0 is the expanded row itself (its id) with its try number given back: claimed
+    # again before the worker had let go of the expanding try, the claim was taken for that
+    # try found again and dropped, and the run never ended (seen under load as a 30 s
+    # timeout with "double[0] running (try 1)"). Here the expanding try waits for that claim.
+    with DAG(dag_id="map_quick_claim") as dag:
+        up = PythonOperator(task_id="numbers", python_callable=lambda: [[1], [2]])
+        PythonOperator.partial(task_id="double", python_callable=lambda x: x * 2).expand(
+            op_args=up.output
+        )
+    async with run_engine(store) as engine:
+        record = engine.worker.recorder.record
+
+        async def record_then_see_instance_0_claimed(
+            ti: Any, worker_id: int, outcome: Any, *, started: float
+        ) -> None:
+            await record(ti, worker_id, outcome, started=started)
+            if isinstance(outcome, Expanded):
+
+                async def claimed() -> bool:
+                    tis = await engine.task_instances("map_quick_claim")
+                    return bool(tis["double[0]"]["state"] != "scheduled")
+
+                await wait_until(claimed, what="instance 0 to be claimed")
+
+        monkeypatch.setattr(engine.worker.recorder, "record", record_then_see_instance_0_claimed)
+        await engine.start_run(dag)
+        tis = await engine.finish("map_quick_claim")
+    assert [_result(ti) for ti in _mapped(tis, "double")] == [2, 4]
+
+
+async def test_a_run_not_ended_in_time_is_reported_with_its_task_instances(
+    store: Store, tmp_path: Path
+) -> None:
+    # The harness's timeout says where each task instance was (a run of the test above
+    # once timed out under load saying only "waiting for run ... to end").
+    with DAG(dag_id="map_stuck") as dag:
+        up = PythonOperator(
+            task_id="files", python_callable=lambda: [str(tmp_path / "a"), str(tmp_path / "b")]
+        )
+        FileSensor.partial(task_id="wait", deferrable=True).expand(filepath=up.output)
+    async with run_engine(store, triggerer=False) as engine:
+        await engine.start_run(dag)
+        await engine.wait_for_state("map_stuck", "wait[0]", "deferred")
+        await engine.wait_for_state("map_stuck", "wait[1]", "deferred")
+        with pytest.raises(EngineTimeout) as raised:
+            await engine.finish("map_stuck", timeout_s=0.1)
+    assert str(raised.value).endswith(
+        "waiting for run map_stuck/run1 to end (it is running; its task instances: "
+        "files success (try 1), wait[0] deferred (try 1), wait[1] deferred (try 1))"
+    )
 
 
 async def test_a_mapped_task_cleared_whole_keeps_the_callbacks_not_run_yet(

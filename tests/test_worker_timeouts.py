@@ -388,3 +388,46 @@ async def test_an_isolated_task_of_a_dag_built_in_code_fails_saying_why(store: S
     assert ti["state"] == "failed"
     assert ti["try_number"] == 1  # retrying cannot help
     assert "not loaded from a file of the DAGs folder" in ti["error"]
+
+
+def _process_ended(pid: int) -> bool:
+    """The process is gone or a zombie (killed, not reaped yet by its new parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.anyio
+async def test_a_bash_command_past_execution_timeout_goes_with_what_it_started(
+    store: Store, tmp_path: Path
+) -> None:
+    """A BashOperator stopped at its execution_timeout kills the command's process group,
+    not bash alone: a process the command started goes too, and the try ends at once (it
+    waited for that process before, holding the output pipe: up to its end on Python 3.11)."""
+    from engine import DAG
+    from operators.bash import BashOperator
+
+    pid_file = tmp_path / "pid"
+    with DAG(dag_id="bash_timeout") as dag:
+        BashOperator(
+            task_id="b",
+            bash_command=f"sleep 300 & echo $! > {pid_file}; wait",
+            execution_timeout=0.5,
+        )
+    try:
+        async with run_engine(store) as engine:
+            tis = await engine.run_dag(dag)
+        assert tis["b"]["state"] == "failed"
+        assert "execution_timeout of 0.5s passed" in tis["b"]["error"], tis["b"]["error"]
+        started = int(pid_file.read_text())
+
+        async def gone() -> bool:
+            return _process_ended(started)
+
+        await wait_until(gone, what="the command's background process to be killed")
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -27,6 +27,8 @@ __all__ = [
     "BashCommandTimeout",
     "BashTrigger",
     "clean_env",
+    "end_command",
+    "start_command",
 ]
 
 #: What every command gets of the environment of the process that runs it (those that are
@@ -53,6 +55,8 @@ COMMAND_OPTIONS = (
 )
 #: Output is read (and a line without a newline logged) in pieces of this many bytes.
 _CHUNK = 8192
+#: How much unread output a run's pipe buffers before it stops reading (asyncio's default).
+_LIMIT = 64 * 1024
 
 
 def clean_env(environ: Mapping[str, str], pass_env: Sequence[str] = ()) -> dict[str, str]:
@@ -186,16 +190,11 @@ class BashTrigger(PollingTrigger):
     async def run_command(self) -> int:
         """Run the command once, logging its output (up to ``max_output_bytes``); its exit
         status. BashCommandTimeout past ``command_timeout``."""
-        proc = await asyncio.create_subprocess_exec(
-            "bash",
-            "-c",
-            self.bash_command,
+        proc, transport = await start_command(
+            ["bash", "-c", self.bash_command],
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
             env=self.environment(),
             cwd=self.cwd,
-            start_new_session=True,
         )
         try:
             async with asyncio.timeout(self.command_timeout):
@@ -207,9 +206,7 @@ class BashTrigger(PollingTrigger):
                 f"killed: {self.bash_command}"
             ) from None
         finally:
-            if proc.returncode is None:
-                _kill_group(proc.pid)
-                await asyncio.shield(proc.wait())
+            await asyncio.shield(end_command(proc, transport))
 
     async def _log_output(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -241,6 +238,49 @@ class BashTrigger(PollingTrigger):
                 dropped,
                 self.max_output_bytes,
             )
+
+
+async def start_command(
+    args: Sequence[str], **options: Any
+) -> tuple[asyncio.subprocess.Process, asyncio.SubprocessTransport]:
+    """Start ``args`` in a session of its own (its process group is killed with it), its
+    stdout and stderr on one pipe read as ``proc.stdout``; the process and its transport,
+    which :func:`end_command` closes. ``options``: those of ``loop.subprocess_exec``."""
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=_LIMIT, loop=loop),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+        **options,
+    )
+    return asyncio.subprocess.Process(transport, protocol, loop), transport
+
+
+async def end_command(
+    proc: asyncio.subprocess.Process, transport: asyncio.SubprocessTransport
+) -> None:
+    """Kill the command's process group if it still runs, let go of its output and reap it.
+
+    Its output pipe ends when every process holding it has ended, not when the command has:
+    one it started (killed with the group a moment later, or one that left the group) may
+    still hold it. Until this side of the pipe is closed, the event loop watches it: uvloop
+    then refuses to close (``OSError: [Errno 16] Device or resource busy`` when warnings are
+    errors), Python 3.11's ``wait()`` does not return (it waits for the pipes too), and a
+    long-lived triggerer would keep a descriptor per such run. So it is closed first (what
+    the command wrote and was not read yet is dropped), and this returns once the loop has
+    let go of the pipe and the command is reaped."""
+    if proc.returncode is None:
+        _kill_group(proc.pid)
+    pipe = transport.get_pipe_transport(1)
+    if pipe is not None:
+        pipe.close()
+    await proc.wait()
+    assert proc.stdout is not None
+    while await proc.stdout.read(_CHUNK):  # the end of the pipe, as the loop hands it on
+        pass
+    transport.close()
 
 
 def _kill_group(pid: int) -> None:

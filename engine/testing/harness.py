@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -128,7 +129,10 @@ class LocalEngine:
             state = run.state
             return state not in ("running", "queued")
 
-        await self._wait(ended, f"run {dag_id}/{run_id} to end", timeout_s)
+        async def where() -> str:
+            return f" (it is {state}; {await self._describe_tasks(dag_id, run_id)})"
+
+        await self._wait(ended, f"run {dag_id}/{run_id} to end", timeout_s, where)
         out = await self.task_instances(dag_id, run_id)
         out["__run__"] = {"state": state}
         return out
@@ -140,6 +144,19 @@ class LocalEngine:
         instance (each the fields of :class:`engine.store.TaskInstance` as a dict)."""
         tis = await self.store.list_task_instances(dag_id=dag_id, run_id=run_id)
         return {ti_name(ti.task_id, ti.map_index): msgspec.structs.asdict(ti) for ti in tis}
+
+    async def _describe_tasks(self, dag_id: str, run_id: str) -> str:
+        """Where a run's task instances are, for an :class:`EngineTimeout`: each one's state
+        and try, and which of them this engine's worker is running."""
+        tis = await self.task_instances(dag_id, run_id)
+        mine = set(self.worker.running) if "worker" in self.running else set()
+        shown = [
+            f"{name} {ti['state']} (try {ti['try_number']}"
+            + (", running here" if ti["id"] in mine else "")
+            + ")"
+            for name, ti in sorted(tis.items())
+        ]
+        return "its task instances: " + (", ".join(shown) or "none")
 
     async def wait_for_state(
         self,
@@ -212,10 +229,11 @@ class LocalEngine:
         condition: Callable[[], Any],
         what: str,
         timeout_s: float,
-        detail: Callable[[], str] = str,
+        detail: Callable[[], str | Awaitable[str]] = str,
     ) -> None:
         """Re-check ``condition`` whenever the engine announces a change (NOTIFY), with a
-        short backstop between looks."""
+        short backstop between looks. ``detail``: what the timeout's message adds (it may be
+        a coroutine function: a look at the store when the time is up)."""
         wake = Wakeup()
         listener = self.store.listener(
             CHANNEL_TASKS, CHANNEL_TRIGGERS, CHANNEL_FINISHED, CHANNEL_RUNS, CHANNEL_DEADLINES
@@ -230,7 +248,13 @@ class LocalEngine:
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
-        raise EngineTimeout(f"timed out after {timeout_s}s waiting for {what}{detail()}")
+        said = detail()
+        if inspect.isawaitable(said):
+            with anyio.move_on_after(5, shield=True) as looking:
+                said = await said
+            if looking.cancelled_caught:
+                said = " (the store did not answer what the run's tasks are doing)"
+        raise EngineTimeout(f"timed out after {timeout_s}s waiting for {what}{said}")
 
 
 def _unwritten_events(triggerer: Triggerer) -> int:

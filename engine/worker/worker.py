@@ -31,7 +31,7 @@ from engine.worker import registration
 from engine.worker.attempt import Attempts
 from engine.worker.callbacks import CallbackRunner
 from engine.worker.config import WorkerConfig
-from engine.worker.outcomes import describe
+from engine.worker.outcomes import Expanded, describe
 from engine.worker.recorder import Recorder
 from engine.worker.trylogs import TryLogs
 
@@ -392,6 +392,12 @@ class Worker:
                     try:
                         started = time.perf_counter()
                         outcome = await self.attempts.run(ti, worker_id)
+                        if isinstance(outcome, Expanded) and self.running.get(ti.id) is ti:
+                            # Its instance 0 keeps its id and gets its try number back: once
+                            # the expansion commits, a claim of it is (id, try) of this one,
+                            # which the claim loop would take for this claim found again and
+                            # drop (the instance then "running" on nothing, for good).
+                            del self.running[ti.id]
                         await self.recorder.record(ti, worker_id, outcome, started=started)
                     except anyio.get_cancelled_exc_class():
                         raise
@@ -412,7 +418,8 @@ class Worker:
                     # its outcome): a reader that sees its slot free has them all.
                     await self.logs.flush_ended(key)
             finally:
-                self._scopes.pop(key, None)
+                if self._scopes.get(key) is scope:  # (not a later claim's: see above)
+                    del self._scopes[key]
                 if self.running.get(ti.id) is ti:
                     del self.running[ti.id]
                 if self._leaving.pop(key, None) is not None and key not in self.attempts.lingering:
