@@ -724,12 +724,17 @@ async def test_instance_0_claimed_before_the_expanding_try_has_ended_runs(
         PythonOperator.partial(task_id="double", python_callable=lambda x: x * 2).expand(
             op_args=up.output
         )
+    # While its expansion is written, the expanding try is still one of the worker's running
+    # tries (its heartbeat, a stop and the graceful stop's wait cover it).
+    held_while_writing: list[bool] = []
     async with run_engine(store) as engine:
         record = engine.worker.recorder.record
 
         async def record_then_see_instance_0_claimed(
             ti: Any, worker_id: int, outcome: Any, *, started: float
         ) -> None:
+            if isinstance(outcome, Expanded):
+                held_while_writing.append(engine.worker.running.get(ti.id) is ti)
             await record(ti, worker_id, outcome, started=started)
             if isinstance(outcome, Expanded):
 
@@ -743,6 +748,7 @@ async def test_instance_0_claimed_before_the_expanding_try_has_ended_runs(
         await engine.start_run(dag)
         tis = await engine.finish("map_quick_claim")
     assert [_result(ti) for ti in _mapped(tis, "double")] == [2, 4]
+    assert held_while_writing == [True]
 
 
 async def test_a_run_not_ended_in_time_is_reported_with_its_task_instances(

@@ -84,6 +84,11 @@ class Worker:
         # why, until they have: they keep their slots, and the heartbeat reports them as still
         # running (the database counts them in their pools until it no longer does).
         self._leaving: dict[tuple[int, int], str] = {}
+        # Mapped tries writing their expansion, by task instance. Instance 0 keeps the row's
+        # id and gets its try number back, so once the expansion commits a claim of it has the
+        # (id, try) of the expanding claim, which still runs here until its write returns: that
+        # claim is new work, not the expanding one found again (_adopt).
+        self._expanding: set[int] = set()
         # The cancel scope of each try running here, by (task instance, try).
         self._scopes: dict[tuple[int, int], anyio.CancelScope] = {}
         self._keepalive: KeepAlive | None = None
@@ -310,8 +315,17 @@ class Worker:
         for ti in claimed:
             held = self.running.get(ti.id)
             if held is not None:
-                if held.try_number == ti.try_number:
+                if held.try_number == ti.try_number and ti.id not in self._expanding:
                     continue  # (a claim found again among the unacknowledged ones)
+                if held.try_number == ti.try_number:
+                    # Instance 0 of an expansion still being written here: the expanding try
+                    # keeps running until its write returns (its slot, heartbeat and stop stay
+                    # covered); the claim runs beside it, and takes its place in ``running``.
+                    # (Taken once: the same claim found again later is skipped as above.)
+                    self._expanding.discard(ti.id)
+                    self.running[ti.id] = ti
+                    tasks.start_soon(self._execute, ti, name=f"ti-{ti.id}")
+                    continue
                 # The database gave the task a new try while an earlier one still runs here
                 # (this worker was declared dead and registered again): the earlier one ended
                 # there, so it stops here too, and the new one runs.
@@ -392,12 +406,14 @@ class Worker:
                     try:
                         started = time.perf_counter()
                         outcome = await self.attempts.run(ti, worker_id)
-                        if isinstance(outcome, Expanded) and self.running.get(ti.id) is ti:
+                        if isinstance(outcome, Expanded):
                             # Its instance 0 keeps its id and gets its try number back: once
                             # the expansion commits, a claim of it is (id, try) of this one,
-                            # which the claim loop would take for this claim found again and
-                            # drop (the instance then "running" on nothing, for good).
-                            del self.running[ti.id]
+                            # which the claim loop must run, not take for this claim found
+                            # again (the instance would stay "running" on nothing, for good).
+                            # This try stays in ``running`` until its write returns: a stop, a
+                            # heartbeat and the graceful stop's wait still see it.
+                            self._expanding.add(ti.id)
                         await self.recorder.record(ti, worker_id, outcome, started=started)
                     except anyio.get_cancelled_exc_class():
                         raise
@@ -418,8 +434,9 @@ class Worker:
                     # its outcome): a reader that sees its slot free has them all.
                     await self.logs.flush_ended(key)
             finally:
-                if self._scopes.get(key) is scope:  # (not a later claim's: see above)
+                if self._scopes.get(key) is scope:  # (not a later claim's: see _adopt)
                     del self._scopes[key]
+                self._expanding.discard(ti.id)  # (instance 0's claim never expands)
                 if self.running.get(ti.id) is ti:
                     del self.running[ti.id]
                 if self._leaving.pop(key, None) is not None and key not in self.attempts.lingering:
