@@ -82,6 +82,19 @@ def test_a_class_counted_again_keeps_its_series_and_a_new_allow_list_applies() -
     assert series["deferral_trigger_events"] == {"triggers.a.A": 4, OTHER: 3, "mine.B": 1}
 
 
+def test_classes_counted_under_other_are_not_kept_one_by_one() -> None:
+    """The series kept for inc_by_class are bounded as the family's are: class names anyone
+    can write (refused, or past the cap) do not each keep an entry."""
+    m = Metrics(max_series=3, admit_class=TriggerAllowList(["triggers.*"]))
+    for i in range(1000):
+        m.inc_by_class(m.trigger_events, f"mine.C{i}")
+        m.inc_by_class(m.trigger_events, f"triggers.t{i}.T")
+    series = _series(m.exposition().decode())
+    assert sum(series["deferral_trigger_events"].values()) == 2000
+    assert len(series["deferral_trigger_events"]) <= 4
+    assert len(m._by_class) <= 3
+
+
 def test_the_setting_is_validated() -> None:
     from engine.config import ConfigError, load_settings
 

@@ -345,7 +345,12 @@ class Metrics:
             # (A class's label never changes once given: seen classes only grow, and one
             # refused stays refused. The labelled child is kept: a triggerer counts each
             # event, and labels() takes a lock and builds its key every time.)
-            child = self._by_class[key] = counter.labels(self.class_label(counter, trigger_class))
+            label = self.class_label(counter, trigger_class)
+            child = counter.labels(label)
+            if label != OTHER:
+                # (Bounded as the family's series are: a class counted under OTHER is looked
+                # up each time, so class names users write cannot grow this without end.)
+                self._by_class[key] = child
         child.inc(amount)
 
     def watch_triggerer(self, running: Callable[[], float], capacity: int) -> None:
