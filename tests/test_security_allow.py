@@ -264,6 +264,20 @@ def test_patterns_match_in_full_never_by_prefix() -> None:
     assert not allow("asyncio.create_subprocess_shell")
 
 
+def test_a_judgement_asked_again_is_the_same_and_the_memo_stays_bounded() -> None:
+    allow = TriggerAllowList(["triggers.*", "ops.check_?"])
+    names = ["triggers.x.T", "ops.check_a", "ops.check_ab", "evil.T"] * 3
+    assert [allow(n) for n in names] == [True, True, False, False] * 3
+    # A stream of made-up classpaths (anyone writing trigger rows can vary them) does not
+    # grow the memo without end, and the answers stay right past its size.
+    for i in range(3 * 4096):
+        assert allow(f"triggers.m{i}.T")
+        assert not allow(f"evil{i}.T")
+    assert len(allow._by_pattern) <= 4096
+    assert allow("ops.check_b")
+    assert not allow("ops.check_bc")
+
+
 def test_the_default_is_the_builtins_and_the_dags_folder_modules(tmp_path: Path) -> None:
     # Unique names: a module of that name imported from elsewhere would be left out.
     orders, pkg, late = (f"{n}_{uuid.uuid4().hex[:8]}" for n in ("orders", "pkg", "late"))

@@ -44,6 +44,9 @@ __all__ = [
 SETTING = "trigger_allow"
 #: What the default allows besides the DAGs folder: the built-in triggers.
 BUILTIN_PATTERNS = ("triggers.*",)
+#: How many names' pattern judgements a list keeps (names come from trigger rows, which
+#: anyone writing the table can vary: the memo is emptied when full rather than grown).
+_MEMO_SIZE = 4096
 
 
 class TriggerNotAllowed(PermissionError):
@@ -118,6 +121,9 @@ class TriggerAllowList:
                     f"surrounding spaces, got {pattern!r}"
                 )
         self.dags_folder = dags_folder
+        # Whether the patterns match a name: they never change, and a worker checks the same
+        # few classpaths at every deferral, the triggerer at every trigger it starts.
+        self._by_pattern: dict[str, bool] = {}
         self._scanned_at = self._folder_mtime()
         self._dag_modules = dags_folder_modules(dags_folder)
 
@@ -138,7 +144,13 @@ class TriggerAllowList:
     def __call__(self, name: str) -> bool:
         if not isinstance(name, str):
             return False
-        if any(fnmatch.fnmatchcase(name, p) for p in self.patterns):
+        matched = self._by_pattern.get(name)
+        if matched is None:
+            matched = any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+            if len(self._by_pattern) >= _MEMO_SIZE:
+                self._by_pattern.clear()
+            self._by_pattern[name] = matched
+        if matched:
             return True
         if self.dags_folder is None or "." not in name:
             return False
