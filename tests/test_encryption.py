@@ -3,8 +3,10 @@ errors that name kwargs without their values."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import hmac
 import logging
 import signal
 import stat
@@ -504,3 +506,16 @@ def test_a_fresh_home_hands_its_children_a_key_file_that_exists(tmp_path: Path) 
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     child = Settings(home=str(tmp_path / "home"), fernet_key_file=str(key_file))
     assert keyring_from_settings(child).encrypt(b"x") != b"x"
+
+
+def test_the_dedup_key_is_the_documented_hmac_and_the_same_for_every_call() -> None:
+    """security.md: h1: + HMAC-SHA256(HMAC(primary key, "deferral dedup v1"), classpath NUL
+    kwargs). The keyed HMAC object is copied per value: a copy must not carry one value's
+    bytes into the next."""
+    raw = generate_key()
+    ring = Keyring([raw])
+    derived = hmac.new(base64.urlsafe_b64decode(raw), b"deferral dedup v1", "sha256").digest()
+    for classpath, kwargs in [("a.B", b"\x80"), ("a.B", b"\x81"), ("c.D", b""), ("a.B", b"\x80")]:
+        want = hmac.new(derived, classpath.encode() + b"\0" + kwargs, hashlib.sha256).hexdigest()
+        assert ring.dedup_key(classpath, kwargs, "unkeyed") == "h1:" + want
+    assert Keyring([]).dedup_key("a.B", b"", "unkeyed") == "unkeyed"

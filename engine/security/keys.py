@@ -89,8 +89,13 @@ class Keyring:
         # The deduplication key is an HMAC under a key derived from the primary key (not the
         # key itself: one key, one purpose). It only has to be stable while identical triggers
         # wait, so a rotation that changes it costs sharing, not correctness.
-        self._dedup_key = (
-            hmac.new(base64.urlsafe_b64decode(raw[0]), b"deferral dedup v1", "sha256").digest()
+        # (An HMAC object keyed once, copied for each value: keying a new one per deferral
+        # cost more than hashing the value.)
+        self._dedup_mac = (
+            hmac.new(
+                hmac.new(base64.urlsafe_b64decode(raw[0]), b"deferral dedup v1", "sha256").digest(),
+                digestmod=hashlib.sha256,
+            )
             if raw
             else None
         )
@@ -149,9 +154,10 @@ class Keyring:
         """The key identical triggers share: keyed, so it reveals neither the kwargs nor their
         equality to anyone without the key. ``unkeyed`` (the contract's sha256) is used when
         there is no key."""
-        if self._dedup_key is None:
+        if self._dedup_mac is None:
             return unkeyed
-        mac = hmac.new(self._dedup_key, classpath.encode() + b"\0" + kwargs, hashlib.sha256)
+        mac = self._dedup_mac.copy()
+        mac.update(classpath.encode() + b"\0" + kwargs)
         return "h1:" + mac.hexdigest()
 
 
