@@ -161,6 +161,10 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
         "timeout_deferrals_backstop": (None, 5.0),
         "trigger_logs": (7, 0, 1000),
         "task_logs": ("d", "r8", "t7", None, 0, 1000),
+        "task_try": ("d", "r8", "t7"),
+        "task_tries": ("d", "r8", "t7"),
+        "task_map_indexes": ("d", "r8", "t7"),
+        "xcom_of_task": ("d", "r8", "t7", -1),
         "insert_trigger_logs": ([7], [0.0], ["INFO"], ["x"], ["m"], [7]),
         "trigger_log_bytes": (list(range(1, BATCH + 1)),),
         "task_log_bytes": (["d"] * 2, ["r8", "r9"], ["t7", "t8"], [1, 1]),
@@ -183,6 +187,10 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
     }
 
 
+#: A run's task instances: by the unique key (dag_run_id, task_id, map_index) or by
+#: (dag_run_id, state), both led by the run.
+_RUN_TASKS = {"deferral_task_instances_dag_run_id_task_id_map_index_key", "deferral_ti_run_state"}
+
 #: For each statement, the indexes its plan must use: every group, by one index of the group.
 INTENDED: dict[str, list[set[str]]] = {
     # (The admission inside deferral_claim_tasks is pinned by test_admission_plan.py.)
@@ -198,7 +206,13 @@ INTENDED: dict[str, list[set[str]]] = {
     "timeout_deferrals_backstop": [{"deferral_ti_deferral_deadline"}],
     # The logs: read by trigger or try (the CLI, the status page), deleted oldest first.
     "trigger_logs": [{"deferral_trigger_logs_trigger"}],
-    "task_logs": [{"deferral_task_logs_try"}, {"deferral_ti_names"}],
+    "task_logs": [{"deferral_task_logs_try"}, _RUN_TASKS],
+    # The statements that name a task instance by its DAG, run and task: the run by its
+    # names, then its task instances (migration 0031 dropped deferral_ti_names).
+    "task_try": [{"deferral_dag_runs_dag_id_run_id_key"}, _RUN_TASKS],
+    "task_tries": [{"deferral_dag_runs_dag_id_run_id_key"}, _RUN_TASKS],
+    "task_map_indexes": [{"deferral_dag_runs_dag_id_run_id_key"}, _RUN_TASKS],
+    "xcom_of_task": [{"deferral_dag_runs_dag_id_run_id_key"}, _RUN_TASKS],
     "insert_trigger_logs": [{"deferral_ti_trigger"}],
     # What a trigger or try stored before (its total), read once per process that writes
     # its lines (engine/usercode/logsink.py): by trigger, by try.

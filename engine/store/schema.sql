@@ -233,7 +233,6 @@ CREATE INDEX deferral_ti_deferral_deadline ON deferral_task_instances (trigger_t
 CREATE INDEX deferral_ti_running ON deferral_task_instances (worker_id) WHERE state = 'running';
 CREATE INDEX deferral_ti_pending ON deferral_task_instances (dag_run_id) WHERE state = 'pending';
 CREATE INDEX deferral_ti_run_state ON deferral_task_instances (dag_run_id, state);
-CREATE INDEX deferral_ti_names ON deferral_task_instances (dag_id, run_id, task_id);
 
 -- Added by 0016.
 -- The tries of task instances that were followed by another try (a retry, a clear) or whose
