@@ -40,26 +40,52 @@ def plan_outline(plan: dict[str, Any], depth: int = 0) -> str:
     return "\n".join(lines)
 
 
-#: The parameters of deferral_fire_triggers (migration 0029) as the ``$n`` of a statement.
-_FIRE_PARAMETERS = {
-    "p_triggerer": "$1::bigint",
-    "p_ids": "$2::bigint[]",
-    "p_fences": "$3::bigint[]",
-    "p_kinds": "$4::text[]",
-    "p_payloads": "$5::bytea[]",
-    "p_errors": "$6::text[]",
-    "p_shown": "$7::text[]",
+#: The parameters of the functions whose statement the plan tests EXPLAIN (deferral_fire_triggers,
+#: migration 0029) as the ``$n`` of a statement, as the statement
+#: was sent before it moved into its function (in parentheses: a parameter may be subscripted).
+_PARAMETERS = {
+    "deferral_fire_triggers": {
+        "p_triggerer": "$1::bigint",
+        "p_ids": "$2::bigint[]",
+        "p_fences": "$3::bigint[]",
+        "p_kinds": "$4::text[]",
+        "p_payloads": "$5::bytea[]",
+        "p_errors": "$6::text[]",
+        "p_shown": "$7::text[]",
+    },
 }
+
+#: The store's statements that run inside a function (queries.sql calls the function, whose
+#: EXPLAIN shows only a Function Scan), by the name of the query that calls it.
+FUNCTION_OF = {"fire_triggers": "deferral_fire_triggers"}
+
+
+def function_statement(function: str) -> str:
+    """The statement that ``function`` runs (after its lock, for deferral_fire_triggers), taken
+    from schema.sql (which test_store.py holds equal to the migrations) with the function's
+    parameters as ``$1``.."""
+    schema = schema_sql()
+    start = schema.index(f"CREATE FUNCTION {function}(")
+    body = schema[schema.index("RETURN QUERY", start) + len("RETURN QUERY") :]
+    body = body[: body.index(";\nEND;")]
+    parameters = _PARAMETERS[function]
+    return re.sub(r"\bp_[a-z_]+\b", lambda m: f"({parameters[m.group(0)]})", body)
 
 
 def fire_statement() -> str:
     """The fire of ``fire_triggers``: the statement that deferral_fire_triggers runs after
-    its lock (queries.sql calls the function, whose EXPLAIN shows only a Function Scan), taken
-    from schema.sql (which test_store.py holds equal to the migrations) with the function's
-    parameters as ``$1``..``$7``, as the statement was sent before it moved into the
-    function."""
+    its lock."""
+    return function_statement("deferral_fire_triggers")
+
+
+def function_settings(function: str) -> dict[str, str]:
+    """The settings ``function`` plans its statements with (its ``SET`` clauses, from
+    schema.sql), but plan_cache_mode: the plan tests choose custom or generic plans
+    themselves."""
     schema = schema_sql()
-    start = schema.index("CREATE FUNCTION deferral_fire_triggers(")
-    body = schema[schema.index("RETURN QUERY", start) + len("RETURN QUERY") :]
-    body = body[: body.index(";\nEND;")]
-    return re.sub(r"\bp_[a-z]+\b", lambda m: _FIRE_PARAMETERS[m.group(0)], body)
+    start = schema.index(f"CREATE FUNCTION {function}(")
+    head = schema[start : schema.index("AS $$", start)]
+    head = head[head.index("LANGUAGE") :]
+    found = dict(re.findall(r"\bSET\s+(\w+)\s*=\s*(\w+)", head))
+    found.pop("plan_cache_mode", None)
+    return found

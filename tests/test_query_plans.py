@@ -28,7 +28,14 @@ import pytest
 
 from engine.store.databases import create_database, drop_database, with_database
 from engine.store.queries import load_queries
-from tests.plans import EXPLAIN_GENERIC, fire_statement, plan_nodes, plan_outline
+from tests.plans import (
+    EXPLAIN_GENERIC,
+    FUNCTION_OF,
+    function_settings,
+    function_statement,
+    plan_nodes,
+    plan_outline,
+)
 
 #: Deferred task instances, each waiting on a trigger of its own (owned by a triggerer).
 WAITING = 100_000
@@ -154,6 +161,10 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
         "timeout_deferrals_backstop": (None, 5.0),
         "trigger_logs": (7, 0, 1000),
         "task_logs": ("d", "r8", "t7", None, 0, 1000),
+        "task_try": ("d", "r8", "t7"),
+        "task_tries": ("d", "r8", "t7"),
+        "task_map_indexes": ("d", "r8", "t7"),
+        "xcom_of_task": ("d", "r8", "t7", -1),
         "insert_trigger_logs": ([7], [0.0], ["INFO"], ["x"], ["m"], [7]),
         "trigger_log_bytes": (list(range(1, BATCH + 1)),),
         "task_log_bytes": (["d"] * 2, ["r8", "r9"], ["t7", "t8"], [1, 1]),
@@ -176,6 +187,10 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
     }
 
 
+#: A run's task instances: by the unique key (dag_run_id, task_id, map_index) or by
+#: (dag_run_id, state), both led by the run.
+_RUN_TASKS = {"deferral_task_instances_dag_run_id_task_id_map_index_key", "deferral_ti_run_state"}
+
 #: For each statement, the indexes its plan must use: every group, by one index of the group.
 INTENDED: dict[str, list[set[str]]] = {
     # (The admission inside deferral_claim_tasks is pinned by test_admission_plan.py.)
@@ -191,7 +206,13 @@ INTENDED: dict[str, list[set[str]]] = {
     "timeout_deferrals_backstop": [{"deferral_ti_deferral_deadline"}],
     # The logs: read by trigger or try (the CLI, the status page), deleted oldest first.
     "trigger_logs": [{"deferral_trigger_logs_trigger"}],
-    "task_logs": [{"deferral_task_logs_try"}, {"deferral_ti_names"}],
+    "task_logs": [{"deferral_task_logs_try"}, _RUN_TASKS],
+    # The statements that name a task instance by its DAG, run and task: the run by its
+    # names, then its task instances (migration 0031 dropped deferral_ti_names).
+    "task_try": [{"deferral_dag_runs_dag_id_run_id_key"}, _RUN_TASKS],
+    "task_tries": [{"deferral_dag_runs_dag_id_run_id_key"}, _RUN_TASKS],
+    "task_map_indexes": [{"deferral_dag_runs_dag_id_run_id_key"}, _RUN_TASKS],
+    "xcom_of_task": [{"deferral_dag_runs_dag_id_run_id_key"}, _RUN_TASKS],
     "insert_trigger_logs": [{"deferral_ti_trigger"}],
     # What a trigger or try stored before (its total), read once per process that writes
     # its lines (engine/usercode/logsink.py): by trigger, by try.
@@ -257,14 +278,17 @@ def plan_dbs(admin_url: str, template_db: str) -> Iterator[dict[str, str]]:
 
 
 async def _explain(url: str, name: str, *, generic: bool) -> dict[str, Any]:
-    sql = (
-        fire_statement() if name == "fire_triggers" else load_queries()[_STATEMENT.get(name, name)]
-    )
+    function = FUNCTION_OF.get(name)
+    sql = function_statement(function) if function else load_queries()[_STATEMENT.get(name, name)]
     conn = await asyncpg.connect(url)
     try:
         stats = await conn.fetchval(
             "SELECT count(*) FROM pg_stats WHERE tablename = ANY ($1::text[])", list(BIG_TABLES)
         )
+        if function:
+            # (planned as its function plans it: with the settings of its SET clauses)
+            for setting, value in function_settings(function).items():
+                await conn.execute(f"SET {setting} = {value}")
         if generic:
             # Through the simple path of a PL/pgSQL EXECUTE: the extended protocol would ask
             # for values of the parameters that a generic plan leaves open.
@@ -319,6 +343,82 @@ def test_fire_triggers_never_joins_its_two_ctes_in_a_nested_loop(
             f"fire_triggers joins {[c['CTE Name'] for c in ctes]} in a nested loop:\n"
             + plan_outline(plan)
         )
+
+
+#: Rows the first deferrals of a fleet bring, after statistics taken while none waited.
+FIRST_WAITS = 1_000
+
+
+async def _build_first_waits(admin_url: str, template: str, name: str) -> None:
+    # Statistics of runnable and finished tasks alone (as a benchmark's ANALYZE sees them, or
+    # a fleet's before its sensors first defer), then triggers and tasks waiting on them.
+    await create_database(admin_url, name, template=template)
+    conn = await asyncpg.connect(_url(admin_url, name))
+    try:
+        tables = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        for row in tables:
+            await conn.execute(f"ALTER TABLE {row['tablename']} SET (autovacuum_enabled = false)")
+        await conn.execute(
+            "INSERT INTO deferral_dag_runs (id, dag_id, run_id, logical_date) "
+            "VALUES (1, 'd', 'r1', now())"
+        )
+        await conn.execute(
+            "INSERT INTO deferral_triggerers (id, hostname, pid, capacity, lease_expires_at) "
+            "VALUES (1, 'h', 1, 200000, now() + interval '1 day')"
+        )
+        await conn.execute(
+            """INSERT INTO deferral_task_instances (dag_run_id, dag_id, run_id, task_id, state,
+                   try_number)
+               SELECT 1, 'd', 'r1', 't' || g, CASE WHEN g % 2 = 0 THEN 'success'
+                                                  ELSE 'scheduled' END, 1
+               FROM generate_series(1, 10000) g"""
+        )
+        await conn.execute("ANALYZE")
+        await conn.execute(
+            f"""INSERT INTO deferral_triggers (id, classpath, kwargs, dedup_key, triggerer_id,
+                                               fence)
+                SELECT g, 'tests.triggers_for_tests.NeverTrigger', '\\x80'::bytea, md5(g::text),
+                       1, 1
+                FROM generate_series(1, {FIRST_WAITS}) g"""
+        )
+        await conn.execute(
+            f"""INSERT INTO deferral_task_instances (dag_run_id, dag_id, run_id, task_id, state,
+                   try_number, trigger_id, next_method)
+                SELECT 1, 'd', 'r1', 'w' || g, 'deferred', 1, g, 'resume'
+                FROM generate_series(1, {FIRST_WAITS}) g"""
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+def first_waits_db(admin_url: str, template_db: str) -> Iterator[str]:
+    """A database whose statistics were taken before any task waited, with 1,000 tasks
+    waiting now."""
+    name = f"t_plans_first_{uuid.uuid4().hex[:12]}"
+    try:
+        asyncio.run(_build_first_waits(admin_url, template_db, name))
+        yield _url(admin_url, name)
+    finally:
+        asyncio.run(drop_database(admin_url, name))
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_fire_triggers_is_linear_after_statistics_of_no_waiting_task(
+    first_waits_db: str, generic: bool
+) -> None:
+    # Statistics taken while no task waited estimate one trigger and one waiting task: the
+    # plan of the fire joined the outcomes with the triggers, and the fired triggers with
+    # their tasks, in nested loops that scanned the outcomes (a function scan) and the fired
+    # triggers (a CTE scan) again for each row: quadratic in the batch (migration 0031).
+    plan = asyncio.run(_explain(first_waits_db, "fire_triggers", generic=generic))
+    plan.pop("_has_statistics")
+    rescanned = [
+        node.get("CTE Name", node["Node Type"])
+        for node, again in _per_row(plan)
+        if again and node["Node Type"] in ("CTE Scan", "Function Scan", "Seq Scan", "Materialize")
+    ]
+    assert not rescanned, f"fire_triggers scans {rescanned} once per row:\n{plan_outline(plan)}"
 
 
 def _per_row(plan: dict[str, Any], repeated: bool = False) -> Iterator[tuple[dict[str, Any], bool]]:

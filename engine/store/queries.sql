@@ -809,7 +809,11 @@ SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_number, ti.resu
            AS duration_s,
        ti.rendered_fields, ti.map_index
 FROM deferral_task_instances ti
-WHERE ($1::text IS NULL OR ti.dag_id = $1) AND ($2::text IS NULL OR ti.run_id = $2)
+-- (by the runs named: task instances are found through their run, as in the statements
+-- below; every one has its run)
+WHERE ti.dag_run_id IN (SELECT r.id FROM deferral_dag_runs r
+                        WHERE ($1::text IS NULL OR r.dag_id = $1)
+                          AND ($2::text IS NULL OR r.run_id = $2))
   AND ($3::text IS NULL OR ti.state = $3)
 ORDER BY ti.dag_run_id, ti.id
 LIMIT $4;
@@ -1404,7 +1408,8 @@ SELECT ti.id, ti.dag_run_id, ti.dag_id, ti.run_id, ti.task_id, ti.state, ti.try_
 FROM deferral_task_instances ti
 LEFT JOIN deferral_triggers t ON t.id = ti.trigger_id AND ti.state = 'deferred'
 LEFT JOIN deferral_triggerers tr ON tr.id = t.triggerer_id
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND deferral_ti_name(ti.task_id, ti.map_index) = $3;
+WHERE ti.dag_run_id = (SELECT r.id FROM deferral_dag_runs r WHERE r.dag_id = $1 AND r.run_id = $2)
+  AND deferral_ti_name(ti.task_id, ti.map_index) = $3;
 
 -- name: triggers_page
 -- Triggers with their owner, waiters and age, filtered by classpath substring ($1), owner ($2;
@@ -1510,7 +1515,8 @@ SELECT ti.try_number, ti.state, ti.try_queued_at, ti.try_started_at, ti.started_
        ti.deferred_at, ti.fired_at, ti.ended_at, ti.error, ti.rendered_fields, true,
        ti.first_try_at IS NOT NULL, ti.run_after, now()
 FROM deferral_task_instances ti
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND deferral_ti_name(ti.task_id, ti.map_index) = $3
+WHERE ti.dag_run_id = (SELECT r.id FROM deferral_dag_runs r WHERE r.dag_id = $1 AND r.run_id = $2)
+  AND deferral_ti_name(ti.task_id, ti.map_index) = $3
 ORDER BY 1, 11;
 
 -- name: run_tries
@@ -2048,7 +2054,9 @@ ORDER BY dag_id, run_id, task_id, try_number;
 -- a null seq.
 WITH ti AS (
     SELECT state, try_number FROM deferral_task_instances
-    WHERE dag_id = $1 AND run_id = $2 AND deferral_ti_name(task_id, map_index) = $3
+    WHERE dag_run_id = (SELECT r.id FROM deferral_dag_runs r
+                        WHERE r.dag_id = $1 AND r.run_id = $2)
+      AND deferral_ti_name(task_id, map_index) = $3
 ), try AS (
     SELECT COALESCE($4::integer, (SELECT try_number FROM ti)) AS n
 ), page AS (
@@ -2625,7 +2633,8 @@ ORDER BY ti.map_index >= 0, ti.map_index,
 -- task (or a mapped one not expanded yet), 0..n-1 for a mapped one; none: no such task
 -- instance.
 SELECT ti.map_index FROM deferral_task_instances ti
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3
+WHERE ti.dag_run_id = (SELECT r.id FROM deferral_dag_runs r WHERE r.dag_id = $1 AND r.run_id = $2)
+  AND ti.task_id = $3
 ORDER BY ti.map_index;
 
 -- name: xcom_of_tasks
@@ -2650,7 +2659,8 @@ LEFT JOIN LATERAL (
     UNION ALL
     SELECT 'return_value', ti.result WHERE ti.result IS NOT NULL
 ) k ON true
-WHERE ti.dag_id = $1 AND ti.run_id = $2 AND ti.task_id = $3 AND ti.map_index = $4
+WHERE ti.dag_run_id = (SELECT r.id FROM deferral_dag_runs r WHERE r.dag_id = $1 AND r.run_id = $2)
+  AND ti.task_id = $3 AND ti.map_index = $4
 ORDER BY k.key;
 
 -- name: rotation_xcom

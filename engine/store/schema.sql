@@ -233,7 +233,6 @@ CREATE INDEX deferral_ti_deferral_deadline ON deferral_task_instances (trigger_t
 CREATE INDEX deferral_ti_running ON deferral_task_instances (worker_id) WHERE state = 'running';
 CREATE INDEX deferral_ti_pending ON deferral_task_instances (dag_run_id) WHERE state = 'pending';
 CREATE INDEX deferral_ti_run_state ON deferral_task_instances (dag_run_id, state);
-CREATE INDEX deferral_ti_names ON deferral_task_instances (dag_id, run_id, task_id);
 
 -- Added by 0016.
 -- The tries of task instances that were followed by another try (a retry, a clear) or whose
@@ -1037,13 +1036,16 @@ CREATE UNIQUE INDEX deferral_asset_watchers_trigger ON deferral_asset_watchers (
     WHERE trigger_id IS NOT NULL;
 
 -- Write a batch of trigger outcomes of triggerer p_triggerer (fire_triggers in queries.sql
--- calls it: what it guarantees is said there): lock the triggers, then fire them.
+-- calls it: what it guarantees is said there): lock the triggers, then fire them. (Planned
+-- with enable_nestloop off since 0031: hash joins of the batch, linear whatever the
+-- statistics.)
 CREATE FUNCTION deferral_fire_triggers(
     p_triggerer bigint, p_ids bigint[], p_fences bigint[], p_kinds text[], p_payloads bytea[],
     p_errors text[], p_shown text[]
 ) RETURNS TABLE (fired_id bigint, id bigint, dag_run_id bigint, task_id text, state text,
                  is_leaf boolean, woke bigint)
-LANGUAGE plpgsql ROWS 100 SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql ROWS 100 SET plan_cache_mode = force_generic_plan SET enable_nestloop = off
+AS $$
 #variable_conflict use_column
 BEGIN
     -- lock_owned_triggers: a task joining a trigger holds its row until it commits; the fire
@@ -1089,7 +1091,10 @@ BEGIN
             ended_at = CASE WHEN f.kind = 'event' THEN NULL ELSE now() END,
             trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL
         FROM fired f
-        WHERE ti.trigger_id = f.id AND ti.state = 'deferred'
+        -- (ti.trigger_id = ANY (p_ids): the same rows, by the waiting tasks' index; with
+        -- enable_nestloop off the join is a hash of the fired triggers, and without it the
+        -- tasks would be read by a scan of every waiting one. See 0031.)
+        WHERE ti.trigger_id = f.id AND ti.trigger_id = ANY (p_ids) AND ti.state = 'deferred'
         RETURNING ti.id, ti.dag_run_id, ti.task_id, ti.state, ti.is_leaf, f.id AS trigger_id,
                   ti.dag_id, ti.run_id, ti.try_number, ti.next_method, f.classpath, f.kind,
                   f.error, f.shown, ti.map_index
