@@ -19,6 +19,7 @@ never read ``deferral_task_instances`` whole; count the deferred tasks of an
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
 import json
 import re
@@ -30,6 +31,7 @@ import asyncpg
 import pytest
 
 from engine.dags.dag import DAG
+from engine.scheduler.dagrecord import record_dags
 from engine.store import Store
 from engine.store.databases import create_database, drop_database, with_database
 from operators.python import PythonOperator
@@ -282,3 +284,54 @@ async def test_a_full_pool_ahead_holds_back_only_its_own_tasks(store: Store) -> 
     # A slot more in the narrow pool admits its next task, in priority order.
     await store.set_pool("narrow", 2)
     assert await _claim_ids(store, worker, 16) == {"n1"}
+
+
+@pytest.mark.anyio
+async def test_one_claim_holds_each_dag_and_task_to_its_own_limit_counting_what_runs(
+    store: Store,
+) -> None:
+    # One claim sees candidates of a DAG with a max_active_tasks, of a task with a
+    # max_active_tis_per_dag and of neither, with tries of the limited ones already running
+    # (claimed before): each limit admits exactly its room, counting what runs, and what has
+    # no limit is all admitted. (The admission counts the running tries once per claim, by
+    # DAG and by task, for the limited ones only.)
+    with DAG(dag_id="capped", fileloc=__file__, max_active_tasks=3) as capped:
+        for i in range(5):
+            PythonOperator(
+                task_id=f"c{i}", python_callable=_noop,
+                priority_weight=100 - i, weight_rule="absolute",
+            )  # fmt: skip
+    with DAG(dag_id="pertask", fileloc=__file__) as pertask:
+        PythonOperator(
+            task_id="two", python_callable=_noop, max_active_tis_per_dag=2,
+            priority_weight=50, weight_rule="absolute",
+        )  # fmt: skip
+        PythonOperator(task_id="free", python_callable=_noop, weight_rule="absolute")
+    with DAG(dag_id="open", fileloc=__file__) as open_dag:
+        for i in range(4):
+            PythonOperator(task_id=f"o{i}", python_callable=_noop, weight_rule="absolute")
+    await record_dags(store, [capped, pertask, open_dag])
+    for dag in (capped, pertask, open_dag):
+        for run in ("r1", "r2", "r3"):
+            await store.create_dag_run(dag.dag_id, run, logical_date=await store.now())
+    worker = await store.register_worker("h", 1, 64)
+
+    async def claim(limit: int) -> collections.Counter[tuple[str, str]]:
+        got = (await store.claim_tasks(worker, limit)).claimed
+        return collections.Counter((c.dag_id, c.task_id.rstrip("0123456789")) for c in got)
+
+    # The two highest priorities first: two tries of the capped DAG now run.
+    assert await claim(2) == {("capped", "c"): 2}
+    # Room left: one of the capped DAG, two of the limited task, all of the rest.
+    assert await claim(64) == {
+        ("capped", "c"): 1,
+        ("pertask", "two"): 2,
+        ("pertask", "free"): 3,
+        ("open", "o"): 12,
+    }
+    assert await claim(64) == {}
+    states = collections.Counter(
+        (ti.dag_id, ti.state) for ti in await store.list_task_instances(limit=100)
+    )
+    assert states[("capped", "running")] == 3
+    assert states[("capped", "scheduled")] == 12

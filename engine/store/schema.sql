@@ -518,7 +518,7 @@ CREATE TABLE deferral_xcom (
 -- planner cannot read (it depends on each pool's room) is taken for a tenth of a pool's
 -- rows, for which it chose to read them all and sort them (tests/test_admission_plan.py pins
 -- the plan at 100,000 runnable rows).
--- (The check before the lock: migration 0028.)
+-- (The check before the lock: migration 0028. Each limit counted once per claim: 0031.)
 CREATE FUNCTION deferral_claim_tasks(
     p_worker bigint, p_limit integer, p_queues text[], p_parallelism integer
 ) RETURNS TABLE (id bigint, missing_pool boolean) LANGUAGE plpgsql ROWS 16
@@ -636,15 +636,28 @@ BEGIN
             FOR UPDATE OF rs SKIP LOCKED
         ) c
         WHERE pr.include_deferred
+    ), dag_busy AS MATERIALIZED (
+        -- what runs of the candidates' DAGs that have a max_active_tasks (one pass over busy;
+        -- a DAG without the limit is not counted at all)
+        SELECT b.dag_id, count(*) AS n FROM busy b
+        WHERE b.dag_id IN (SELECT c.dag_id FROM candidate c
+                           JOIN deferral_dags d ON d.dag_id = c.dag_id
+                           WHERE d.max_active_tasks IS NOT NULL)
+        GROUP BY b.dag_id
+    ), task_busy AS MATERIALIZED (
+        -- what runs of the candidates' tasks that have a max_active_tis_per_dag (likewise)
+        SELECT b.dag_id, b.task_id, count(*) AS n FROM busy b
+        WHERE (b.dag_id, b.task_id) IN (SELECT c.dag_id, c.task_id FROM candidate c
+                                        WHERE c.max_active_tis_per_dag IS NOT NULL)
+        GROUP BY b.dag_id, b.task_id
     ), roomy AS (
         -- the room each candidate's DAG and task have left (null: no limit)
         SELECT c.*,
-               d.max_active_tasks - (SELECT count(*) FROM busy b WHERE b.dag_id = c.dag_id)
-                   AS dag_room,
-               c.max_active_tis_per_dag
-                   - (SELECT count(*) FROM busy b
-                      WHERE b.dag_id = c.dag_id AND b.task_id = c.task_id) AS task_room
+               d.max_active_tasks - COALESCE(db.n, 0) AS dag_room,
+               c.max_active_tis_per_dag - COALESCE(tb.n, 0) AS task_room
         FROM candidate c LEFT JOIN deferral_dags d ON d.dag_id = c.dag_id
+        LEFT JOIN dag_busy db ON db.dag_id = c.dag_id
+        LEFT JOIN task_busy tb ON tb.dag_id = c.dag_id AND tb.task_id = c.task_id
     ), ranked AS (
         -- what the candidates before each one (in claim order) would take of each limit
         SELECT c.*,
