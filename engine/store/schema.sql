@@ -518,7 +518,7 @@ CREATE TABLE deferral_xcom (
 -- planner cannot read (it depends on each pool's room) is taken for a tenth of a pool's
 -- rows, for which it chose to read them all and sort them (tests/test_admission_plan.py pins
 -- the plan at 100,000 runnable rows).
--- (The check before the lock: migration 0028. Each limit counted once per claim: 0031.)
+-- (The check before the lock: migration 0028. Each limit counted once per claim: 0032.)
 CREATE FUNCTION deferral_claim_tasks(
     p_worker bigint, p_limit integer, p_queues text[], p_parallelism integer
 ) RETURNS TABLE (id bigint, missing_pool boolean) LANGUAGE plpgsql ROWS 16
