@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 
 from engine.config import load_settings
@@ -381,3 +382,52 @@ async def test_a_child_whose_supervisor_is_gone_drains(
         release_file(setup.go, "go")
         assert await _exit_code(child) == 0
         assert (await _ti(store, "lone", "slow")).state == "success"
+
+
+#: Longest a scheduler may take to stop after SIGTERM here: well under the statement timeout
+#: (60 s) that its pass, waiting on a lock, would otherwise run into.
+SCHEDULER_STOP_S = 20.0
+
+
+async def test_sigterm_stops_a_scheduler_whose_pass_waits_on_the_database(
+    setup: Setup, db_url: str
+) -> None:
+    """A scheduler holds no work: SIGTERM ends its pass in flight instead of waiting for it.
+    Here the pass waits on a lock the test holds (as on an overloaded or hung database); the
+    scheduler stops, rolls its transaction back without an error, and unregisters, while the
+    lock is still held."""
+    proc = setup.start("scheduler")
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with explained(setup):
+
+            async def registered() -> bool:
+                sql = "SELECT count(*) FROM deferral_schedulers WHERE pid = $1"
+                return bool(await conn.fetchval(sql, proc.pid))
+
+            await wait_until(registered, what="the scheduler to register")
+
+            async def scanned() -> bool:  # (its DAG file imported: no import cut short)
+                return bool(setup.lines("recorded 2 DAG(s)"))
+
+            await wait_until(scanned, what="the scheduler's first scan of its DAGs")
+            async with conn.transaction():
+                await conn.execute("LOCK TABLE deferral_dag_runs IN ACCESS EXCLUSIVE MODE")
+
+                async def blocked() -> bool:
+                    sql = (
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND wait_event_type = 'Lock'"
+                    )
+                    return bool(await conn.fetchval(sql))
+
+                await wait_until(blocked, what="the scheduler's pass to wait on the lock")
+                proc.send_signal(signal.SIGTERM)
+                code = await anyio.to_thread.run_sync(proc.wait, SCHEDULER_STOP_S)
+                assert code == 0
+                left = "SELECT count(*) FROM deferral_schedulers WHERE pid = $1"
+                assert await conn.fetchval(left, proc.pid) == 0
+        assert setup.lines("SIGTERM: stopping")
+        assert not setup.lines(" ERROR ")
+    finally:
+        await conn.close()

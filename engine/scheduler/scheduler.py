@@ -105,6 +105,8 @@ class Scheduler:
         self.pass_at: float | None = None
         self._wake = Wakeup()
         self._stopping = False
+        #: What ``stop()`` cancels: everything ``run`` does but its clean-up (made by ``run``).
+        self._scope: anyio.CancelScope | None = None
 
     @property
     def contact_since(self) -> dt.datetime | None:
@@ -129,38 +131,56 @@ class Scheduler:
         return 0 if self.dag_scan is None else self.dag_scan.scans
 
     def stop(self) -> None:
-        """Graceful stop; safe before ``run`` (which then returns at once) and more than once;
-        a stopped scheduler stays stopped."""
+        """Stop now: the pass in flight, the DAG scan and the contact probe are cancelled.
+        A scheduler holds no work that a graceful stop would let finish: each write of a pass
+        is a transaction of its own, and what a cut pass leaves undone the next pass (of this
+        scheduler or another) does. Waiting for the pass instead made a SIGTERM look ignored
+        for as long as a statement can wait (a lock, a hung or overloaded database: up to
+        the connection's command timeout, a minute). Safe before ``run`` (which then returns
+        at once) and more than once; a stopped scheduler stays stopped."""
         self._stopping = True
         self._wake.set()
         if self.dag_scan is not None:
             self.dag_scan.stop()
+        if self._scope is not None:
+            self._scope.cancel()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
+        if self._stopping:
+            task_status.started()
+            return
         channels = [CHANNEL_FINISHED, CHANNEL_ASSETS]
         if self.dag_scan is not None:
             channels.append(CHANNEL_DAG_RESCAN)
         listener = self.store.listener(*channels)
         listener.on_notify(self._on_notify)
+        started = False
+        self._scope = anyio.CancelScope()
         try:
-            # Listening before the first scan: a rescan asked for once that scan is logged
-            # is seen.
-            await self._listen(listener)
-            self.id = await with_db_retry("register the scheduler", self.store.register_scheduler)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._keep_contact, name="scheduler-contact")
-                if self.dag_scan is not None:
-                    tg.start_soon(self.dag_scan.run, name="scheduler-dag-scan")
-                task_status.started()
-                await self._schedule(listener)
-                tg.cancel_scope.cancel()
+            with self._scope:
+                # Listening before the first scan: a rescan asked for once that scan is
+                # logged is seen.
+                await self._listen(listener)
+                self.id = await with_db_retry(
+                    "register the scheduler", self.store.register_scheduler
+                )
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._keep_contact, name="scheduler-contact")
+                    if self.dag_scan is not None:
+                        tg.start_soon(self.dag_scan.run, name="scheduler-dag-scan")
+                    task_status.started()
+                    started = True
+                    await self._schedule(listener)
+                    tg.cancel_scope.cancel()
         finally:
             with anyio.move_on_after(5, shield=True):
                 await listener.close()
                 if self.id is not None:
                     with contextlib.suppress(*TRANSIENT_ERRORS):
                         await self.store.unregister_scheduler(self.id)
+        if not started:  # stopped before it registered
+            task_status.started()
 
     async def _schedule(self, listener: Listener) -> None:
         """The scheduling loop: passes until stopped. No pass waits for the DAGs folder."""

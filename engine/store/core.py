@@ -34,6 +34,8 @@ T = TypeVar("T")
 #: Batches with fewer values than this are encrypted or decrypted on the event loop; larger
 #: ones in a thread (a Fernet token costs some 10-20 us: 5,000 would hold the loop ~0.1 s).
 INLINE_CRYPTO = 256
+#: How long the rollback of a transaction cut short by a cancel may take (a hung database).
+ROLLBACK_S = 5.0
 
 
 def storable(text: str) -> str:
@@ -127,8 +129,20 @@ class StoreCore:
 
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[Conn]:
-        async with self._pool.acquire() as conn, conn.transaction():
-            yield conn
+        async with self._pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                yield conn
+            except BaseException:
+                # Shielded: a transaction cut short by a cancel (a stopping scheduler, a
+                # timeout) is rolled back before its connection goes back to the pool. Else
+                # the rollback is cancelled too, and the pool's reset rolls it back while
+                # logging an error. (A lost connection has nothing to roll back.)
+                with anyio.move_on_after(ROLLBACK_S, shield=True), contextlib.suppress(Exception):
+                    await tx.rollback()
+                raise
+            await tx.commit()
 
     async def migrate(self) -> list[int]:
         """Apply the migrations not applied yet, in order; returns their versions."""
