@@ -10,12 +10,15 @@ among benchmarks' modules), so the group is built in this one place.
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from benchmarks.claims import claims
 from benchmarks.events import events
 from benchmarks.fleet import fleet
 from benchmarks.plots import plot
+from benchmarks.processes import ended_with_children
 from benchmarks.schedule import schedule
 from benchmarks.throughput import throughput
 from benchmarks.waits import waits
@@ -24,7 +27,16 @@ from benchmarks.web import web
 __all__ = ["bench"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Bench(click.Group):
+    """Every scenario runs under ``ended_with_children`` (benchmarks/processes.py): stopped by
+    SIGTERM or Ctrl-C, or failing, a benchmark ends every process it started."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with ended_with_children():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Bench, context_settings={"help_option_names": ["-h", "--help"]})
 def bench() -> None:
     """Benchmarks of the engine (results as JSON; figures in docs/benchmarks.md)."""
 

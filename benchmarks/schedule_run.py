@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.fleet_run import _machine
-from benchmarks.waits_run import Fleet
+from benchmarks.processes import Fleet
 from engine.config import load_settings
 from engine.security.keys import child_key_env
 from engine.store import Store, database_url

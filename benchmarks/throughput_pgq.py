@@ -55,7 +55,8 @@ def worker_main() -> None:
 
     Prints ``ready`` once connected, waits for a line on stdin, drains the queue, prints
     ``done``, and waits for another line before it closes its connection (so that its
-    database backend is still there when the benchmark reads the CPU it used)."""
+    database backend is still there when the benchmark reads the CPU it used). Its stdin
+    closing (the benchmark died) ends it."""
     import uvloop
 
     args = json.loads(sys.argv[1])
@@ -72,7 +73,9 @@ async def _worker(url: str, slots: int, batch: int) -> None:
 
     loop = asyncio.get_running_loop()
     print("ready", flush=True)
-    await loop.run_in_executor(None, sys.stdin.readline)
+    if not await loop.run_in_executor(None, sys.stdin.readline):
+        await conn.close()  # its pipe closed: the benchmark is gone, nothing to run for
+        return
     await qm.run(batch_size=batch, mode=QueueExecutionMode.drain, max_concurrent_tasks=slots)
     print("done", flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)

@@ -20,8 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.fleet_run import _machine
+from benchmarks.processes import Fleet
 from benchmarks.throughput_dag import CYCLES_DAG_ID, TASKS_DAG_ID, dag_file_source
-from benchmarks.waits_run import Fleet, _cpu_by_pid, _journal_lines, percentiles
+from benchmarks.waits_run import _cpu_by_pid, _journal_lines, percentiles
 from engine.config import load_settings
 from engine.dags.dagbag import DagBag
 from engine.security.keys import child_key_env, keyring_from_settings
@@ -367,6 +368,9 @@ async def _pgqueuer(
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=log,
+                    # (A terminal's Ctrl-C reaches the benchmark alone, which kills them below;
+                    # a benchmark that dies closes their stdin, which ends them.)
+                    start_new_session=True,
                 )
             )
 

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from benchmarks.processes import Fleet
 from benchmarks.waits_dag import DAG_ID, SENSOR_POOL, dag_file_source
 from engine.config import load_settings
 from engine.dags.dagbag import DagBag
@@ -112,39 +113,6 @@ def _run_floor(n: int, window: float, loop: str) -> dict[str, Any]:
 
 
 # -- processes -----------------------------------------------------------------------------
-
-
-class Fleet:
-    """The engine's processes of one run, each logging to a file of its own."""
-
-    def __init__(self, folder: Path, env: dict[str, str]) -> None:
-        self.folder = folder
-        self.env = env
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        log = (self.folder / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engine", *args], env=self.env, stdout=log, stderr=log
-        )
-        log.close()
-        self.procs[name] = proc
-        return proc
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs.values() if p.poll() is None]
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def _cpu_s(pids: Sequence[int]) -> float:

@@ -64,6 +64,7 @@ __all__ = [
     "make_worker",
     "run_component",
     "spawn",
+    "start_child",
     "stop_children",
     "trigger_allow_list",
 ]
@@ -256,12 +257,9 @@ def spawn(
     stderr: IO[bytes] | None = None,
     sock: socket.socket | None = None,
 ) -> Child:
-    """Start ``deferral <kind>`` as a child process on the same database and DAGs folder.
-
-    The child runs in a new session (a terminal's SIGINT goes to the caller only) and is
-    stopped through a pipe (``Child.ask``, ``stop_children``); it stops gracefully by itself
-    when the caller dies and the pipe closes. ``sock``: a listening socket the child serves
-    on (its metrics server, or the status page), bound here already."""
+    """Start ``deferral <kind>`` as a child process on the same database and DAGs folder
+    (supervised: see ``start_child``). ``sock``: a listening socket the child serves on (its
+    metrics server, or the status page), bound here already."""
     child_env = {**os.environ, **(env or {})}
     child_env["DEFERRAL_DATABASE_URL"] = database_url(settings)
     # Handed the URL, the child sees an external database: it needs this process's keys.
@@ -273,6 +271,24 @@ def spawn(
     child_env["DEFERRAL_METRICS_HOST"] = settings.metrics_host
     if settings.trigger_allow is not None:
         child_env["DEFERRAL_TRIGGER_ALLOW"] = ",".join(settings.trigger_allow)
+    return start_child([kind, *extra], child_env, stderr=stderr, sock=sock)
+
+
+def start_child(
+    args: Sequence[str],
+    env: dict[str, str],
+    *,
+    stdout: IO[bytes] | None = None,
+    stderr: IO[bytes] | None = None,
+    sock: socket.socket | None = None,
+) -> Child:
+    """Start ``python -m engine <args>`` with the environment ``env``, supervised.
+
+    The child runs in a new session (a terminal's SIGINT goes to the caller only) and is
+    stopped through a pipe (``Child.ask``, ``stop_children``); it stops gracefully by itself
+    when the caller dies, however it dies, and the pipe closes. ``sock``: a listening socket
+    it serves on."""
+    child_env = dict(env)
     read_end, write_end = os.pipe()
     child_env[SUPERVISOR_FD_ENV] = str(read_end)
     passed = [read_end]
@@ -281,8 +297,9 @@ def spawn(
         passed.append(sock.fileno())
     try:
         child = Child(
-            [sys.executable, "-m", "engine", kind, *extra],
+            [sys.executable, "-m", "engine", *args],
             env=child_env,
+            stdout=stdout,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
             pass_fds=tuple(passed),
@@ -293,7 +310,7 @@ def spawn(
         raise
     finally:
         os.close(read_end)
-    child.kind = kind
+    child.kind = args[0]
     child.control = write_end
     return child
 
