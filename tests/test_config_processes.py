@@ -100,7 +100,6 @@ def test_from_settings_carries_each_setting_to_its_field(tmp_path: Path) -> None
     settings = Settings(
         dags_folder=str(tmp_path),
         worker_slots=3,
-        worker_claim_batch=5,
         worker_queues=("gpu", "default"),
         parallelism=7,
         worker_poll_interval_s=0.25,
@@ -141,7 +140,6 @@ def test_from_settings_carries_each_setting_to_its_field(tmp_path: Path) -> None
     allow = ("allow-list", ("mine.*",), None)
     assert _plain(WorkerConfig.from_settings(settings)) == {
         "slots": 3,
-        "claim_batch": 5,
         "queues": ("gpu", "default"),
         "parallelism": 7,
         "poll_interval_s": 0.25,

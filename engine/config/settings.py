@@ -16,7 +16,6 @@ from engine.masking import masked_url, redact
 __all__ = ["SECRET_SETTINGS", "ConfigError", "Settings"]
 
 DEFAULT_WORKER_SLOTS = 16
-DEFAULT_WORKER_CLAIM_BATCH = 32
 DEFAULT_TRIGGERER_CAPACITY = 1000
 DEFAULT_TRIGGERER_LEASE_S = 10.0
 DEFAULT_POLL_INTERVAL_S = 1.0
@@ -141,11 +140,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     #: Task instances a worker runs at once (`deferral worker --slots`).
     worker_slots: int = DEFAULT_WORKER_SLOTS
-    #: Task instances a worker claims per statement, at most: with more slots free and more
-    #: runnable, it claims again at once, its first tries running meanwhile. Small claims
-    #: spread a pool's room over the workers and let a claim's first tries start (and end,
-    #: freeing their slots) before the last ones are even claimed.
-    worker_claim_batch: int = DEFAULT_WORKER_CLAIM_BATCH
     #: How often an idle worker polls for runnable tasks when no notification came (the
     #: backstop to LISTEN/NOTIFY).
     worker_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
@@ -299,7 +293,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             "dag_file_processor_timeout_s": self.dag_file_processor_timeout_s,
             "dag_rescan_interval_s": self.dag_rescan_interval_s,
             "worker_slots": self.worker_slots,
-            "worker_claim_batch": self.worker_claim_batch,
             "worker_poll_interval_s": self.worker_poll_interval_s,
             "worker_heartbeat_s": self.worker_heartbeat_s,
             "triggerer_capacity": self.triggerer_capacity,

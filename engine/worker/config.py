@@ -12,7 +12,6 @@ from engine.config import (
     DEFAULT_CALLBACK_TIMEOUT_S,
     DEFAULT_MAX_MAP_LENGTH,
     DEFAULT_POLL_INTERVAL_S,
-    DEFAULT_WORKER_CLAIM_BATCH,
     DEFAULT_WORKER_SLOTS,
     DEFAULT_XCOM_MAX_BYTES,
     Settings,
@@ -32,8 +31,6 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     #: Tries run at once (setting ``worker_slots``).
     slots: int = DEFAULT_WORKER_SLOTS
-    #: Task instances claimed per statement, at most (setting ``worker_claim_batch``).
-    claim_batch: int = DEFAULT_WORKER_CLAIM_BATCH
     #: The queues whose tasks the worker claims (setting ``worker_queues``).
     queues: tuple[str, ...] = (DEFAULT_QUEUE,)
     #: Running tasks across all workers at once; 0: no limit (setting ``parallelism``).
@@ -63,8 +60,6 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
-        if self.claim_batch < 1:
-            raise ValueError(f"claim_batch must be >= 1, got {self.claim_batch}")
         if not self.queues:
             raise ValueError("queues must name at least one queue")
         if not isinstance(self.queues, tuple):  # (a list given as a keyword argument)
@@ -75,7 +70,6 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
         """The worker's config the settings give."""
         return cls(
             slots=settings.worker_slots,
-            claim_batch=settings.worker_claim_batch,
             queues=settings.worker_queues,
             parallelism=settings.parallelism,
             poll_interval_s=settings.worker_poll_interval_s,

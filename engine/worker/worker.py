@@ -59,8 +59,6 @@ class Worker:
             WorkerConfig() if config is None else config, overrides, "Worker"
         )
         slots = config.slots
-        #: Task instances claimed per statement, at most.
-        self.claim_batch = config.claim_batch
         self.store = store
         self.dagbag = dagbag
         self.slots = slots
@@ -256,14 +254,7 @@ class Worker:
                     if self._claims_unsure:
                         self._adopt(tasks, await self._unacknowledged_claims())
                         free = self.slots - self._busy()
-                    # At most a batch per claim: with more free and runnable, the loop claims
-                    # again at once, and the tries of this claim run while it does. One claim
-                    # of every free slot left a pool's room to one worker, whose tries then
-                    # ran one after another, each holding its pool slot, while the other
-                    # workers idled; and none of them ended (writing its outcome and freeing
-                    # its slot) before the last was claimed and started.
-                    limit = min(free, self.claim_batch)
-                    claimed, next_in = await self._claim(limit) if limit > 0 else ([], None)
+                    claimed, next_in = await self._claim(free) if free > 0 else ([], None)
                 except TRANSIENT_ERRORS as exc:
                     await backoff.wait("claiming tasks", exc)
                     continue
@@ -271,7 +262,7 @@ class Worker:
                 if next_in is not None:
                     timeout = max(0.0, min(timeout, next_in))
                 self._adopt(tasks, claimed)
-                if claimed and len(claimed) == limit:
+                if claimed and len(claimed) == free:
                     continue
             await self._wake.wait(timeout)
 
