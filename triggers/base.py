@@ -333,16 +333,22 @@ def _encode_kwargs(classpath: str, kwargs: Any) -> bytes:
             f"trigger {classpath}: serialize() must return kwargs as a dict with str keys, "
             f"got {type(kwargs).__name__}"
         )
-    for key, value in kwargs.items():
-        try:
-            _encoder.encode(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise TriggerSerializationError(
-                f"trigger {classpath}: kwarg {key!r} (a {type(value).__qualname__}) cannot be "
-                f"serialized ({type(exc).__name__}); pass plain data (str, numbers, bools, "
-                "None, lists, dicts, aware datetimes) or an import path instead of live objects"
-            ) from None
-    data = _encoder.encode(kwargs)
+    try:
+        data = _encoder.encode(kwargs)
+    except (TypeError, ValueError, OverflowError):
+        # (Encoded whole first: a dict encodes if and only if each of its values does, and
+        # the kwarg to blame is looked for only when one does not.)
+        for key, value in kwargs.items():
+            try:
+                _encoder.encode(value)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise TriggerSerializationError(
+                    f"trigger {classpath}: kwarg {key!r} (a {type(value).__qualname__}) cannot "
+                    f"be serialized ({type(exc).__name__}); pass plain data (str, numbers, "
+                    "bools, None, lists, dicts, aware datetimes) or an import path instead of "
+                    "live objects"
+                ) from None
+        raise
     if len(data) > MAX_KWARGS_BYTES:
         raise TriggerSerializationError(
             f"trigger {classpath}: kwargs encode to {len(data)} bytes, over the limit of "
