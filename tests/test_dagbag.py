@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,6 +189,37 @@ def test_a_changed_file_is_reloaded(tmp_path: Path) -> None:
     write(path, dag_source(dag_id, "c"))
     assert set(bag.get_dag(dag_id).tasks) == {"c"}
     assert bag.get_task(dag_id, "c").task_id == "c"
+
+
+def test_a_check_shared_by_the_tries_of_a_claim_never_hides_an_earlier_edit(
+    tmp_path: Path,
+) -> None:
+    """The tries of one claim share one stat of their DAG file (``checked_since``: when the
+    claim's reply arrived); a try claimed after an edit never takes an older stat's word."""
+    uid = _uid()
+    dag_id = f"shared_{uid}"
+    path = write(tmp_path / f"shared_{uid}.py", dag_source(dag_id, "a"))
+    bag = DagBag(tmp_path)
+    bag.collect()
+    claimed = time.monotonic()
+    assert bag.is_current(dag_id, checked_since=claimed)  # the claim's first try: a stat
+    checked = bag._snapshot.checked[str(path)]
+    assert checked > claimed
+    # Its other tries take that stat's word (an edit saved now, after the claim, is the next
+    # claim's to see)...
+    write(path, dag_source(dag_id, "a", "b"))
+    assert bag.is_current(dag_id, checked_since=claimed)
+    # ... but a claim whose reply came after the edit never does: its first try looks again.
+    later = time.monotonic()
+    assert not bag.is_current(dag_id, checked_since=later)
+    assert not bag.is_current(dag_id)
+    assert set(bag.get_dag(dag_id).tasks) == {"a", "b"}
+    # A reload starts afresh: no check of the old bag answers for the new one.
+    assert str(path) not in bag._snapshot.checked
+    assert bag.is_current(dag_id, checked_since=later)
+    write(path, dag_source(dag_id, "c"))
+    assert not bag.is_current(dag_id, checked_since=time.monotonic())
+    assert set(bag.get_dag(dag_id).tasks) == {"c"}
 
 
 def test_a_file_is_imported_again_only_when_its_content_changed(
