@@ -17,7 +17,12 @@ import pytest
 from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
-from triggers.base import decode_value, import_trigger_class, validate_trigger
+from triggers.base import (
+    TriggerSerializationError,
+    decode_value,
+    import_trigger_class,
+    validate_trigger,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -135,6 +140,43 @@ def test_a_trigger_class_in_the_dags_folder_is_importable_by_classpath(tmp_path:
     stored = validate_trigger(cls(label="x"))  # type: ignore[call-arg]
     assert stored.classpath == f"{module}.FolderTrigger"
     assert decode_value(stored.kwargs) == {"label": "x"}
+
+
+def test_a_trigger_class_found_before_is_found_anew_once_its_module_changed(
+    tmp_path: Path,
+) -> None:
+    """import_trigger_class answers a classpath it found before at once, but never with a
+    class its module no longer holds: a module reloaded in place, imported anew (a DAG
+    file's, after an edit) or a name bound to another class gives the class of now."""
+    module = f"folder_triggers_{_uid()}"
+    path = write(tmp_path / f"{module}.py", _FOLDER_TRIGGER)
+    DagBag(tmp_path)
+    first = import_trigger_class(f"{module}.FolderTrigger")
+    assert import_trigger_class(f"{module}.FolderTrigger") is first
+
+    # Reloaded in place (the same module object, a new class).
+    write(path, _FOLDER_TRIGGER.replace('"fired "', '"fired again "'))
+    importlib.invalidate_caches()
+    reloaded = importlib.reload(sys.modules[module])
+    second = import_trigger_class(f"{module}.FolderTrigger")
+    assert second is reloaded.FolderTrigger
+    assert second is not first
+
+    # Imported anew (a new module object).
+    del sys.modules[module]
+    third = import_trigger_class(f"{module}.FolderTrigger")
+    assert third is sys.modules[module].FolderTrigger
+    assert third not in (first, second)
+
+    # The name bound to another class, then to something that is no trigger class at all.
+    class Other(first):  # type: ignore[misc, valid-type]
+        pass
+
+    sys.modules[module].FolderTrigger = Other  # type: ignore[attr-defined]
+    assert import_trigger_class(f"{module}.FolderTrigger") is Other
+    sys.modules[module].FolderTrigger = object  # type: ignore[attr-defined]
+    with pytest.raises(TriggerSerializationError, match="not a BaseTrigger subclass"):
+        import_trigger_class(f"{module}.FolderTrigger")
 
 
 @pytest.mark.anyio

@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import importlib
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal, cast
 
@@ -291,8 +292,28 @@ def import_object(
     return obj
 
 
+#: Classes :func:`import_trigger_class` found, by classpath, with the module they were found
+#: in (bounded: classpaths come from trigger rows, which anyone writing the table can vary).
+_found_classes: dict[str, tuple[str, str, Any, type]] = {}
+_FOUND_MAX = 4096
+
+
 def import_trigger_class(classpath: str) -> type[BaseTrigger]:
-    """Import ``package.module.ClassName`` and check it names a :class:`BaseTrigger` subclass."""
+    """Import ``package.module.ClassName`` and check it names a :class:`BaseTrigger` subclass.
+
+    A classpath found before answers at once while its module is still the one in
+    ``sys.modules`` (fully imported) and still holds that class under that name: what the
+    import would find again (a reloaded DAG file's module, or a name bound anew, is looked
+    up afresh)."""
+    found = _found_classes.get(classpath)
+    if found is not None:
+        module_name, attr, module, known = found
+        if (
+            sys.modules.get(module_name) is module
+            and getattr(module, attr, None) is known
+            and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+        ):
+            return cast("type[BaseTrigger]", known)
     try:
         cls: type[BaseTrigger] = import_object(
             classpath,
@@ -302,6 +323,12 @@ def import_trigger_class(classpath: str) -> type[BaseTrigger]:
         )
     except ImportPathError as exc:
         raise TriggerSerializationError(str(exc)) from exc
+    module_name, _, attr = classpath.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is not None and getattr(module, attr, None) is cls:
+        if len(_found_classes) >= _FOUND_MAX:
+            _found_classes.clear()
+        _found_classes[classpath] = (module_name, attr, module, cls)
     return cls
 
 
