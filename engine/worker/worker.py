@@ -17,7 +17,6 @@ import anyio
 from anyio.abc import TaskStatus
 
 from engine.dags.dagbag import DagBag
-from engine.runtime import logs
 from engine.runtime import metrics as _metrics
 from engine.runtime.crashpoints import crash_point
 from engine.runtime.health import Check, freshness
@@ -399,10 +398,9 @@ class Worker:
         worker_id = self.id
         assert worker_id is not None
         key = (ti.id, ti.try_number)
-        with (
-            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.name, attempt=ti.try_number),
-            self.logs.bound(ti),
-        ):
+        # (logs.binding and self.logs.bound, without two generators per try)
+        entered = self.logs.enter(ti)
+        try:
             try:
                 # (Cancelled when the try is told to stop; a stop before it started: at once.)
                 with anyio.CancelScope() as scope:
@@ -450,6 +448,8 @@ class Worker:
                 self.finished += 1
                 self._wake.set()
                 self._idle.set()
+        finally:
+            self.logs.leave(ti, entered)
 
     def _report_stopped(self) -> None:
         """A try told to stop has: the next heartbeat, at once, says so (its slot frees)."""
