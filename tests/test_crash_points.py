@@ -42,9 +42,13 @@ _DAG = """
 
     class WaitThenResume(BaseOperator):
         def execute(self, context: Any) -> None:
-            self.defer(trigger=TimeDeltaTrigger(0.3), method_name="resume")
+            # (With resume kwargs: they are stored encrypted, and key rotation rewrites them.)
+            self.defer(
+                trigger=TimeDeltaTrigger(0.3), method_name="resume", kwargs={"task": self.task_id}
+            )
 
-        def resume(self, context: Any, event: Any = None) -> int:
+        def resume(self, context: Any, event: Any = None, task: str = "") -> int:
+            assert task == context["task_id"]
             with open(LOG, "a") as f:
                 f.write(f"{context['task_id']} {context['try_number']}\\n")
             return int(context["try_number"])

@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,12 @@ import pytest
 from engine.dags.dagbag import DagBag
 from engine.store import Store
 from engine.testing import run_engine
-from triggers.base import decode_value, import_trigger_class, validate_trigger
+from triggers.base import (
+    TriggerSerializationError,
+    decode_value,
+    import_trigger_class,
+    validate_trigger,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -136,6 +142,43 @@ def test_a_trigger_class_in_the_dags_folder_is_importable_by_classpath(tmp_path:
     assert decode_value(stored.kwargs) == {"label": "x"}
 
 
+def test_a_trigger_class_found_before_is_found_anew_once_its_module_changed(
+    tmp_path: Path,
+) -> None:
+    """import_trigger_class answers a classpath it found before at once, but never with a
+    class its module no longer holds: a module reloaded in place, imported anew (a DAG
+    file's, after an edit) or a name bound to another class gives the class of now."""
+    module = f"folder_triggers_{_uid()}"
+    path = write(tmp_path / f"{module}.py", _FOLDER_TRIGGER)
+    DagBag(tmp_path)
+    first = import_trigger_class(f"{module}.FolderTrigger")
+    assert import_trigger_class(f"{module}.FolderTrigger") is first
+
+    # Reloaded in place (the same module object, a new class).
+    write(path, _FOLDER_TRIGGER.replace('"fired "', '"fired again "'))
+    importlib.invalidate_caches()
+    reloaded = importlib.reload(sys.modules[module])
+    second = import_trigger_class(f"{module}.FolderTrigger")
+    assert second is reloaded.FolderTrigger
+    assert second is not first
+
+    # Imported anew (a new module object).
+    del sys.modules[module]
+    third = import_trigger_class(f"{module}.FolderTrigger")
+    assert third is sys.modules[module].FolderTrigger
+    assert third not in (first, second)
+
+    # The name bound to another class, then to something that is no trigger class at all.
+    class Other(first):  # type: ignore[misc, valid-type]
+        pass
+
+    sys.modules[module].FolderTrigger = Other  # type: ignore[attr-defined]
+    assert import_trigger_class(f"{module}.FolderTrigger") is Other
+    sys.modules[module].FolderTrigger = object  # type: ignore[attr-defined]
+    with pytest.raises(TriggerSerializationError, match="not a BaseTrigger subclass"):
+        import_trigger_class(f"{module}.FolderTrigger")
+
+
 @pytest.mark.anyio
 async def test_a_dag_deferring_to_a_folder_trigger_runs(store: Store, tmp_path: Path) -> None:
     uid = _uid()
@@ -188,6 +231,37 @@ def test_a_changed_file_is_reloaded(tmp_path: Path) -> None:
     write(path, dag_source(dag_id, "c"))
     assert set(bag.get_dag(dag_id).tasks) == {"c"}
     assert bag.get_task(dag_id, "c").task_id == "c"
+
+
+def test_a_check_shared_by_the_tries_of_a_claim_never_hides_an_earlier_edit(
+    tmp_path: Path,
+) -> None:
+    """The tries of one claim share one stat of their DAG file (``checked_since``: when the
+    claim's reply arrived); a try claimed after an edit never takes an older stat's word."""
+    uid = _uid()
+    dag_id = f"shared_{uid}"
+    path = write(tmp_path / f"shared_{uid}.py", dag_source(dag_id, "a"))
+    bag = DagBag(tmp_path)
+    bag.collect()
+    claimed = time.monotonic()
+    assert bag.is_current(dag_id, checked_since=claimed)  # the claim's first try: a stat
+    checked = bag._snapshot.checked[str(path)]
+    assert checked > claimed
+    # Its other tries take that stat's word (an edit saved now, after the claim, is the next
+    # claim's to see)...
+    write(path, dag_source(dag_id, "a", "b"))
+    assert bag.is_current(dag_id, checked_since=claimed)
+    # ... but a claim whose reply came after the edit never does: its first try looks again.
+    later = time.monotonic()
+    assert not bag.is_current(dag_id, checked_since=later)
+    assert not bag.is_current(dag_id)
+    assert set(bag.get_dag(dag_id).tasks) == {"a", "b"}
+    # A reload starts afresh: no check of the old bag answers for the new one.
+    assert str(path) not in bag._snapshot.checked
+    assert bag.is_current(dag_id, checked_since=later)
+    write(path, dag_source(dag_id, "c"))
+    assert not bag.is_current(dag_id, checked_since=time.monotonic())
+    assert set(bag.get_dag(dag_id).tasks) == {"c"}
 
 
 def test_a_file_is_imported_again_only_when_its_content_changed(

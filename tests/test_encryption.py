@@ -143,6 +143,41 @@ async def test_kwargs_events_and_results_are_ciphertext_in_the_database(
     assert listed.result == result
 
 
+async def test_resume_kwargs_of_none_are_stored_as_nothing(store: Store, db_url: str) -> None:
+    """A deferral without resume kwargs (``encode_value({})``) has nothing to encrypt: null is
+    stored, and the resume reads it as no kwargs (the resumed method gets only its event)."""
+    with DAG(dag_id="enc_no_kwargs") as dag:
+        PythonOperator(task_id="t", python_callable=_noop)
+    await store.upsert_dag(dag.dag_id, "x.py", dag.serialize_tasks(), None)
+    await store.create_dag_run(dag.dag_id, "r1", logical_date=await store.now())
+    worker = await store.register_worker("test", 1, 1)
+    (ti,) = (await store.claim_tasks(worker, 1)).claimed
+    trigger = validate_trigger(NeverTrigger("no_kwargs"))
+    deferral = Deferral(
+        classpath=trigger.classpath,
+        kwargs=trigger.kwargs,
+        dedup_key=trigger.dedup_key,
+        method_name="resume",
+        method_kwargs=encode_value({}),
+        timeout_s=None,
+    )
+    assert await store.defer_task(ti.id, worker, deferral)
+    (row,) = await _raw(db_url, "SELECT next_kwargs, next_method FROM deferral_task_instances")
+    assert (row["next_kwargs"], row["next_method"]) == (None, "resume")
+    (trig,) = await _raw(db_url, "SELECT kwargs FROM deferral_triggers")
+    assert trig["kwargs"].startswith(MARKER)  # (the trigger's own kwargs are sealed as ever)
+
+    me = await store.register_triggerer("test", 1, 10, 60.0)
+    (claimed,) = (await store.claim_triggers(me, 10)).claimed
+    event = encode_value({"token": SECRET})
+    outcome = TriggerOutcome(
+        trigger_id=claimed.id, fence=claimed.fence, kind="event", payload=event
+    )
+    assert (await store.fire_triggers(me, [outcome])).accepted == {claimed.id}
+    (resumed,) = (await store.claim_tasks(worker, 1)).claimed
+    assert (resumed.next_method, resumed.next_kwargs, resumed.next_event) == ("resume", None, event)
+
+
 # -- a key that opens nothing ---------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ worker that ran none of its deferrals (docs/benchmarks.md, batched deferrals).
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -159,5 +160,52 @@ async def test_a_try_looks_at_its_dag_file_once_and_sees_it_changed(
         )
     )
     changed = await attempts._operator(ti)
+    assert changed.retries == 7
+    assert bag.loads == 2
+
+
+async def test_the_tries_of_one_claim_share_one_stat_and_a_later_claim_sees_an_edit(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tries claimed together (one ``claimed_at``) look at their DAG file once between them;
+    a try of a claim whose reply came after the file was saved looks again and runs the new
+    code."""
+    from engine.dags import dagbag as dagbag_module
+
+    path = tmp_path / "imported.py"
+    path.write_text(DAG_FILE.format(marker=str(tmp_path / "marker")))
+    bag = CountingBag(tmp_path)
+    attempts = Attempts(
+        store,
+        bag,
+        TryLogs(store),
+        slots=10,
+        default_deferrable=False,
+        kill_grace_s=1.0,
+        stopping={},
+        freed=lambda _stopped: None,
+        xcom_max_bytes=1 << 20,
+    )
+    ti: Any = SimpleNamespace(dag_id="imported", task_id="t")
+    await attempts._operator(ti)  # (the first import)
+    stats: list[str] = []
+    real_stat = dagbag_module.file_stat
+
+    def counted(path: Any) -> Any:
+        stats.append(str(path))
+        return real_stat(path)
+
+    monkeypatch.setattr(dagbag_module, "file_stat", counted)
+    claimed_at = time.monotonic()
+    for _ in range(3):
+        assert (await attempts._operator(ti, claimed_at)).task_id == "t"
+    assert stats == [str(path)]
+
+    path.write_text(
+        DAG_FILE.format(marker=str(tmp_path / "marker")).replace(
+            'task_id="t"', 'task_id="t", retries=7'
+        )
+    )
+    changed = await attempts._operator(ti, time.monotonic())
     assert changed.retries == 7
     assert bag.loads == 2

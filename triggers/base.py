@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import importlib
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal, cast
 
@@ -291,8 +292,28 @@ def import_object(
     return obj
 
 
+#: Classes :func:`import_trigger_class` found, by classpath, with the module they were found
+#: in (bounded: classpaths come from trigger rows, which anyone writing the table can vary).
+_found_classes: dict[str, tuple[str, str, Any, type]] = {}
+_FOUND_MAX = 4096
+
+
 def import_trigger_class(classpath: str) -> type[BaseTrigger]:
-    """Import ``package.module.ClassName`` and check it names a :class:`BaseTrigger` subclass."""
+    """Import ``package.module.ClassName`` and check it names a :class:`BaseTrigger` subclass.
+
+    A classpath found before answers at once while its module is still the one in
+    ``sys.modules`` (fully imported) and still holds that class under that name: what the
+    import would find again (a reloaded DAG file's module, or a name bound anew, is looked
+    up afresh)."""
+    found = _found_classes.get(classpath)
+    if found is not None:
+        module_name, attr, module, known = found
+        if (
+            sys.modules.get(module_name) is module
+            and getattr(module, attr, None) is known
+            and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+        ):
+            return cast("type[BaseTrigger]", known)
     try:
         cls: type[BaseTrigger] = import_object(
             classpath,
@@ -302,6 +323,12 @@ def import_trigger_class(classpath: str) -> type[BaseTrigger]:
         )
     except ImportPathError as exc:
         raise TriggerSerializationError(str(exc)) from exc
+    module_name, _, attr = classpath.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is not None and getattr(module, attr, None) is cls:
+        if len(_found_classes) >= _FOUND_MAX:
+            _found_classes.clear()
+        _found_classes[classpath] = (module_name, attr, module, cls)
     return cls
 
 
@@ -333,16 +360,22 @@ def _encode_kwargs(classpath: str, kwargs: Any) -> bytes:
             f"trigger {classpath}: serialize() must return kwargs as a dict with str keys, "
             f"got {type(kwargs).__name__}"
         )
-    for key, value in kwargs.items():
-        try:
-            _encoder.encode(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise TriggerSerializationError(
-                f"trigger {classpath}: kwarg {key!r} (a {type(value).__qualname__}) cannot be "
-                f"serialized ({type(exc).__name__}); pass plain data (str, numbers, bools, "
-                "None, lists, dicts, aware datetimes) or an import path instead of live objects"
-            ) from None
-    data = _encoder.encode(kwargs)
+    try:
+        data = _encoder.encode(kwargs)
+    except (TypeError, ValueError, OverflowError):
+        # (Encoded whole first: a dict encodes if and only if each of its values does, and
+        # the kwarg to blame is looked for only when one does not.)
+        for key, value in kwargs.items():
+            try:
+                _encoder.encode(value)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise TriggerSerializationError(
+                    f"trigger {classpath}: kwarg {key!r} (a {type(value).__qualname__}) cannot "
+                    f"be serialized ({type(exc).__name__}); pass plain data (str, numbers, "
+                    "bools, None, lists, dicts, aware datetimes) or an import path instead of "
+                    "live objects"
+                ) from None
+        raise
     if len(data) > MAX_KWARGS_BYTES:
         raise TriggerSerializationError(
             f"trigger {classpath}: kwargs encode to {len(data)} bytes, over the limit of "

@@ -39,6 +39,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -87,7 +88,7 @@ class _Snapshot:
     assignment, so a reader (the worker's loop, while a reload runs in a thread) sees the old
     bag or the new one, never a half-built one."""
 
-    __slots__ = ("dags", "import_errors", "reported", "stats")
+    __slots__ = ("checked", "dags", "import_errors", "reported", "stats")
 
     def __init__(
         self,
@@ -103,6 +104,9 @@ class _Snapshot:
         self.import_errors = import_errors
         #: The paths whose import error this (re)load logged: new or changed since last time.
         self.reported = reported
+        #: When each file was last found unchanged by a ``stat`` (``time.monotonic()`` read
+        #: just before it), by path string: :meth:`DagBag.is_current` with ``checked_since``.
+        self.checked: dict[str, float] = {}
 
 
 class _Loaded:
@@ -334,13 +338,30 @@ class DagBag:
             sys.modules.pop(known.module.__name__, None)
         self._modules.pop(file, None)
 
-    def is_current(self, dag_id: str) -> bool:
-        """True when the DAG is loaded and its file has not changed since (no import needed)."""
+    def is_current(self, dag_id: str, *, checked_since: float | None = None) -> bool:
+        """True when the DAG is loaded and its file has not changed since (no import needed).
+
+        ``checked_since`` (a ``time.monotonic()``): a ``stat`` of the file begun after it that
+        found the file unchanged answers for this one too, with no ``stat`` of its own. The
+        worker passes the time a claim's reply arrived, so the tries of one claim share one
+        ``stat``, and a file saved before that reply is seen all the same (the shared
+        ``stat`` came after it)."""
         snapshot = self._snapshot
         dag = snapshot.dags.get(dag_id)
-        if dag is not None and dag_id in self._extra:
+        if dag is None:
+            return False
+        file = dag.fileloc
+        if not file or dag_id in self._extra:
             return True
-        return dag is not None and not (dag.fileloc and self._changed(snapshot, dag.fileloc))
+        if checked_since is not None:
+            seen = snapshot.checked.get(file)
+            if seen is not None and seen > checked_since:
+                return True
+        began = time.monotonic()  # (read before the stat: edits saved before it are seen)
+        if self._changed(snapshot, file):
+            return False
+        snapshot.checked[file] = began
+        return True
 
     def get_dag(self, dag_id: str) -> DAG:
         """The DAG, (re)loading the folder first if it is unknown or its file changed. A slow

@@ -85,6 +85,11 @@ def bind(**ids: Any) -> contextvars.Token[dict[str, Any]]:
     return _bound.set({**_bound.get({}), **ids})
 
 
+def unbind(token: contextvars.Token[dict[str, Any]]) -> None:
+    """Undo a :func:`bind` (what was bound before it is bound again)."""
+    _bound.reset(token)
+
+
 @contextlib.contextmanager
 def binding(**ids: Any) -> Iterator[None]:
     token = bind(**ids)

@@ -35,6 +35,10 @@ log = logging.getLogger("engine.store")
 
 __all__ = ["TaskQueries"]
 
+#: Resume kwargs of none (``encode_value({})``, MessagePack's empty map): stored as null,
+#: which the resume reads as no kwargs. Nothing to keep secret, so nothing to encrypt.
+_NO_KWARGS = b"\x80"
+
 
 def _missing_pools(rows: list[dict[str, Any]], worker_id: int) -> list[TaskOutcome]:
     """The claimed tries whose pool does not exist, as failed outcomes (no retry: another
@@ -290,7 +294,10 @@ class TaskQueries(StoreCore):
             [keyring.dedup_key(d.classpath, d.kwargs, d.dedup_key) for _, d in deferrals],
             [d.timeout_s for _, d in deferrals],
             [d.method_name for _, d in deferrals],
-            [keyring.encrypt(d.method_kwargs) for _, d in deferrals],
+            [
+                None if d.method_kwargs == _NO_KWARGS else keyring.encrypt(d.method_kwargs)
+                for _, d in deferrals
+            ],
             [d.try_number for _, d in deferrals],
             [storable_opt(d.line) for _, d in deferrals],
         )

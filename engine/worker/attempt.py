@@ -113,11 +113,15 @@ class Attempts:
         #: it ends.
         self.lingering: dict[tuple[int, int], _Lingering] = {}
 
-    async def run(self, ti: ClaimedTask, worker_id: int) -> TryOutcome:
-        """Run one try of ``ti``; how it ended."""
+    async def run(
+        self, ti: ClaimedTask, worker_id: int, *, claimed_at: float | None = None
+    ) -> TryOutcome:
+        """Run one try of ``ti``; how it ended. ``claimed_at``: when the reply of the claim
+        that brought it arrived (``time.monotonic()``): a check of its DAG file made since
+        then stands for this try's (the tries of one claim share one ``stat``)."""
         usercode.enter_user_code()  # tasks an async execute starts cannot end the process
         try:
-            outcome = await self._run(ti, worker_id)
+            outcome = await self._run(ti, worker_id, claimed_at)
             # (its size checked, what it pushed written before the outcome)
             return await xcom.finish_try(self._store, ti, worker_id, outcome, self._xcom_max_bytes)
         except BaseException as exc:
@@ -125,8 +129,8 @@ class Attempts:
                 raise  # the worker is cancelling this try (a stop)
             return outcome_of_error(exc)
 
-    async def _run(self, ti: ClaimedTask, worker_id: int) -> TryOutcome:
-        op = await self._operator(ti)
+    async def _run(self, ti: ClaimedTask, worker_id: int, claimed_at: float | None) -> TryOutcome:
+        op = await self._operator(ti, claimed_at)
         if isinstance(op, MappedOperator):
             # Expand it (map index -1), or build the operator of this instance.
             made = await mapping.prepare(op, ti, self._store, self._max_map_length)
@@ -175,9 +179,9 @@ class Attempts:
                 return await outcome_of_coroutine(call, task=task)
         return timed_out(ti)
 
-    async def _operator(self, ti: ClaimedTask) -> BaseOperator:
+    async def _operator(self, ti: ClaimedTask, claimed_at: float | None = None) -> BaseOperator:
         bag = self._dagbag
-        if bag.is_current(ti.dag_id):
+        if bag.is_current(ti.dag_id, checked_since=claimed_at):
             # (The DAG as loaded: get_task would look at its file a second time.)
             dag = bag.dags.get(ti.dag_id)
             if dag is not None:

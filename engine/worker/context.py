@@ -164,19 +164,26 @@ class TaskInstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def build_context(
-    ti: ClaimedTask, op: BaseOperator, dag: Any, *, default_deferrable: bool
+    ti: ClaimedTask,
+    op: BaseOperator,
+    dag: Any,
+    *,
+    default_deferrable: bool,
+    task_instance: Any = None,
 ) -> dict[str, Any]:
     """The context of one call of a task: the engine's own keys and every template variable
     but those of :data:`PREV_SUCCESS_KEYS`, which the caller adds when asked for
-    (:func:`prev_success_values`)."""
+    (:func:`prev_success_values`). ``task_instance``: its ``ti`` and ``task_instance``
+    (a :class:`TaskInstanceInfo` of ``ti`` when None)."""
     values = run_values(ti, dag)
-    logical_date, ds, ds_nodash, ts, ts_nodash, start, end = _dates(
+    logical_date, ds, ds_nodash, ts, ts_nodash, ts_nodash_with_tz, start, end = _dates(
         ti.logical_date, values.data_interval_start, values.data_interval_end
     )
-    task_instance = TaskInstanceInfo(
-        id=ti.id, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
-        try_number=ti.try_number, map_index=ti.map_index,
-    )  # fmt: skip
+    if task_instance is None:
+        task_instance = TaskInstanceInfo(
+            id=ti.id, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+            try_number=ti.try_number, map_index=ti.map_index,
+        )  # fmt: skip
     return {
         "dag_id": ti.dag_id,
         "run_id": ti.run_id,
@@ -192,7 +199,7 @@ def build_context(
         "ds_nodash": ds_nodash,
         "ts": ts,
         "ts_nodash": ts_nodash,
-        "ts_nodash_with_tz": ts.replace("-", "").replace(":", ""),
+        "ts_nodash_with_tz": ts_nodash_with_tz,
         "data_interval_start": start,
         "data_interval_end": end,
         "run_type": ti.run_type,
@@ -225,18 +232,20 @@ def build_context(
 @functools.lru_cache(maxsize=256)
 def _dates(
     logical_date: dt.datetime, start: dt.datetime, end: dt.datetime
-) -> tuple[Any, str, str, str, str, Any, Any]:
+) -> tuple[Any, str, str, str, str, str, Any, Any]:
     """The run's dates as the context shows them: pendulum DateTimes (immutable, so shared)
     and the ``ds``/``ts`` strings. Cached: the tries of one run share them, and building them
     took most of a context's cost (~20 us of ~26, on every try and every resume)."""
     date = to_pendulum(logical_date)
     ds = date.strftime("%Y-%m-%d")
+    ts = date.isoformat()
     return (
         date,
         ds,
         ds.replace("-", ""),
-        date.isoformat(),
+        ts,
         date.strftime("%Y%m%dT%H%M%S"),
+        ts.replace("-", "").replace(":", ""),
         to_pendulum(start),
         to_pendulum(end),
     )

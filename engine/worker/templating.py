@@ -125,9 +125,9 @@ async def render_task(
     worker's, with XCom: engine/worker/xcom.py); templates that read it are rendered in a
     worker thread too (``ti.xcom_pull`` waits for the loop)."""
     bind_store_here(store)
-    context = build_context(ti, op, op.dag, default_deferrable=default_deferrable)
-    if task_instance is not None:
-        context["ti"] = context["task_instance"] = task_instance
+    context = build_context(
+        ti, op, op.dag, default_deferrable=default_deferrable, task_instance=task_instance
+    )
     if ti.run_type == "asset_triggered":
         rows = await with_db_retry(
             "read the run's triggering asset events",

@@ -13,6 +13,7 @@ claim of the resume says where the try resumes.)
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -22,7 +23,9 @@ from typing import Any
 import msgspec
 
 from engine.masking import shown_json
+from engine.runtime import logs
 from engine.store import ClaimedTask, Store
+from engine.usercode.capture import Target
 from engine.usercode.logsink import NOT_STORED, LogLimits, LogSink, capture_line, capture_record
 from triggers.base import decode_value
 
@@ -32,6 +35,9 @@ __all__ = ["UNSTORED", "TryLogs"]
 LOGGER = "engine.worker"
 #: ``extra=`` of a line of the worker's log that is not stored with the try's lines.
 UNSTORED: Mapping[str, bool] = MappingProxyType({NOT_STORED: True})
+
+#: What :meth:`TryLogs.enter` bound, for :meth:`TryLogs.leave`.
+_Entered = tuple[contextvars.Token[dict[str, Any]], contextvars.Token[Target | None]]
 
 
 class TryLogs:
@@ -58,16 +64,37 @@ class TryLogs:
     def bound(self, ti: ClaimedTask) -> Iterator[None]:
         """What the current context (one execution of try ``ti``) logs or prints is stored
         with the try's lines, until the block ends (and the try's lines with it)."""
-        # (A try this claim started has nothing stored yet: its total starts at 0.)
-        fresh = ti.next_method is None and ti.try_started_at == ti.db_now
-        token = self.sink.bind_task(
-            ti.id, ti.dag_id, ti.run_id, ti.name, ti.try_number, fresh=fresh
-        )
+        token = self._bind(ti)
         try:
             yield
         finally:
             self.sink.end((ti.id, ti.try_number))
             self.sink.unbind(token)
+
+    def enter(self, ti: ClaimedTask) -> _Entered:
+        """:meth:`bound`'s start, with the try's ids bound to the process's own log lines
+        too (``engine.runtime.logs``), and no generator (the worker enters one per try):
+        what it returns goes to :meth:`leave`, in a ``finally``."""
+        ids = logs.bind(dag=ti.dag_id, run=ti.run_id, task=ti.name, attempt=ti.try_number)
+        try:
+            return ids, self._bind(ti)
+        except BaseException:
+            logs.unbind(ids)
+            raise
+
+    def leave(self, ti: ClaimedTask, entered: _Entered) -> None:
+        """:meth:`bound`'s end, for what :meth:`enter` bound."""
+        ids, token = entered
+        try:
+            self.sink.end((ti.id, ti.try_number))
+            self.sink.unbind(token)
+        finally:
+            logs.unbind(ids)
+
+    def _bind(self, ti: ClaimedTask) -> contextvars.Token[Target | None]:
+        # (A try this claim started has nothing stored yet: its total starts at 0.)
+        fresh = ti.next_method is None and ti.try_started_at == ti.db_now
+        return self.sink.bind_task(ti.id, ti.dag_id, ti.run_id, ti.name, ti.try_number, fresh=fresh)
 
     async def flush_ended(self, key: tuple[int, int]) -> None:
         """A try stopped (told to): its lines are stored before it is reported so."""

@@ -17,7 +17,6 @@ import anyio
 from anyio.abc import TaskStatus
 
 from engine.dags.dagbag import DagBag
-from engine.runtime import logs
 from engine.runtime import metrics as _metrics
 from engine.runtime.crashpoints import crash_point
 from engine.runtime.health import Check, freshness
@@ -252,16 +251,18 @@ class Worker:
             if free > 0:
                 try:
                     if self._claims_unsure:
-                        self._adopt(tasks, await self._unacknowledged_claims())
+                        found = await self._unacknowledged_claims()
+                        self._adopt(tasks, found, time.monotonic())
                         free = self.slots - self._busy()
                     claimed, next_in = await self._claim(free) if free > 0 else ([], None)
+                    claimed_at = time.monotonic()
                 except TRANSIENT_ERRORS as exc:
                     await backoff.wait("claiming tasks", exc)
                     continue
                 backoff.reset()
                 if next_in is not None:
                     timeout = max(0.0, min(timeout, next_in))
-                self._adopt(tasks, claimed)
+                self._adopt(tasks, claimed, claimed_at)
                 if claimed and len(claimed) == free:
                     continue
             await self._wake.wait(timeout)
@@ -311,7 +312,10 @@ class Worker:
             )
         return found
 
-    def _adopt(self, tasks: anyio.abc.TaskGroup, claimed: list[ClaimedTask]) -> None:
+    def _adopt(
+        self, tasks: anyio.abc.TaskGroup, claimed: list[ClaimedTask], claimed_at: float
+    ) -> None:
+        """Run the tries of a claim whose reply arrived at ``claimed_at`` (monotonic)."""
         for ti in claimed:
             held = self.running.get(ti.id)
             if held is not None:
@@ -324,14 +328,14 @@ class Worker:
                     # (Taken once: the same claim found again later is skipped as above.)
                     self._expanding.discard(ti.id)
                     self.running[ti.id] = ti
-                    tasks.start_soon(self._execute, ti, name=f"ti-{ti.id}")
+                    tasks.start_soon(self._execute, ti, claimed_at, name=f"ti-{ti.id}")
                     continue
                 # The database gave the task a new try while an earlier one still runs here
                 # (this worker was declared dead and registered again): the earlier one ended
                 # there, so it stops here too, and the new one runs.
                 self._stop_try(held, f"superseded by try {ti.try_number}")
             self.running[ti.id] = ti
-            tasks.start_soon(self._execute, ti, name=f"ti-{ti.id}")
+            tasks.start_soon(self._execute, ti, claimed_at, name=f"ti-{ti.id}")
         self.peak_running = max(self.peak_running, self._busy())
 
     async def _heartbeat_loop(self, listener: Any) -> None:
@@ -388,15 +392,15 @@ class Worker:
         if scope is not None:
             scope.cancel()
 
-    async def _execute(self, ti: ClaimedTask) -> None:
-        """One claimed try, from start to outcome written (or stopped, if told to)."""
+    async def _execute(self, ti: ClaimedTask, claimed_at: float) -> None:
+        """One claimed try, from start to outcome written (or stopped, if told to);
+        ``claimed_at``: when its claim's reply arrived (monotonic)."""
         worker_id = self.id
         assert worker_id is not None
         key = (ti.id, ti.try_number)
-        with (
-            logs.binding(dag=ti.dag_id, run=ti.run_id, task=ti.name, attempt=ti.try_number),
-            self.logs.bound(ti),
-        ):
+        # (logs.binding and self.logs.bound, without two generators per try)
+        entered = self.logs.enter(ti)
+        try:
             try:
                 # (Cancelled when the try is told to stop; a stop before it started: at once.)
                 with anyio.CancelScope() as scope:
@@ -405,7 +409,7 @@ class Worker:
                         scope.cancel()
                     try:
                         started = time.perf_counter()
-                        outcome = await self.attempts.run(ti, worker_id)
+                        outcome = await self.attempts.run(ti, worker_id, claimed_at=claimed_at)
                         if isinstance(outcome, Expanded):
                             # Its instance 0 keeps its id and gets its try number back: once
                             # the expansion commits, a claim of it is (id, try) of this one,
@@ -444,6 +448,8 @@ class Worker:
                 self.finished += 1
                 self._wake.set()
                 self._idle.set()
+        finally:
+            self.logs.leave(ti, entered)
 
     def _report_stopped(self) -> None:
         """A try told to stop has: the next heartbeat, at once, says so (its slot frees)."""
