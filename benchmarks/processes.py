@@ -103,6 +103,8 @@ def ended_with_children(grace_s: float = STOP_GRACE_S) -> Iterator[None]:
     if main:
         signal.signal(signal.SIGTERM, _as_sigint)
     _received.clear()
+    # (a benchmark run before in this process stopped all of its children as it ended)
+    _started.clear()
     try:
         yield
     except KeyboardInterrupt:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from engine.store.core import structs
+from engine.store.core import in_tx, structs
 from engine.store.models import (
     AssetEventRow,
     AssetRecord,
@@ -118,7 +118,7 @@ class AssetQueries:
         group, extra or watchers, neither bare)."""
         declared = [_declared(a) for a in assets]
         names = [a.name for a in assets]
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._pool.acquire() as conn, in_tx(conn):
             if names:
                 clashes = await conn.fetch(
                     self._q["asset_conflicts"], dag_id, names, [a.uri for a in assets], declared
@@ -205,7 +205,7 @@ class AssetQueries:
         if conn is None:
             async with self._pool.acquire() as own:
                 return await self.create_asset_runs(batch, own)
-        async with conn.transaction():
+        async with in_tx(conn):
             locked = await conn.fetch(self._q["lock_asset_ready_dags"], batch)
             if not locked:
                 return []

@@ -38,6 +38,25 @@ INLINE_CRYPTO = 256
 ROLLBACK_S = 5.0
 
 
+@contextlib.asynccontextmanager
+async def in_tx(conn: Conn) -> AsyncIterator[None]:
+    """A transaction on ``conn`` (as ``conn.transaction()``) whose rollback a cancel cannot
+    cut short."""
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        yield
+    except BaseException:
+        # Shielded: a transaction cut short by a cancel (a stopping scheduler, a timeout) is
+        # rolled back before its connection goes back to the pool. Else the rollback is
+        # cancelled too, and the pool's reset rolls it back while logging an error. (A lost
+        # connection has nothing to roll back.)
+        with anyio.move_on_after(ROLLBACK_S, shield=True), contextlib.suppress(Exception):
+            await tx.rollback()
+        raise
+    await tx.commit()
+
+
 def storable(text: str) -> str:
     """PostgreSQL text holds neither NUL characters nor lone surrogates (a filename decoded
     with surrogateescape); an error message or a log line can carry both (a task or trigger
@@ -129,20 +148,8 @@ class StoreCore:
 
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[Conn]:
-        async with self._pool.acquire() as conn:
-            tx = conn.transaction()
-            await tx.start()
-            try:
-                yield conn
-            except BaseException:
-                # Shielded: a transaction cut short by a cancel (a stopping scheduler, a
-                # timeout) is rolled back before its connection goes back to the pool. Else
-                # the rollback is cancelled too, and the pool's reset rolls it back while
-                # logging an error. (A lost connection has nothing to roll back.)
-                with anyio.move_on_after(ROLLBACK_S, shield=True), contextlib.suppress(Exception):
-                    await tx.rollback()
-                raise
-            await tx.commit()
+        async with self._pool.acquire() as conn, in_tx(conn):
+            yield conn
 
     async def migrate(self) -> list[int]:
         """Apply the migrations not applied yet, in order; returns their versions."""

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from engine.store.core import off_loop, structs
+from engine.store.core import in_tx, off_loop, structs
 from engine.store.models import (
     ClaimedWatcher,
     WatcherFault,
@@ -55,7 +55,7 @@ class WatcherQueries:
         an asset an active, unpaused DAG is scheduled on (not of one only tasks' outlets
         write, as in Airflow; a new row when its trigger changed, its cursor then forgotten),
         none for the others; one transaction."""
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._pool.acquire() as conn, in_tx(conn):
             await conn.execute(self._q["watcher_sync_lock"])
             rows = await conn.fetch(self._q["watcher_declarations"])
             keys = await off_loop(self.keyring, self._keys, list(rows))
