@@ -362,7 +362,7 @@ def _encode_kwargs(classpath: str, kwargs: Any) -> bytes:
         )
     try:
         data = _encoder.encode(kwargs)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError) as whole:
         # (Encoded whole first: a dict encodes if and only if each of its values does, and
         # the kwarg to blame is looked for only when one does not.)
         for key, value in kwargs.items():
@@ -375,7 +375,9 @@ def _encode_kwargs(classpath: str, kwargs: Any) -> bytes:
                     "bools, None, lists, dicts, aware datetimes) or an import path instead of "
                     "live objects"
                 ) from None
-        raise
+        raise TriggerSerializationError(
+            f"trigger {classpath}: kwargs cannot be serialized ({type(whole).__name__}: {whole})"
+        ) from whole
     if len(data) > MAX_KWARGS_BYTES:
         raise TriggerSerializationError(
             f"trigger {classpath}: kwargs encode to {len(data)} bytes, over the limit of "
