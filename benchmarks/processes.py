@@ -31,7 +31,7 @@ import click
 
 from engine.launch.app import Child, start_child, stop_children
 
-__all__ = ["STOP_GRACE_S", "Fleet", "ended_with_children", "started", "stop_all"]
+__all__ = ["STOP_GRACE_S", "Fleet", "ended_with_children", "stop_all"]
 
 #: How long a child gets to stop before it is killed.
 STOP_GRACE_S = 20.0
@@ -40,11 +40,6 @@ STOP_GRACE_S = 20.0
 _started: list[Child] = []
 #: The signals that asked this process to stop (SIGTERM is turned into SIGINT's handling).
 _received: list[int] = []
-
-
-def started() -> list[Child]:
-    """The children started so far (for tests and the exit message)."""
-    return list(_started)
 
 
 class Fleet:
