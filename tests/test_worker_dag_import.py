@@ -120,11 +120,11 @@ async def test_a_worker_imports_its_dags_folder_before_it_claims(
     assert str(pid) in marker.read_text().split(), marker.read_text()
 
 
-async def test_a_try_looks_at_its_dag_file_once_and_sees_it_changed(
+async def _imported_and_counted(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A try of a loaded DAG costs one stat() of its file (it ran two: the check and the
-    lookup); a file changed since is imported again, and the try gets its new task."""
+) -> tuple[Path, CountingBag, Attempts, Any, list[str]]:
+    """A DAG file imported once by a worker's Attempts, then every stat() of a DAG file
+    counted: (its path, the bag, the attempts, a try of its task, the stats so far)."""
     from engine.dags import dagbag as dagbag_module
 
     path = tmp_path / "imported.py"
@@ -151,6 +151,15 @@ async def test_a_try_looks_at_its_dag_file_once_and_sees_it_changed(
         return real_stat(path)
 
     monkeypatch.setattr(dagbag_module, "file_stat", counted)
+    return path, bag, attempts, ti, stats
+
+
+async def test_a_try_looks_at_its_dag_file_once_and_sees_it_changed(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A try of a loaded DAG costs one stat() of its file (it ran two: the check and the
+    lookup); a file changed since is imported again, and the try gets its new task."""
+    path, bag, attempts, ti, stats = await _imported_and_counted(store, tmp_path, monkeypatch)
     op = await attempts._operator(ti)
     assert op.task_id == "t"
     assert stats == [str(path)]
@@ -170,32 +179,7 @@ async def test_the_tries_of_one_claim_share_one_stat_and_a_later_claim_sees_an_e
     """Tries claimed together (one ``claimed_at``) look at their DAG file once between them;
     a try of a claim whose reply came after the file was saved looks again and runs the new
     code."""
-    from engine.dags import dagbag as dagbag_module
-
-    path = tmp_path / "imported.py"
-    path.write_text(DAG_FILE.format(marker=str(tmp_path / "marker")))
-    bag = CountingBag(tmp_path)
-    attempts = Attempts(
-        store,
-        bag,
-        TryLogs(store),
-        slots=10,
-        default_deferrable=False,
-        kill_grace_s=1.0,
-        stopping={},
-        freed=lambda _stopped: None,
-        xcom_max_bytes=1 << 20,
-    )
-    ti: Any = SimpleNamespace(dag_id="imported", task_id="t")
-    await attempts._operator(ti)  # (the first import)
-    stats: list[str] = []
-    real_stat = dagbag_module.file_stat
-
-    def counted(path: Any) -> Any:
-        stats.append(str(path))
-        return real_stat(path)
-
-    monkeypatch.setattr(dagbag_module, "file_stat", counted)
+    path, bag, attempts, ti, stats = await _imported_and_counted(store, tmp_path, monkeypatch)
     claimed_at = time.monotonic()
     for _ in range(3):
         assert (await attempts._operator(ti, claimed_at)).task_id == "t"
