@@ -413,14 +413,16 @@ async def test_a_bash_command_past_execution_timeout_goes_with_what_it_started(
     with DAG(dag_id="bash_timeout") as dag:
         BashOperator(
             task_id="b",
-            bash_command=f"sleep 300 & echo $! > {pid_file}; wait",
-            execution_timeout=0.5,
+            # The pid is written whole (mv) and the timeout leaves bash ample time to write it
+            # on a loaded machine (at 0.5 s a CI run once killed bash before it wrote anything).
+            bash_command=f"sleep 300 & echo $! > {pid_file}.w && mv {pid_file}.w {pid_file}; wait",
+            execution_timeout=3,
         )
     try:
         async with run_engine(store) as engine:
             tis = await engine.run_dag(dag)
         assert tis["b"]["state"] == "failed"
-        assert "execution_timeout of 0.5s passed" in tis["b"]["error"], tis["b"]["error"]
+        assert "execution_timeout of 3.0s passed" in tis["b"]["error"], tis["b"]["error"]
         started = int(pid_file.read_text())
 
         async def gone() -> bool:
