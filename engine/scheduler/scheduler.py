@@ -58,6 +58,10 @@ REGISTER_S = 5.0
 
 
 class Scheduler:
+    #: ``stop()`` cancels the work in flight rather than letting it finish (the process runner
+    #: logs so: engine.runtime.runner.stops_at_once).
+    stops_at_once = True
+
     def __init__(
         self,
         store: Store,
