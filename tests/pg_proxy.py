@@ -9,6 +9,9 @@
 * ``cut_reply_containing(marker)``: the first server reply that carries ``marker`` is not
   passed on; the connection is cut instead. The statement has run (and committed, in
   autocommit), its reply is lost: what a connection killed right after a commit leaves.
+* ``hold_reply_containing(marker)`` / ``release_reply()``: the first server reply that carries
+  ``marker`` waits in the proxy until released. The statement has run (and committed, in
+  autocommit); its client does not know yet.
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ class PgProxy:
         #: Each open connection's own gate (a one-item list: the gate is replaced to close it).
         self._gates: list[list[anyio.Event]] = []
         self._marker: bytes | None = None
+        #: Where the reply that carries the marker waits (None: that reply is cut instead).
+        self._reply_gate: anyio.Event | None = None
         #: How many replies were cut, and how many connections were made.
         self.cuts = 0
         self.connections = 0
@@ -113,6 +118,15 @@ class PgProxy:
 
     def cut_reply_containing(self, marker: bytes) -> None:
         self._marker = marker
+        self._reply_gate = None
+
+    def hold_reply_containing(self, marker: bytes) -> None:
+        self._marker = marker
+        self._reply_gate = anyio.Event()
+
+    def release_reply(self) -> None:
+        if self._reply_gate is not None:
+            self._reply_gate.set()
 
     async def _upstream(self) -> ByteStream:
         if self._socket_dir:
@@ -139,8 +153,10 @@ class PgProxy:
                             marker = self._marker if watch else None
                             if marker is not None and marker in tail + chunk:
                                 self._marker = None
-                                self.cuts += 1
-                                break
+                                if self._reply_gate is None:
+                                    self.cuts += 1
+                                    break
+                                await self._reply_gate.wait()
                             if marker is not None:
                                 tail = (tail + chunk)[-len(marker) :]
                             await self._flowing.wait()

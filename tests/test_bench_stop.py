@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import asyncpg
 import psutil
 import pytest
 
+from engine.store.databases import drop_database
 from tests.helpers import WAIT_S, child_env
 
 pytestmark = pytest.mark.subprocess
@@ -126,15 +129,35 @@ def test_a_stopped_bench_ends_its_engine_processes(
 
 
 def test_a_killed_bench_leaves_no_engine_process(admin_url: str, tmp_path: Path) -> None:
-    """SIGKILL runs no clean-up: each child sees its supervisor's pipe close and stops."""
+    """SIGKILL runs no clean-up: each child sees its supervisor's pipe close and stops. What
+    the bench's clean-up would have removed, its database and its work folder, the test
+    removes (the database was left on the test server)."""
     bench, kids = _start(admin_url, tmp_path)
+    left: tuple[str, Path] | None = None
     try:
+        left = _bench_leftovers(kids)
         bench.kill()
         bench.wait(WAIT_S)
         alive = _left_after(kids, GONE_S)
         assert not alive, f"still running: {_cmdlines(alive)}"
+        assert left[0] in _bench_databases(admin_url)  # (no clean-up ran)
     finally:
         _kill(bench, kids)
+        if left is not None:
+            db_name, work = left
+            asyncio.run(drop_database(admin_url, db_name))
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench_leftovers(kids: list[psutil.Process]) -> tuple[str, Path]:
+    """The database and the work folder of the bench whose engine processes are ``kids``,
+    read from the environment it gave them."""
+    env = kids[0].environ()
+    db_name = urllib.parse.urlsplit(env["DEFERRAL_DATABASE_URL"]).path.lstrip("/")
+    work = Path(env["DEFERRAL_DAGS_FOLDER"]).parent
+    assert db_name.startswith("bench_schedule_"), db_name
+    assert work.name.startswith("deferral-bench-schedule-"), work
+    return db_name, work
 
 
 def _kill(bench: subprocess.Popen[bytes], kids: list[psutil.Process]) -> None:

@@ -4,9 +4,11 @@ imported and written once, not at every rescan."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 import anyio
 import asyncpg
+import psutil
 import pytest
 
 from engine.dags.dagbag import DagBag
@@ -22,7 +25,7 @@ from engine.scheduler.scheduler import Scheduler
 from engine.security.keys import Keyring
 from engine.store import Store
 from tests.conftest import TEST_FERNET_KEY
-from tests.helpers import free_port, wait_until
+from tests.helpers import WAIT_S, free_port, wait_until
 from tests.processes import Children, explained
 
 pytestmark = pytest.mark.anyio
@@ -211,6 +214,49 @@ async def test_a_dag_whose_file_is_slow_to_import_stays_active(
     assert running.slow_imports == [slow]
     release.write_text("")
     assert list(running.get_dag("slow").tasks) == ["after"]
+
+
+async def test_a_scheduler_stopped_mid_scan_ends_the_import_and_blames_no_file(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stop() while the scan waits for a file importing in its child: the child ends with the
+    scan, and that is no import error of the file (the scan's thread, which nobody waits for
+    any more, logged one: 'ended the process that imported it (exit code -9)', the child
+    killed at the process's exit). The next scan imports the file as if never tried."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    block, started, release = (tmp_path / n for n in ("block", "started", "release"))
+    block.write_text("")
+    source = _SLOW.format(block=str(block), started=str(started), release=str(release), task_id="t")
+    (dags / "a_slow.py").write_text(textwrap.dedent(source))
+    bag = DagBag(dags, processor_timeout_s=600)
+    scheduler = Scheduler(store, bag, interval_s=0.05, dag_rescan_interval_s=3600)
+    try:
+        with caplog.at_level(logging.INFO, logger="engine"), anyio.fail_after(WAIT_S):
+            async with anyio.create_task_group() as tg:
+                await tg.start(scheduler.run)
+
+                async def importing() -> bool:
+                    return started.exists() and started.read_text().endswith("\n")
+
+                await wait_until(importing, what="the scan's child to import the slow file")
+                child = psutil.Process(int(started.read_text()))
+                scheduler.stop()
+
+            async def scan_over() -> bool:  # (the scan's thread, once its child ended)
+                return not child.is_running() and not any(
+                    t.name == "dag-scan" for t in threading.enumerate()
+                )
+
+            await wait_until(scan_over, what="the scan's child and thread to end")
+        assert not bag.import_errors
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+        assert not await store.import_errors()
+    finally:
+        release.write_text("")
+    # Not taken for a failure (or an overrun): the next scan imports the file.
+    assert list(bag.collect()) == ["slow"]
 
 
 async def test_a_dag_the_database_refuses_is_logged_and_the_others_are_recorded(

@@ -1,20 +1,25 @@
 """Lifecycle: a ``stop()`` that arrives before ``run()`` is not lost (the worker and the
-scheduler start, see it and return; nothing is claimed)."""
+scheduler start, see it and return; nothing is claimed), and one that arrives while the
+scheduler registers leaves no row behind."""
 
 from __future__ import annotations
 
 import os
 
 import anyio
+import asyncpg
 import pytest
 
 from engine import DAG
 from engine.dags.dagbag import DagBag
 from engine.scheduler.scheduler import Scheduler
+from engine.security.keys import Keyring
 from engine.store import Store
 from engine.worker.worker import Worker
 from operators.python import PythonOperator
-from tests.helpers import WAIT_S
+from tests.conftest import TEST_FERNET_KEY
+from tests.helpers import WAIT_S, wait_until
+from tests.pg_proxy import PgProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -47,6 +52,45 @@ async def test_a_scheduler_stopped_before_run_returns(store: Store) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(scheduler.run)
     assert scheduler.housekeeping_passes == 0
+
+
+_ONE_ROW_COMMITTED = b"s\x00\x00\x00\x04Z\x00\x00\x00\x05I"
+
+
+async def test_a_scheduler_stopped_while_it_registers_unregisters(db_url: str) -> None:
+    """stop() lands when the scheduler's INSERT into deferral_schedulers has committed and its
+    reply is on the way (held by a proxy): the scheduler still learns its id and removes its
+    row on the way out. (Cut short, the attempt left the row on the status page for an hour,
+    until another scheduler's heartbeat duty dropped it.)"""
+    count = "SELECT count(*) FROM deferral_schedulers"
+    proxy = PgProxy(db_url)
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with proxy.running():
+            store = await Store.connect(proxy.url, pool_size=2, keyring=Keyring([TEST_FERNET_KEY]))
+            try:
+                scheduler = Scheduler(store, None, interval_s=0.05)
+                # The registration is the first one-row reply from here on (its LISTENs come
+                # before it, the contact probe after it): asyncpg's fetchval, answered by the
+                # row, PortalSuspended ('s') and ReadyForQuery idle ('Z', 'I': committed).
+                proxy.hold_reply_containing(_ONE_ROW_COMMITTED)
+                with anyio.fail_after(WAIT_S):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(scheduler.run)
+
+                        async def committed() -> bool:
+                            return bool(await conn.fetchval(count))
+
+                        await wait_until(committed, what="the scheduler's row to be committed")
+                        print("before stop", scheduler.id, proxy._marker)
+                        scheduler.stop()
+                        proxy.release_reply()
+            finally:
+                await store.close()
+        assert await conn.fetchval(count) == 0
+        assert scheduler.id is not None  # (its row was the one removed)
+    finally:
+        await conn.close()
 
 
 async def test_an_engine_process_writes_no_configuration_into_the_environment(

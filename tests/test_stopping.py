@@ -191,21 +191,35 @@ def _label(kind: str, pids: dict[str, int]) -> str:
     return f"{kind}[{pids[kind]}]"
 
 
-def _stopping_lines(setup: Setup) -> dict[str, int]:
-    """The processes that logged "stopping gracefully"; every such line names its process."""
+#: What the first stop request logs: a scheduler, which holds no work, stops at once; the
+#: other processes let their work finish (or release it), and a second request cancels.
+AT_ONCE = "stopping at once (no work to let finish)"
+GRACEFULLY = "stopping gracefully"
+
+
+def _stopping_lines(setup: Setup, phrase: str = GRACEFULLY) -> dict[str, int]:
+    """The processes that logged ``phrase``; every such line names its process."""
     named: dict[str, int] = {}
-    for line in setup.lines("stopping gracefully"):
+    for line in setup.lines(phrase):
         match = LABEL.search(line)
         assert match, f"a stopping line names no process: {line!r}"
         named[match[1]] = int(match[2])
     return named
 
 
+def _stopping_pids(setup: Setup) -> dict[str, int]:
+    """Every process that logged that it is stopping (at once or gracefully)."""
+    return {**_stopping_lines(setup), **_stopping_lines(setup, AT_ONCE)}
+
+
 async def _all_stopping(setup: Setup) -> None:
     async def logged() -> bool:
-        return set(_stopping_lines(setup)) == set(KINDS)
+        return set(_stopping_pids(setup)) == set(KINDS)
 
-    await wait_until(logged, what="every process to log that it is stopping gracefully")
+    await wait_until(logged, what="every process to log that it is stopping")
+    # Each says how it stops: the scheduler at once, the others gracefully.
+    assert set(_stopping_lines(setup, AT_ONCE)) == {"scheduler"}
+    assert set(_stopping_lines(setup)) == set(KINDS) - {"scheduler"}
 
 
 async def test_one_sigint_to_the_standalone_group_drains_running_work(
@@ -223,7 +237,7 @@ async def test_one_sigint_to_the_standalone_group_drains_running_work(
             )
 
         await wait_until(released, what="the triggerer to release its trigger")
-        pids = _stopping_lines(setup)
+        pids = _stopping_pids(setup)
 
         async def others_gone() -> bool:
             # Logged by standalone once it has seen them exit: by then it has done all it
@@ -251,7 +265,7 @@ async def test_one_sigint_to_the_standalone_group_drains_running_work(
     assert decode_value(slow.result) == "finished"
     assert (await _ti(store, "drain", "wait")).state == "deferred"
     assert [t.triggerer_id for t in await store.list_triggers()] == [None]
-    named = _stopping_lines(setup)
+    named = _stopping_pids(setup)
     assert named["standalone"] == proc.pid
     assert len(set(named.values())) == len(KINDS)  # one pid each
     assert not setup.lines("cancelling")
@@ -271,7 +285,7 @@ async def test_a_second_sigint_cancels_the_drain(store: Store, setup: Setup) -> 
         # processes did not wait for it.
         assert await _exit_code(proc) == 0
 
-    named = _stopping_lines(setup)
+    named = _stopping_pids(setup)
     for kind in ("scheduler", "worker", "triggerer", "webserver"):
         with pytest.raises(ProcessLookupError):
             os.kill(named[kind], 0)
@@ -427,7 +441,9 @@ async def test_sigterm_stops_a_scheduler_whose_pass_waits_on_the_database(
                 assert code == 0
                 left = "SELECT count(*) FROM deferral_schedulers WHERE pid = $1"
                 assert await conn.fetchval(left, proc.pid) == 0
-        assert setup.lines("SIGTERM: stopping")
+        # It says it stops at once: a second SIGTERM would have nothing to cancel.
+        assert setup.lines(f"SIGTERM: {AT_ONCE}")
+        assert not setup.lines("again to cancel")
         assert not setup.lines(" ERROR ")
     finally:
         await conn.close()

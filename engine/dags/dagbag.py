@@ -153,6 +153,8 @@ class DagBag:
         self._slow: dict[Path, tuple[FileStat, str, dagparse.SlowImport]] = {}
         #: Logs each import error once per change of its file.
         self._reports = ErrorReports(log)
+        #: Stops the imports in flight of the (re)load in progress (:meth:`interrupt_imports`).
+        self._interrupter = dagparse.Interrupter()
         #: Files imported in this process (each import of a new or changed file), and files
         #: whose ``stat`` changed but not their content (not imported again): for tests and
         #: introspection.
@@ -185,7 +187,15 @@ class DagBag:
         a file whose import is slow (:data:`SLOW_IMPORT_S`) is not waited for; its DAGs are
         loaded by a later call once its import ended."""
         with self._reload_lock:
+            self._interrupter = dagparse.Interrupter()
             return self._collect(wait_slow)
+
+    def interrupt_imports(self) -> None:
+        """From any thread: stop the imports of the (re)load in progress, this process is
+        stopping (a scheduler's scan). Their children are killed, and that is no import error:
+        the files they were importing are neither loaded nor failed, and the next (re)load
+        checks them again."""
+        self._interrupter.interrupt()
 
     @property
     def slow_imports(self) -> list[Path]:
@@ -209,6 +219,7 @@ class DagBag:
                 [file for file, _, _ in changed],
                 timeout_s=self.processor_timeout_s,
                 slow_s=SLOW_IMPORT_S,
+                interrupter=self._interrupter,
             )
             signatures = {file: (stat, digest) for file, stat, digest in changed}
             for job in slow:
@@ -225,8 +236,11 @@ class DagBag:
                 if file in checked:
                     self._load(file, stat, digest, checked[file])
         for file, (stat, digest, job) in list(self._slow.items()):
+            self._interrupter.add(job)  # (begun by an earlier load)
             ended, result = (True, job.wait()) if wait_slow else job.poll()
-            if ended:
+            if job.stopped:  # (interrupted: no result, checked again next time)
+                del self._slow[file]
+            elif ended:
                 del self._slow[file]
                 self._load(file, stat, digest, result)
         seen = set(files)

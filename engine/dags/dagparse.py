@@ -13,6 +13,10 @@ The child runs ``python -m engine.dags.dagparse <folder> <file>...`` with the pa
 and writes one JSON line per file to the pipe whose descriptor it is given in
 ``DEFERRAL_DAGPARSE_FD``: ``{"i": <index>, "error": <text or null>}`` (after a first
 ``{"ready": true}`` line once its own imports are done).
+
+A child killed because the process that started it stops (:class:`Interrupter`, or the exit of
+that process) is no failure of the file it was importing: that file gets no result, and the
+next check tries it again.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "TIMEOUT_SETTING",
     "Failure",
+    "Interrupter",
     "SlowImport",
     "check_files",
     "import_dag_file",
@@ -85,12 +90,38 @@ def import_dag_file(folder: Path | None, file: Path) -> str:
     return name
 
 
+class Interrupter:
+    """Stops the imports of the :func:`check_files` calls it is given, from any thread: their
+    children are killed, and the files they were importing get no result (neither imported
+    nor failed). :meth:`interrupt` holds for the jobs started after it too."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: weakref.WeakSet[_Job | SlowImport] = weakref.WeakSet()
+        self.interrupted = False
+
+    def add(self, job: _Job | SlowImport) -> None:
+        with self._lock:
+            self._jobs.add(job)
+            if not self.interrupted:
+                return
+        job.interrupt()
+
+    def interrupt(self) -> None:
+        with self._lock:
+            self.interrupted = True
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.interrupt()
+
+
 def check_files(
     folder: Path | None,
     files: Sequence[Path],
     *,
     timeout_s: float,
     slow_s: float | None = None,
+    interrupter: Interrupter | None = None,
 ) -> tuple[dict[Path, Failure | None], list[SlowImport]]:
     """Import each file in a child process; returns, per file, None if it imported cleanly or
     why it did not. A child that dies or overruns is replaced for the files after the one it
@@ -99,12 +130,15 @@ def check_files(
     With ``slow_s``: a file still importing after that long is left to its child (a
     :class:`SlowImport`, returned second, which the caller polls later) and the files after it
     go to a new child, so one slow file holds up no other; its result is not in the first
-    map."""
+    map. ``interrupter``: stops these imports from another thread; the files not done by
+    then have no result in the map (and its slow imports say they were ``stopped``)."""
     results: dict[Path, Failure | None] = {}
     slow: list[SlowImport] = []
     remaining = list(files)
     while remaining:
         job = _Job(folder, remaining, timeout_s)
+        if interrupter is not None:
+            interrupter.add(job)
         handed_off = False
         try:
             while not job.finished:
@@ -120,6 +154,8 @@ def check_files(
             if not handed_off:
                 job.close()
         results.update(job.results)
+        if job.stopped:
+            break
         remaining = remaining[len(job.results) + handed_off :]
     return results, slow
 
@@ -133,6 +169,15 @@ class SlowImport:
         self._job = job
         self._index = len(job.results)
         self.file = job.files[self._index]
+
+    @property
+    def stopped(self) -> bool:
+        """Its child was interrupted (:class:`Interrupter`): the file has no result."""
+        return self._job.stopped
+
+    def interrupt(self) -> None:
+        """From any thread: kill its child (see :meth:`stopped`)."""
+        self._job.interrupt()
 
     def poll(self) -> tuple[bool, Failure | None]:
         """``(True, result)`` once the file's import ended (the child is then stopped),
@@ -167,6 +212,10 @@ class _Job:
         self.ready = False
         #: The child ended (EOF) or was stopped: no more results will come.
         self.ended = False
+        #: Its child was killed from outside (:meth:`interrupt`, or this process exiting): no
+        #: failure of the file it was importing.
+        self.stopped = False
+        self._interrupted = threading.Event()
         self.current_started = time.monotonic()
         self.deadline = self.current_started + timeout_s
         self._buffer = b""
@@ -191,7 +240,9 @@ class _Job:
             os.close(write_fd)
         # A job dropped while its child still runs (a slow import nobody polls any more: its
         # bag was dropped, or the process exits) stops it all the same.
-        self._finalizer = weakref.finalize(self, _end_job, self.child, read_fd, self._stderr)
+        self._finalizer = weakref.finalize(
+            self, _end_job, self.child, read_fd, self._stderr, self._interrupted
+        )
 
     @property
     def finished(self) -> bool:
@@ -235,9 +286,19 @@ class _Job:
         self.ended = True
         self.close()
 
+    def interrupt(self) -> None:
+        """From any thread: kill the child (the thread that polls the job sees it end, and
+        records no result for its file)."""
+        self._interrupted.set()
+        if not self.ended:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, signal.SIGKILL)
+
     def _died(self) -> None:
         self._stop()
-        if len(self.results) < len(self.files):
+        if self._interrupted.is_set():
+            self.stopped = True  # killed because this process stops: not the file's doing
+        elif len(self.results) < len(self.files):
             self._stderr.seek(0)
             tail = self._stderr.read().decode("utf-8", "replace")[-_STDERR_TAIL:].rstrip()
             file = self.files[len(self.results)]
@@ -264,7 +325,12 @@ def _kill(child: subprocess.Popen[bytes]) -> None:
     child.wait()
 
 
-def _end_job(child: subprocess.Popen[bytes], fd: int, stderr: IO[bytes]) -> None:
+def _end_job(
+    child: subprocess.Popen[bytes], fd: int, stderr: IO[bytes], interrupted: threading.Event
+) -> None:
+    # (At this process's exit a scan thread may still poll the job: the child's end is not
+    # its file's failure.)
+    interrupted.set()
     _kill(child)
     os.close(fd)
     stderr.close()

@@ -123,7 +123,7 @@ class Supervisor:
         names = ", ".join(c.label for c in self.children.values() if c.poll() is None)
         if self.stage == 1:
             log.info(
-                "%s: stopping gracefully: asking %s to finish their work (again to cancel)",
+                "%s: stopping gracefully: asking %s to stop (again to cancel)",
                 name,
                 names or "no child",
             )

@@ -28,7 +28,7 @@ from aiohttp import web
 from anyio.abc import TaskStatus
 
 from engine.runtime.metrics import Metrics
-from engine.runtime.runner import Component
+from engine.runtime.runner import Component, stops_at_once
 from engine.runtime.wakeup import Wakeup
 
 __all__ = ["Check", "HealthServer", "Readiness", "WithHealth", "database_check", "freshness"]
@@ -206,6 +206,8 @@ class WithHealth:
     def __init__(self, component: Component, server: HealthServer) -> None:
         self.component = component
         self.server = server
+        #: As its component's (engine.runtime.runner.stops_at_once).
+        self.stops_at_once = stops_at_once(component)
 
     def stop(self) -> None:
         self.server.draining = True

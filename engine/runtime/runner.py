@@ -1,7 +1,8 @@
 """Run engine components in one process: uvloop, one task group, a two-stage stop.
 
 The first SIGTERM or SIGINT asks every component to stop gracefully (finish or release
-work); a second one cancels them.
+work); a second one cancels them. A component that holds no work to finish (the scheduler:
+``stops_at_once``) stops at once on the first, and the log line says so.
 
 A process started by a supervisor (``deferral standalone``, ``engine.launch.app.spawn``) is also
 told to stop through a pipe the supervisor holds (its read end's number is in the environment
@@ -34,6 +35,7 @@ __all__ = [
     "exit_without_threads",
     "run_async",
     "serve",
+    "stops_at_once",
     "supervisor_fd",
 ]
 
@@ -54,6 +56,13 @@ class Component(Protocol):
     async def run(self, *, task_status: TaskStatus[None] = ...) -> None: ...
 
     def stop(self) -> None: ...
+
+
+def stops_at_once(component: Component) -> bool:
+    """True when the component's ``stop()`` ends its work at once instead of letting it finish
+    (it says so with a true ``stops_at_once`` attribute: the scheduler, which holds no work):
+    a second request then has nothing left to cancel."""
+    return bool(getattr(component, "stops_at_once", False))
 
 
 def supervisor_fd() -> int | None:
@@ -84,7 +93,10 @@ class _Stages:
         if stage <= self.stage:
             return
         if self.stage == 0:
-            log.info("%s: stopping gracefully (again to cancel)", why)
+            if all(map(stops_at_once, self.components)):
+                log.info("%s: stopping at once (no work to let finish)", why)
+            else:
+                log.info("%s: stopping gracefully (again to cancel)", why)
             for component in self.components:
                 component.stop()
         if stage >= _CANCELLING:

@@ -196,9 +196,13 @@ class DagScan:
         self._wake.set()
 
     def stop(self) -> None:
-        """Safe before ``run`` (which then returns at once) and more than once."""
+        """Safe before ``run`` (which then returns at once) and more than once. The imports
+        of a scan in flight are stopped: their children end now, and that is no import error
+        of their files (the scheduler stops; the scan's thread, which nobody waits for any
+        more, took their end for a failure of the file)."""
         self._stopping = True
         self._wake.set()
+        self.dagbag.interrupt_imports()
 
     async def run(self) -> None:
         backoff = Backoff()

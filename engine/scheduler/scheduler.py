@@ -52,9 +52,16 @@ log = logging.getLogger("engine.scheduler")  # the process's logger: its package
 #: The shortest wait between passes when a scheduled run is due (another scheduler may be
 #: creating it right now).
 MIN_WAIT_S = 0.01
+#: How long one attempt to register may hold up a stop (it is shielded from it, as a rollback
+#: is: Scheduler._register).
+REGISTER_S = 5.0
 
 
 class Scheduler:
+    #: ``stop()`` cancels the work in flight rather than letting it finish (the process runner
+    #: logs so: engine.runtime.runner.stops_at_once).
+    stops_at_once = True
+
     def __init__(
         self,
         store: Store,
@@ -162,9 +169,7 @@ class Scheduler:
                 # Listening before the first scan: a rescan asked for once that scan is
                 # logged is seen.
                 await self._listen(listener)
-                self.id = await with_db_retry(
-                    "register the scheduler", self.store.register_scheduler
-                )
+                await with_db_retry("register the scheduler", self._register)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._keep_contact, name="scheduler-contact")
                     if self.dag_scan is not None:
@@ -181,6 +186,18 @@ class Scheduler:
                         await self.store.unregister_scheduler(self.id)
         if not started:  # stopped before it registered
             task_status.started()
+
+    async def _register(self) -> None:
+        """One attempt at the scheduler's row, shielded from ``stop()`` for up to
+        ``REGISTER_S``: a stop that cut the attempt short could let its INSERT commit with
+        its id never known here, and the row, never unregistered, would stay on the status
+        page for an hour (until the heartbeat duty drops it). Shielded, the id is kept and
+        ``run`` unregisters it. An attempt still unanswered after ``REGISTER_S`` is given up
+        as a timeout (tried again, unless the scheduler is stopping)."""
+        with anyio.move_on_after(REGISTER_S, shield=True):
+            self.id = await self.store.register_scheduler()
+            return
+        raise TimeoutError(f"no answer within {REGISTER_S:g} s")
 
     async def _schedule(self, listener: Listener) -> None:
         """The scheduling loop: passes until stopped. No pass waits for the DAGs folder."""

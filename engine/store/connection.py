@@ -4,10 +4,12 @@ names every process listens on are here too."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
+import anyio
 import asyncpg
 import msgspec
 
@@ -27,6 +29,7 @@ __all__ = [
     "Conn",
     "Listener",
     "create_pool",
+    "in_tx",
     "migrate",
 ]
 
@@ -53,6 +56,34 @@ CONNECT_ATTEMPTS = 6
 
 #: A connection of the pool or one of its own (the statements run on either).
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+#: How long the start or the rollback of a transaction may hold up a cancel (a hung database).
+ROLLBACK_S = 5.0
+
+
+@contextlib.asynccontextmanager
+async def in_tx(conn: Conn) -> AsyncIterator[None]:
+    """A transaction on ``conn`` (as ``conn.transaction()``) that a cancel cannot leave open.
+
+    Its start and its rollback are shielded from a cancel (for up to ``ROLLBACK_S`` each): a
+    transaction cut short by a cancel (a stopping scheduler, a try's execution_timeout, a
+    stopping process) is rolled back before its connection goes back to the pool. Else the
+    cancel cut the ``BEGIN`` (asyncpg then still holds the transaction as begun) or the
+    ``ROLLBACK`` too, and the pool's reset rolled it back while logging an error ('Resetting
+    connection with an active transaction'). (A lost connection has nothing to roll back.)"""
+    tx = conn.transaction()
+    with anyio.move_on_after(ROLLBACK_S, shield=True) as starting:
+        await tx.start()
+    if starting.cancelled_caught:
+        raise TimeoutError(f"BEGIN had no answer within {ROLLBACK_S:g} s")
+    try:
+        yield
+    except BaseException:
+        with anyio.move_on_after(ROLLBACK_S, shield=True), contextlib.suppress(Exception):
+            await tx.rollback()
+        raise
+    await tx.commit()
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -124,7 +155,7 @@ async def migrate(pool: asyncpg.Pool, q: dict[str, str]) -> list[int]:
     """Apply the migrations not applied yet, in order, in one transaction that holds the
     migrations lock (processes starting together take turns); returns their versions."""
     applied: list[int] = []
-    async with pool.acquire() as conn, conn.transaction():
+    async with pool.acquire() as conn, in_tx(conn):
         await conn.execute(q["lock_migrations"])
         await conn.execute(q["ensure_migrations_table"])
         done = {r["version"] for r in await conn.fetch(q["applied_migrations"])}

@@ -15,12 +15,13 @@ import asyncpg
 import msgspec
 
 from engine.security.keys import Keyring
-from engine.store.connection import Conn, migrate
+from engine.store.connection import Conn, in_tx, migrate
 from engine.store.queries import load_queries
 
 __all__ = [
     "StoreCore",
     "from_dicts",
+    "in_tx",
     "off_loop",
     "one",
     "storable",
@@ -34,27 +35,6 @@ T = TypeVar("T")
 #: Batches with fewer values than this are encrypted or decrypted on the event loop; larger
 #: ones in a thread (a Fernet token costs some 10-20 us: 5,000 would hold the loop ~0.1 s).
 INLINE_CRYPTO = 256
-#: How long the rollback of a transaction cut short by a cancel may take (a hung database).
-ROLLBACK_S = 5.0
-
-
-@contextlib.asynccontextmanager
-async def in_tx(conn: Conn) -> AsyncIterator[None]:
-    """A transaction on ``conn`` (as ``conn.transaction()``) whose rollback a cancel cannot
-    cut short."""
-    tx = conn.transaction()
-    await tx.start()
-    try:
-        yield
-    except BaseException:
-        # Shielded: a transaction cut short by a cancel (a stopping scheduler, a timeout) is
-        # rolled back before its connection goes back to the pool. Else the rollback is
-        # cancelled too, and the pool's reset rolls it back while logging an error. (A lost
-        # connection has nothing to roll back.)
-        with anyio.move_on_after(ROLLBACK_S, shield=True), contextlib.suppress(Exception):
-            await tx.rollback()
-        raise
-    await tx.commit()
 
 
 def storable(text: str) -> str:

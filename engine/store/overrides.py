@@ -34,7 +34,7 @@ import asyncpg
 import msgspec
 
 from engine.states import TaskOutcomeKind
-from engine.store.core import structs
+from engine.store.core import in_tx, structs
 from engine.store.downstream import settle
 from engine.store.models import MovedTask, Override, OverrideTarget, RunOverride
 from engine.store.runs import RunQueries
@@ -146,7 +146,7 @@ class OverrideQueries(RunQueries):
             await self.override_targets(dag_id, run_id)  # (raises, naming what is missing)
             raise NoSuchTarget(f"no run {run_id!r} of DAG {dag_id!r}")
         rows: list[asyncpg.Record] = []
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._pool.acquire() as conn, in_tx(conn):
             # The triggers its deferred tasks and its deadlines wait on first (in id order, as
             # a trigger firing locks them), then its task instances, read as they are now (a
             # task that ended before these locks keeps its end under a mark failed), then the
@@ -212,7 +212,7 @@ class OverrideQueries(RunQueries):
         ids = sorted(set(ti_ids))
         if not ids:
             return []
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._pool.acquire() as conn, in_tx(conn):
             await conn.execute(self._q["begin_override"])
             # The triggers first, as a firing trigger locks them before its waiters.
             left = [r["id"] for r in await conn.fetch(self._q["lock_left_triggers"], ids)]

@@ -15,7 +15,7 @@ import msgspec
 
 from engine.security.keys import UnreadableValue
 from engine.store.browse import BrowseReads
-from engine.store.core import structs
+from engine.store.core import in_tx, structs
 from engine.store.fleetstats import read_backlog_split
 from engine.store.models import (
     AuditRow,
@@ -158,7 +158,7 @@ class StatusQueries(BrowseReads):
     async def _audited(
         self, who: str, action: str, target: str, detail: dict[str, Any], query: str, *args: Any
     ) -> list[MovedTask]:
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._pool.acquire() as conn, in_tx(conn):
             rows = await conn.fetch(self._q[query], *args)
             await conn.execute(self._q["record_audit"], who, action, target, detail)
         return structs(rows, MovedTask)
