@@ -82,7 +82,6 @@ async def test_a_scheduler_stopped_while_it_registers_unregisters(db_url: str) -
                             return bool(await conn.fetchval(count))
 
                         await wait_until(committed, what="the scheduler's row to be committed")
-                        print("before stop", scheduler.id, proxy._marker)
                         scheduler.stop()
                         proxy.release_reply()
             finally:
