@@ -52,6 +52,11 @@ _PARAMETERS = {
         "p_payloads": "$5::bytea[]",
         "p_errors": "$6::text[]",
         "p_shown": "$7::text[]",
+        # (its variables: the worker it hands resumes to and what it hands it, 0033)
+        "v_worker": "$8::bigint",
+        "v_handed": "$9::bigint[]",
+        "v_host": "$10::text",
+        "v_pid": "$11::integer",
     },
 }
 
@@ -63,13 +68,13 @@ FUNCTION_OF = {"fire_triggers": "deferral_fire_triggers"}
 def function_statement(function: str) -> str:
     """The statement that ``function`` runs (after its lock, for deferral_fire_triggers), taken
     from schema.sql (which test_store.py holds equal to the migrations) with the function's
-    parameters as ``$1``.."""
+    parameters (then its variables) as ``$1``.."""
     schema = schema_sql()
     start = schema.index(f"CREATE FUNCTION {function}(")
     body = schema[schema.index("RETURN QUERY", start) + len("RETURN QUERY") :]
     body = body[: body.index(";\nEND;")]
     parameters = _PARAMETERS[function]
-    return re.sub(r"\bp_[a-z_]+\b", lambda m: f"({parameters[m.group(0)]})", body)
+    return re.sub(r"\b[pv]_[a-z_]+\b", lambda m: f"({parameters[m.group(0)]})", body)
 
 
 def fire_statement() -> str:

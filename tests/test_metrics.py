@@ -169,7 +169,9 @@ async def test_counters_move_when_an_engine_runs(store: Store) -> None:
     assert _sample(text, "deferral_task_outcomes_total", state="deferred") == 1
     assert _sample(text, "deferral_task_outcomes_total", state="success") == 1
     assert _sample(text, "deferral_resume_latency_seconds_count") == 1
-    assert _sample(text, "deferral_claim_batch_size_count", claim="tasks") == 2
+    # (one claim, of the try's start: the resume was handed to the worker as its trigger
+    # fired, migration 0033, and counts in the resume latency, not as a claim)
+    assert _sample(text, "deferral_claim_batch_size_count", claim="tasks") == 1
     assert _sample(text, "deferral_claim_batch_size_sum", claim="triggers") == 1
     assert _sample(text, "deferral_write_batch_size_sum", write="task_outcomes") == 1
     assert _sample(text, "deferral_write_batch_size_sum", write="trigger_events") == 1

@@ -142,6 +142,10 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
             [b"\x80"] * len(fired),
             [None] * len(fired),
             ['{"at":"2026-12-02T00:00:00Z"}'] * len(fired),
+            1,  # (a worker the resumes are handed to, as a fleet's fires hand them)
+            [ti for ti in fired if ti % 2],
+            "host",
+            7,
         ),
         "finish_tasks": (
             running,

@@ -40,6 +40,7 @@ from engine.store.connection import (
     CHANNEL_TASKS,
     CHANNEL_TRIGGERS,
     PAYLOAD_CALLBACKS,
+    PAYLOAD_HANDED,
     Listener,
 )
 from engine.store.embedded import EmbeddedServerError, embedded_database_url
@@ -90,6 +91,7 @@ __all__ = [
     "CHANNEL_TRIGGERS",
     "MARK_STATES",
     "PAYLOAD_CALLBACKS",
+    "PAYLOAD_HANDED",
     "VIA_PAGE",
     "AssetConflict",
     "ClaimedTask",

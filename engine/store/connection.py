@@ -25,6 +25,7 @@ __all__ = [
     "CHANNEL_TRIGGERS",
     "CONNECT_ATTEMPTS",
     "PAYLOAD_CALLBACKS",
+    "PAYLOAD_HANDED",
     "SESSION_SETTINGS",
     "Conn",
     "Listener",
@@ -40,6 +41,9 @@ CHANNEL_TASKS = "deferral_tasks"
 #: The payload on :data:`CHANNEL_TASKS` of a callback request written (migration 0030): only
 #: the workers' callback runners claim.
 PAYLOAD_CALLBACKS = "callbacks"
+#: The payload on :data:`CHANNEL_TASKS`, followed by a worker's id, of a fire that handed that
+#: worker resumes (migration 0033): only that worker reads them; no worker claims.
+PAYLOAD_HANDED = "handed "
 #: A trigger is unowned: triggerers claim.
 CHANNEL_TRIGGERS = "deferral_triggers"
 #: A task joined a running trigger with an earlier deadline; the payload is the trigger id.

@@ -330,17 +330,27 @@ SELECT id, dag_id, run_id, logical_date, conf, state, created_at, ended_at, run_
 FROM deferral_dag_runs WHERE dag_id = $1 AND run_id = $2;
 
 -- name: register_worker
--- A worker announces itself ($4: the engine's version, $5: the queues it serves) and marks its
--- queues as served now.
+-- A worker announces itself ($4: the engine's version, $5: the queues it serves, $6: its
+-- setting parallelism, $7: its heartbeat interval, $8: whether it takes the resumes
+-- triggerers hand it, migration 0033) and marks its queues as served now.
 WITH w AS (
-    INSERT INTO deferral_workers (hostname, pid, slots, version, queues)
-    VALUES ($1, $2, $3, $4, $5::text[]) RETURNING id
+    INSERT INTO deferral_workers (hostname, pid, slots, version, queues, parallelism,
+                                  heartbeat_s, takes_resumes)
+    VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8) RETURNING id
 ), seen AS (
     INSERT INTO deferral_queues_seen (kind, queue, last_seen_at)
     SELECT 'worker', q, now() FROM unnest($5::text[]) AS q
     ON CONFLICT (kind, queue) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at
 )
 SELECT id FROM w;
+
+-- name: stop_taking_resumes
+-- A stopping worker $1 takes no more resumes from triggerers. Under the admission's lock, which
+-- a fire that hands resumes holds until it commits: once this returns, every resume handed to
+-- the worker is committed (it reads and runs them), and no fire hands it another.
+WITH locked AS (SELECT pg_advisory_xact_lock(74657203))
+UPDATE deferral_workers SET takes_resumes = false
+WHERE id = $1 AND EXISTS (SELECT 1 FROM locked);
 
 -- name: unregister_worker
 -- A worker leaves after a graceful stop.
@@ -460,9 +470,15 @@ WITH admitted AS MATERIALIZED (
         SELECT EXTRACT(EPOCH FROM min(run_after) - now())::double precision
         FROM deferral_task_instances
         WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
-          AND run_after > now() AND queue = ANY ($3::text[])) END AS next_in
+          AND run_after > now() AND queue = ANY ($3::text[])) END AS next_in,
+           -- nothing claimed though tasks are runnable now: a limit (or another claim) holds
+           -- them; the worker claims again when one of its tries ends
+           CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN EXISTS (
+        SELECT 1 FROM deferral_task_instances
+        WHERE state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
+          AND run_after <= now() AND queue = ANY ($3::text[])) END AS held
 )
-SELECT c.*, now() AS db_now, idle.next_in FROM idle LEFT JOIN claimed c ON true;
+SELECT c.*, now() AS db_now, idle.next_in, idle.held FROM idle LEFT JOIN claimed c ON true;
 
 -- name: unacknowledged_claims
 -- The running task instances held by worker $1 other than the ones it runs ($2): claims that

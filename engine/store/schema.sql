@@ -1060,6 +1060,13 @@ CREATE FUNCTION deferral_fire_triggers(
 LANGUAGE plpgsql ROWS 100 SET plan_cache_mode = force_generic_plan SET enable_nestloop = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_worker bigint;
+    v_free bigint;
+    v_queues text[];
+    v_host text;
+    v_pid integer;
+    v_handed bigint[] := '{}';
 BEGIN
     -- lock_owned_triggers: a task joining a trigger holds its row until it commits; the fire
     -- below, a statement of its own, then sees that task waiting.
@@ -1068,6 +1075,72 @@ BEGIN
       AND deferral_triggers.triggerer_id IS NOT DISTINCT FROM p_triggerer
     ORDER BY deferral_triggers.id
     FOR UPDATE;
+    -- The worker that takes the resumes of this fire, if one may (0033): the live worker
+    -- that takes resumes with the most free slots, while no live worker counts a global
+    -- parallelism (the fire could not keep it). Chosen under the admission's lock, as a claim
+    -- admits: the resumes handed below are admitted against what runs, in a snapshot taken
+    -- after the lock, and a worker that stopped taking resumes (stop_taking_resumes takes the
+    -- lock too) is seen stopped.
+    IF EXISTS (SELECT 1 FROM unnest(p_kinds) AS k WHERE k = 'event')
+       AND EXISTS (SELECT 1 FROM deferral_workers w WHERE w.takes_resumes) THEN
+        PERFORM pg_advisory_xact_lock(74657203);
+        SELECT w.id, w.queues, w.hostname, w.pid,
+               w.slots - (SELECT count(*) FROM deferral_task_instances r
+                          WHERE r.worker_id = w.id AND r.state = 'running')
+                       - (SELECT count(*) FROM deferral_stopping_tries s
+                          WHERE s.worker_id = w.id)
+        INTO v_worker, v_queues, v_host, v_pid, v_free
+        FROM deferral_workers w
+        WHERE w.takes_resumes
+          AND w.heartbeat_at > now() - make_interval(secs => 2 * w.heartbeat_s + 1)
+        ORDER BY 5 DESC, w.id
+        LIMIT 1;
+        IF v_free IS NULL OR v_free <= 0
+           OR EXISTS (SELECT 1 FROM deferral_workers w
+                      WHERE w.parallelism > 0
+                        AND w.heartbeat_at > now() - interval '1 hour') THEN
+            v_worker := NULL;
+        END IF;
+    END IF;
+    IF v_worker IS NOT NULL THEN
+        -- The resumes handed to it: of a queue it serves, in a pool that exists, of a DAG
+        -- without max_active_tasks and a task without max_active_tis_per_dag, no earlier try
+        -- still stopping (whatever else a claim checks cannot bind them), in claim order, at
+        -- most its free slots and what each pool's room holds, counted as a claim counts it (a
+        -- pool that counts deferred tasks holds the resume's slot already: it needs none).
+        -- Read from the triggers this fire locked and will delete (same conditions as the
+        -- delete below); every other resume is made runnable, for a claim to admit.
+        v_handed := ARRAY(
+            WITH candidate AS MATERIALIZED (
+                SELECT ti.id, ti.pool, p.slots, p.include_deferred,
+                       sum(ti.pool_slots) OVER (PARTITION BY ti.pool
+                                                ORDER BY ti.priority DESC, ti.id) AS pool_take,
+                       row_number() OVER (ORDER BY ti.priority DESC, ti.id) AS n
+                FROM unnest(p_ids, p_fences, p_kinds) AS o(trigger_id, fence, kind)
+                JOIN deferral_triggers t
+                  ON t.id = o.trigger_id AND t.id = ANY (p_ids)
+                 AND t.triggerer_id IS NOT DISTINCT FROM p_triggerer AND t.fence = o.fence
+                JOIN deferral_task_instances ti
+                  ON ti.trigger_id = t.id AND ti.trigger_id = ANY (p_ids)
+                 AND ti.state = 'deferred'
+                JOIN deferral_pools p ON p.name = ti.pool
+                LEFT JOIN deferral_dags d ON d.dag_id = ti.dag_id
+                WHERE o.kind = 'event' AND ti.queue = ANY (v_queues)
+                  AND d.max_active_tasks IS NULL AND ti.max_active_tis_per_dag IS NULL
+                  AND ti.id <> ALL (ARRAY(SELECT s.ti_id FROM deferral_stopping_tries s))
+            ), room AS MATERIALIZED (
+                SELECT c.pool, min(c.slots)
+                       - COALESCE((SELECT sum(b.pool_slots) FROM deferral_task_instances b
+                                   WHERE b.pool = c.pool AND b.state IN ('running', 'queued')),
+                                  0)
+                       - COALESCE((SELECT sum(s.pool_slots) FROM deferral_stopping_tries s
+                                   WHERE s.pool = c.pool), 0) AS room
+                FROM candidate c WHERE NOT c.include_deferred GROUP BY c.pool
+            )
+            SELECT c.id FROM candidate c LEFT JOIN room r ON r.pool = c.pool
+            WHERE c.n <= v_free AND (c.include_deferred OR c.pool_take <= r.room)
+        );
+    END IF;
     RETURN QUERY
     WITH outcome AS (
         SELECT * FROM unnest(p_ids, p_fences, p_kinds::deferral_trigger_outcome[],
@@ -1086,7 +1159,8 @@ BEGIN
         RETURNING t.id, t.classpath, o.kind, o.payload, o.error, o.shown
     ), moved AS (
         UPDATE deferral_task_instances ti
-        SET state = CASE f.kind WHEN 'event' THEN 'scheduled'
+        SET state = CASE f.kind WHEN 'event' THEN CASE WHEN ti.id = ANY (v_handed)
+                                                       THEN 'running' ELSE 'scheduled' END
                                 WHEN 'success' THEN 'success'
                                 WHEN 'skipped' THEN 'skipped'
                                 WHEN 'failed' THEN deferral_fail_state(ti.try_number, ti.retries)
@@ -1102,7 +1176,21 @@ BEGIN
                                                     ti.max_retry_delay_s)
                              ELSE now() END,
             ended_at = CASE WHEN f.kind = 'event' THEN NULL ELSE now() END,
-            trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL
+            trigger_id = NULL, trigger_timeout_at = NULL, deadline_kind = NULL,
+            -- a handed resume is claimed here, as claim_tasks claims a resume
+            worker_id = CASE WHEN ti.id = ANY (v_handed) THEN v_worker
+                             ELSE ti.worker_id END,
+            heartbeat_at = CASE WHEN ti.id = ANY (v_handed) THEN now()
+                                ELSE ti.heartbeat_at END,
+            started_at = CASE WHEN ti.id = ANY (v_handed) THEN now()
+                              ELSE ti.started_at END,
+            first_try_at = CASE WHEN ti.id = ANY (v_handed)
+                                THEN COALESCE(ti.first_try_at, now()) ELSE ti.first_try_at END,
+            try_started_at = CASE WHEN ti.id = ANY (v_handed)
+                                  THEN COALESCE(ti.try_started_at, now())
+                                  ELSE ti.try_started_at END,
+            fired_at = CASE WHEN ti.id = ANY (v_handed) THEN now()
+                            ELSE ti.fired_at END
         FROM fired f
         -- (ti.trigger_id = ANY (p_ids): the same rows, by the waiting tasks' index; with
         -- enable_nestloop off the join is a hash of the fired triggers, and without it the
@@ -1130,13 +1218,35 @@ BEGIN
                                               COALESCE(' with ' || m.shown, ''))
                END
         FROM moved m
+        UNION ALL
+        -- a handed resume's line, as a claim writes it (claimed as its trigger fired)
+        SELECT m.dag_id, m.run_id, deferral_ti_name(m.task_id, m.map_index), m.try_number, now(),
+               'INFO', 'log', 'engine.worker',
+               format('resuming at %s on worker %s (%s, pid %s), claimed %ss after its trigger '
+                      'fired', m.next_method, v_worker, v_host, v_pid, '0.000')
+        FROM moved m
+        WHERE m.state = 'running'
     ), woke AS (
         SELECT pg_notify('deferral_tasks', '') FROM moved WHERE state = 'scheduled' LIMIT 1
+    ), handed_to AS (
+        -- the worker is told to take what it was handed (the others ignore it)
+        SELECT pg_notify('deferral_tasks', 'handed ' || v_worker) FROM moved
+        WHERE state = 'running' LIMIT 1
     )
     SELECT f.id AS fired_id, NULL::bigint AS id, NULL::bigint AS dag_run_id, NULL::text AS task_id,
-           NULL::text AS state, NULL::boolean AS is_leaf, (SELECT count(*) FROM woke) AS woke
+           NULL::text AS state, NULL::boolean AS is_leaf,
+           (SELECT count(*) FROM woke) + 0 * (SELECT count(*) FROM handed_to) AS woke
     FROM fired f
     UNION ALL
     SELECT m.trigger_id, m.id, m.dag_run_id, m.task_id, m.state, m.is_leaf, NULL FROM moved m;
 END;
 $$;
+
+-- Added by 0033: workers that take the resumes triggerers hand them.
+ALTER TABLE deferral_workers
+    -- it takes the resumes triggerers hand it (0033); false once it stops
+    ADD COLUMN takes_resumes boolean NOT NULL DEFAULT false,
+    -- its setting parallelism (0: no limit; a fire hands nothing while a live worker has one)
+    ADD COLUMN parallelism   integer NOT NULL DEFAULT 0,
+    -- its heartbeat interval: a fire hands only to a worker heard from within two of them
+    ADD COLUMN heartbeat_s   double precision NOT NULL DEFAULT 5;

@@ -67,12 +67,34 @@ class TaskQueries(StoreCore):
     # -- workers ---------------------------------------------------------------------------
 
     async def register_worker(
-        self, hostname: str, pid: int, slots: int, queues: Sequence[str] = (DEFAULT_QUEUE,)
+        self,
+        hostname: str,
+        pid: int,
+        slots: int,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+        *,
+        parallelism: int = 0,
+        heartbeat_s: float = 5.0,
+        takes_resumes: bool = False,
     ) -> int:
+        """A new worker row; its id. ``takes_resumes``: triggerers hand it the resumes they
+        can admit as their triggers fire (it must read them when told: ``handed_tasks``)."""
         worker_id: int = await self._pool.fetchval(
-            self._q["register_worker"], hostname, pid, slots, __version__, list(queues)
+            self._q["register_worker"],
+            hostname,
+            pid,
+            slots,
+            __version__,
+            list(queues),
+            parallelism,
+            heartbeat_s,
+            takes_resumes,
         )
         return worker_id
+
+    async def stop_taking_resumes(self, worker_id: int) -> None:
+        """No triggerer hands this worker a resume once this returns (a stopping worker)."""
+        await self._pool.execute(self._q["stop_taking_resumes"], worker_id)
 
     async def unregister_worker(self, worker_id: int) -> None:
         await self._pool.execute(self._q["unregister_worker"], worker_id)
@@ -156,9 +178,10 @@ class TaskQueries(StoreCore):
         rows = [r for r in rows if not r.get("missing_pool")]
         claimed = from_dicts([r for r in rows if r["id"] is not None], ClaimedTask)
         next_in: float | None = rows[0]["next_in"] if not claimed and rows else None
+        held = bool(rows[0]["held"]) if not claimed and rows else False
         if refused and not claimed:
             next_in = 0.0  # once they are written, their slots are free: claim again
-        return TaskClaim(claimed=claimed, refused=refused, next_in=next_in)
+        return TaskClaim(claimed=claimed, refused=refused, next_in=next_in, held=held)
 
     def _open_resumes(
         self, rows: list[asyncpg.Record], worker_id: int
@@ -209,6 +232,12 @@ class TaskQueries(StoreCore):
         refused += _missing_pools(rows, worker_id)
         rows = [r for r in rows if not r.get("missing_pool")]
         return TaskClaim(claimed=from_dicts(rows, ClaimedTask), refused=refused)
+
+    async def handed_tasks(self, worker_id: int, running: Sequence[int]) -> TaskClaim:
+        """The resumes triggerers handed worker ``worker_id`` as their triggers fired
+        (migration 0033): what it holds and does not run yet (``running``: what it runs),
+        read as :meth:`unacknowledged_claims` reads a claim whose reply was lost."""
+        return await self.unacknowledged_claims(worker_id, running)
 
     # -- what a try writes -----------------------------------------------------------------
 

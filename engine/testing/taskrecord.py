@@ -204,6 +204,13 @@ class RecordingStore(Store):
                 self.recorder.resumed(ti)
         return claim
 
+    async def handed_tasks(self, worker_id: int, running: Sequence[int]) -> TaskClaim:
+        handed = await super().handed_tasks(worker_id, running)
+        for ti in handed.claimed:
+            if ti.next_method:
+                self.recorder.resumed(ti)
+        return handed
+
     async def fire_triggers(
         self, triggerer_id: int, outcomes: Sequence[TriggerOutcome]
     ) -> FiredTriggers:

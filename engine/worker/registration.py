@@ -35,11 +35,27 @@ def heartbeat_timeout_s(heartbeat_s: float) -> float:
     return max(2 * heartbeat_s, MIN_HEARTBEAT_TIMEOUT_S)
 
 
-async def register(store: Store, slots: int, queues: Sequence[str], *, retry: bool = True) -> int:
-    """A new row for this process; its id. ``retry``: transient errors are retried (at
-    start; a heartbeat that registers again leaves that to the next heartbeat)."""
+async def register(
+    store: Store,
+    slots: int,
+    queues: Sequence[str],
+    *,
+    parallelism: int = 0,
+    heartbeat_s: float = 5.0,
+    retry: bool = True,
+) -> int:
+    """A new row for this process, which takes the resumes triggerers hand it; its id.
+    ``retry``: transient errors are retried (at start; a heartbeat that registers again
+    leaves that to the next heartbeat)."""
     call = functools.partial(
-        store.register_worker, socket.gethostname(), os.getpid(), slots, queues
+        store.register_worker,
+        socket.gethostname(),
+        os.getpid(),
+        slots,
+        queues,
+        parallelism=parallelism,
+        heartbeat_s=heartbeat_s,
+        takes_resumes=True,
     )
     return await (with_db_retry("register worker", call) if retry else call())
 

@@ -9,6 +9,7 @@ try), each try's frame (its log binding, cancel scope and slot), the graceful st
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -22,15 +23,22 @@ from engine.runtime.crashpoints import crash_point
 from engine.runtime.health import Check, freshness
 from engine.runtime.keepalive import KeepAlive
 from engine.runtime.overrides import overridden
-from engine.runtime.retry import TRANSIENT_ERRORS, Backoff
+from engine.runtime.retry import TRANSIENT_ERRORS, Backoff, with_db_retry
 from engine.runtime.wakeup import Wakeup
-from engine.store import CHANNEL_STOP, CHANNEL_TASKS, PAYLOAD_CALLBACKS, ClaimedTask, Store
+from engine.store import (
+    CHANNEL_STOP,
+    CHANNEL_TASKS,
+    PAYLOAD_CALLBACKS,
+    PAYLOAD_HANDED,
+    ClaimedTask,
+    Store,
+)
 from engine.usercode import guard as usercode
 from engine.worker import registration
 from engine.worker.attempt import Attempts
 from engine.worker.callbacks import CallbackRunner
 from engine.worker.config import WorkerConfig
-from engine.worker.outcomes import Expanded, describe
+from engine.worker.outcomes import Deferred, Expanded, Returned, Skipped, describe
 from engine.worker.recorder import Recorder
 from engine.worker.trylogs import TryLogs
 
@@ -73,6 +81,13 @@ class Worker:
         self.peak_running = 0
         self.finished = 0
         self._wake = Wakeup()
+        # Whether the next turn of the claim loop claims: a wake-up that only says a triggerer
+        # handed this worker resumes (``_handed``) reads those and claims nothing.
+        self._claim_wanted = True
+        self._handed = False
+        # The last claim took something or left runnable tasks behind (a limit held them, or
+        # its limit was reached): the end of a try, freeing a slot, claims again.
+        self._backlog = True
         self._idle = Wakeup()
         self._stopping = False
         # A claim failed after it may have committed: look for claims whose reply was lost.
@@ -141,7 +156,7 @@ class Worker:
         grace period). Safe to call before ``run`` (which then starts, sees it and returns)
         or more than once; a stopped worker stays stopped."""
         self._stopping = True
-        self._wake.set()
+        self._want_claim()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # (``_stopping`` is not reset here: a stop() that came before run() must hold.)
@@ -173,6 +188,7 @@ class Worker:
                 task_status.started()
                 async with anyio.create_task_group() as tasks:
                     await self._claim_loop(tasks)
+                    await self._stop_taking_resumes(tasks)
                     if self.running or self._leaving:
                         log.info(
                             "stopping: waiting up to %.0fs for %d running task(s)",
@@ -207,12 +223,38 @@ class Worker:
                     await registration.unregister(self.store, self.id)
             log.info("worker %s stopped", self.id)
 
+    async def _stop_taking_resumes(self, tasks: anyio.abc.TaskGroup) -> None:
+        """As the worker stops: no triggerer hands it resumes any more, and those handed to it
+        before run here (within the grace period, as every running try)."""
+        if self.id is None:
+            return
+        try:
+            await with_db_retry(
+                "stop taking resumes",
+                functools.partial(self.store.stop_taking_resumes, self.id),
+                attempts=5,
+            )
+            self._adopt(tasks, await self._take_handed(), time.monotonic())
+        except TRANSIENT_ERRORS as exc:
+            log.warning(
+                "could not stop taking resumes (%s: %s); any handed to this worker from now "
+                "on are reaped once its heartbeats stop, and retried per their policy",
+                type(exc).__name__,
+                exc,
+            )
+
     def _registration(self) -> int | None:
         """The worker's current registration (None: not registered)."""
         return self.id
 
     async def _register(self) -> int:
-        worker_id = await registration.register(self.store, self.slots, self.queues)
+        worker_id = await registration.register(
+            self.store,
+            self.slots,
+            self.queues,
+            parallelism=self.parallelism,
+            heartbeat_s=self.heartbeat_s,
+        )
         self.heartbeat_at = time.monotonic()
         return worker_id
 
@@ -235,12 +277,24 @@ class Worker:
             if payload == str(self.id) and self._keepalive is not None:
                 self._keepalive.poke()
             return
+        if payload.startswith(PAYLOAD_HANDED):
+            # A triggerer handed resumes to a worker as their triggers fired (migration 0033):
+            # this one reads them if they are its own; the others have nothing to claim.
+            if payload == f"{PAYLOAD_HANDED}{self.id}":
+                self._handed = True
+                self._wake.set()
+            return
         if payload == PAYLOAD_CALLBACKS:
             # A callback request was written: the callback runner claims it. (Any other
             # notification of the channel is about tasks: asking the database for callback
             # requests on each one cost a query per worker per notification.)
             self.callbacks.wake()
             return
+        self._want_claim()
+
+    def _want_claim(self) -> None:
+        """Wake the claim loop for a claim."""
+        self._claim_wanted = True
         self._wake.set()
 
     async def _claim_loop(self, tasks: anyio.abc.TaskGroup) -> None:
@@ -248,15 +302,24 @@ class Worker:
         while not self._stopping:
             free = self.slots - self._busy()
             timeout = self.poll_interval_s
-            if free > 0:
+            wanted, self._claim_wanted = self._claim_wanted, False
+            if free > 0 or self._handed:
                 try:
+                    if self._handed:
+                        self._handed = False
+                        self._adopt(tasks, await self._take_handed(), time.monotonic())
+                        free = self.slots - self._busy()
                     if self._claims_unsure:
                         found = await self._unacknowledged_claims()
                         self._adopt(tasks, found, time.monotonic())
                         free = self.slots - self._busy()
-                    claimed, next_in = await self._claim(free) if free > 0 else ([], None)
+                    if free > 0 and wanted:
+                        claimed, next_in = await self._claim(free)
+                    else:
+                        claimed, next_in = [], None
                     claimed_at = time.monotonic()
                 except TRANSIENT_ERRORS as exc:
+                    self._claim_wanted = True
                     await backoff.wait("claiming tasks", exc)
                     continue
                 backoff.reset()
@@ -264,8 +327,12 @@ class Worker:
                     timeout = max(0.0, min(timeout, next_in))
                 self._adopt(tasks, claimed, claimed_at)
                 if claimed and len(claimed) == free:
+                    self._claim_wanted = True
                     continue
-            await self._wake.wait(timeout)
+            elif wanted:
+                self._claim_wanted = True  # (no free slot: the claim waits for one)
+            if not await self._wake.wait(timeout):
+                self._claim_wanted = True  # the polling backstop
 
     async def _claim(self, limit: int) -> tuple[list[ClaimedTask], float | None]:
         assert self.id is not None
@@ -279,9 +346,23 @@ class Worker:
         if claimed:
             crash_point("worker.claim.after_commit")
         self._claims_unsure = False
+        self._backlog = bool(claimed) or bool(claim.refused) or claim.held
         self.recorder.refuse_claimed(claim.refused)
         self._observe_claim(claimed, time.perf_counter() - started)
         return claimed, claim.next_in
+
+    async def _take_handed(self) -> list[ClaimedTask]:
+        """The resumes triggerers handed this worker (migration 0033): the running task
+        instances it holds that it does not run yet. Read only (the fire claimed them)."""
+        assert self.id is not None
+        known = [*self.running, *self._abandoned]
+        handed = await self.store.handed_tasks(self.id, known)
+        self.recorder.refuse_claimed(handed.refused)
+        for ti in handed.claimed:
+            if ti.next_method is not None and ti.run_after is not None:
+                delay = (ti.db_now - ti.run_after).total_seconds()
+                self.metrics.resume_latency.observe(max(0.0, delay))
+        return handed.claimed
 
     def _observe_claim(self, claimed: list[ClaimedTask], duration_s: float) -> None:
         m = self.metrics
@@ -372,7 +453,14 @@ class Worker:
         )
         # (A registration whose reply is lost leaves a row without heartbeats: the scheduler
         # removes it; the next heartbeat finds this id dead again and registers anew.)
-        self.id = await registration.register(self.store, self.slots, self.queues, retry=False)
+        self.id = await registration.register(
+            self.store,
+            self.slots,
+            self.queues,
+            parallelism=self.parallelism,
+            heartbeat_s=self.heartbeat_s,
+            retry=False,
+        )
         self.heartbeat_at = time.monotonic()
         self._abandoned.clear()  # ids of the old registration: never held by the new one
 
@@ -400,6 +488,11 @@ class Worker:
         key = (ti.id, ti.try_number)
         # (logs.binding and self.logs.bound, without two generators per try)
         entered = self.logs.enter(ti)
+        # A try that returned, deferred or skipped leaves nothing to claim by its end alone
+        # (what it made runnable downstream comes with a notification): its slot is claimed
+        # for only if the last claim left work behind. Any other end claims at once (a retry
+        # or a reschedule may be due, or its claim tells when).
+        quiet = False
         try:
             try:
                 # (Cancelled when the try is told to stop; a stop before it started: at once.)
@@ -419,6 +512,7 @@ class Worker:
                             # heartbeat and the graceful stop's wait still see it.
                             self._expanding.add(ti.id)
                         await self.recorder.record(ti, worker_id, outcome, started=started)
+                        quiet = isinstance(outcome, Returned | Deferred | Skipped)
                     except anyio.get_cancelled_exc_class():
                         raise
                     except Exception:
@@ -446,7 +540,8 @@ class Worker:
                 if self._leaving.pop(key, None) is not None and key not in self.attempts.lingering:
                     self._report_stopped()
                 self.finished += 1
-                self._wake.set()
+                if self._backlog or not quiet:
+                    self._want_claim()
                 self._idle.set()
         finally:
             self.logs.leave(ti, entered)
@@ -461,5 +556,5 @@ class Worker:
         stop, and the heartbeat says it has)."""
         if stopped:
             self._report_stopped()
-        self._wake.set()
+        self._want_claim()
         self._idle.set()

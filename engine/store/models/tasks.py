@@ -124,8 +124,11 @@ class TaskClaim(msgspec.Struct, frozen=True, kw_only=True):
     outcomes the worker writes through its outbox like any other (nothing is written for them
     yet: until then they hold their slots, and a worker that dies first leaves them to the
     reaper). ``next_in``: with nothing claimed, in how many seconds the next waiting task
-    becomes runnable (None: none waits for a time; 0.0: claim again now)."""
+    becomes runnable (None: none waits for a time; 0.0: claim again now). ``held``: with
+    nothing claimed, tasks of those queues are runnable now all the same (a limit holds them
+    back, or another claim took them as this one looked)."""
 
     claimed: list[ClaimedTask]
     refused: list[TaskOutcome] = []
     next_in: float | None = None
+    held: bool = False

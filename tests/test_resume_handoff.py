@@ -1,0 +1,240 @@
+"""Resumes handed to a worker as their triggers fire (migration 0033, issue 21): the fire claims
+for the live worker that takes resumes with the most free slots what a claim would admit, and
+tells that worker; anything a limit could hold back is left runnable for a claim, as before."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import pytest
+
+from engine.dags.dag import DAG
+from engine.store import PAYLOAD_HANDED, Store, TriggerOutcome
+from operators.base import BaseOperator, Context
+from operators.python import PythonOperator
+from tests.helpers import claimed_tasks, never_deferral, wait_until
+from tests.triggers_for_tests import WaitTrigger
+from triggers.base import decode_value, encode_value
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def taker(store: Store, slots: int = 4, **kwargs: Any) -> AsyncIterator[int]:
+    """A worker row that takes resumes, for the length of a test (later tests of the same
+    database must not be handed resumes by it)."""
+    kwargs.setdefault("takes_resumes", True)
+    worker = await store.register_worker("taker", 2, slots, **kwargs)
+    try:
+        yield worker
+    finally:
+        await store.unregister_worker(worker)
+
+
+async def _deferred(store: Store, n: int, prefix: str) -> tuple[str, list[int]]:
+    """``n`` tasks of a new DAG deferred on triggers of their own, none of them held by a
+    triggerer: (dag id, their task instance ids)."""
+    dag_id, worker, tis = await claimed_tasks(store, n, prefix)
+    for i, ti in enumerate(tis):
+        assert await store.defer_task(ti.id, worker, never_deferral(f"{dag_id}-{i}"))
+    await store.unregister_worker(worker)
+    return dag_id, [ti.id for ti in tis]
+
+
+async def _fire(store: Store, ti_ids: list[int]) -> None:
+    """A triggerer claims the triggers of these task instances and fires them."""
+    rows = await store._pool.fetch(
+        "SELECT trigger_id FROM deferral_task_instances WHERE id = ANY ($1::bigint[])", ti_ids
+    )
+    mine = {r["trigger_id"] for r in rows}
+    me = await store.register_triggerer("test", 1, 10_000, 60.0)
+    claimed = [t for t in (await store.claim_triggers(me, 10_000)).claimed if t.id in mine]
+    assert len(claimed) == len(mine)
+    outcomes = [
+        TriggerOutcome(trigger_id=t.id, fence=t.fence, kind="event", payload=encode_value("hi"))
+        for t in claimed
+    ]
+    fired = await store.fire_triggers(me, outcomes)
+    assert fired.accepted == mine
+
+
+async def _states(store: Store, ti_ids: list[int]) -> list[tuple[str, int | None]]:
+    rows = await store._pool.fetch(
+        "SELECT state, worker_id FROM deferral_task_instances WHERE id = ANY ($1::bigint[]) "
+        "ORDER BY id",
+        ti_ids,
+    )
+    return [(r["state"], r["worker_id"]) for r in rows]
+
+
+async def test_a_fired_resume_is_handed_to_a_worker_that_takes_resumes(
+    store: Store, db_url: str
+) -> None:
+    dag_id, (ti_id,) = await _deferred(store, 1, "handed")
+    heard: list[str] = []
+    listen = await asyncpg.connect(db_url)
+    try:
+        await listen.add_listener("deferral_tasks", lambda *args: heard.append(args[-1]))
+        async with taker(store) as worker:
+            await _fire(store, [ti_id])
+            assert await _states(store, [ti_id]) == [("running", worker)]
+
+            async def told() -> bool:
+                return f"{PAYLOAD_HANDED}{worker}" in heard
+
+            await wait_until(told, what="the worker told it was handed a resume")
+            # It reads what it was handed: the resume, its event opened, the same try.
+            (handed,) = (await store.handed_tasks(worker, [])).claimed
+            assert handed.id == ti_id
+            assert handed.next_method == "resume"
+            assert handed.next_event is not None
+            assert decode_value(handed.next_event) == "hi"
+            assert handed.try_number == 1
+            # Nobody else was woken to claim it.
+            assert "" not in heard
+    finally:
+        await listen.close()
+    page = await store.task_logs(dag_id, "r1", "t0", 1)
+    lines = [line.message for line in page.lines]
+    assert any("fired with event" in m for m in lines), lines
+    assert any(m.startswith(f"resuming at resume on worker {worker} (taker, pid 2)") for m in lines)
+
+
+async def test_without_a_worker_that_takes_resumes_the_fire_leaves_them_runnable(
+    store: Store,
+) -> None:
+    _, ti_ids = await _deferred(store, 2, "not_handed")
+    async with taker(store, takes_resumes=False):
+        await _fire(store, ti_ids)
+    assert await _states(store, ti_ids) == [("scheduled", None)] * 2
+
+
+async def test_a_worker_is_handed_no_more_resumes_than_its_free_slots(store: Store) -> None:
+    _, ti_ids = await _deferred(store, 3, "slots")
+    async with taker(store, slots=2) as worker:
+        await _fire(store, ti_ids)
+        states = await _states(store, ti_ids)
+    assert sorted(states, key=str) == sorted(
+        [("running", worker), ("running", worker), ("scheduled", None)], key=str
+    )
+
+
+async def test_the_pool_must_have_room_unless_it_counts_deferred_tasks(store: Store) -> None:
+    dag_id, full = await _deferred(store, 1, "pool_full")
+    await store.set_pool(dag_id, 0)
+    async with taker(store):
+        await _fire(store, full)
+    assert await _states(store, full) == [("scheduled", None)]
+
+    dag_id, reserved = await _deferred(store, 1, "pool_reserved")
+    await store.set_pool(dag_id, 0, include_deferred=True)
+    async with taker(store) as worker:
+        await _fire(store, reserved)
+        assert await _states(store, reserved) == [("running", worker)]
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [
+        pytest.param(lambda dag_id: {"dag": {"max_active_tasks": 8}}, id="max_active_tasks"),
+        pytest.param(lambda dag_id: {"task": {"max_active_tis_per_dag": 8}}, id="per_task"),
+        pytest.param(lambda dag_id: {"queue": "elsewhere"}, id="queue_not_served"),
+        pytest.param(lambda dag_id: {"parallelism": 8}, id="a_worker_counts_parallelism"),
+    ],
+)
+async def test_what_a_limit_could_hold_back_is_left_to_a_claim(
+    store: Store, limit: Callable[[str], dict[str, Any]]
+) -> None:
+    """A DAG with max_active_tasks, a task with max_active_tis_per_dag, a queue the worker does
+    not serve, a live worker with a global parallelism: the resume is made runnable, not
+    handed (a claim admits it against those limits)."""
+    what = limit("")
+    dag_id = f"limited_{next(_numbers)}"
+    await store.set_pool(dag_id, 4)
+    with DAG(dag_id=dag_id, **what.get("dag", {})) as dag:
+        PythonOperator(
+            task_id="t0",
+            python_callable=_noop,
+            pool=dag_id,
+            queue=what.get("queue", "default"),
+            **what.get("task", {}),
+        )
+    await store.upsert_dag(
+        dag_id, f"{dag_id}.py", dag.serialize_tasks(), None, dag.serialize_schedule()
+    )
+    await store.create_dag_run(dag_id, "r1", logical_date=await store.now())
+    queues = [what.get("queue", "default")]
+    claimer = await store.register_worker("claimer", 1, 4, queues)
+    (ti,) = [
+        t
+        for t in (await store.claim_tasks(claimer, 100, queues=queues)).claimed
+        if t.dag_id == dag_id
+    ]
+    assert await store.defer_task(ti.id, claimer, never_deferral(dag_id))
+    await store.unregister_worker(claimer)
+    counting = None
+    if "parallelism" in what:
+        counting = await store.register_worker("counting", 3, 4, parallelism=8)
+    try:
+        async with taker(store):
+            await _fire(store, [ti.id])
+    finally:
+        if counting is not None:
+            await store.unregister_worker(counting)
+    assert await _states(store, [ti.id]) == [("scheduled", None)]
+
+
+async def test_a_worker_that_stopped_taking_resumes_is_handed_none(store: Store) -> None:
+    _, ti_ids = await _deferred(store, 1, "stopped_taking")
+    async with taker(store) as worker:
+        await store.stop_taking_resumes(worker)
+        await _fire(store, ti_ids)
+    assert await _states(store, ti_ids) == [("scheduled", None)]
+
+
+class _Waits(BaseOperator):
+    def execute(self, context: Context) -> Any:
+        self.defer(trigger=WaitTrigger(0.01, {"n": 7}), method_name="resume")
+
+    def resume(self, context: Context, event: Any = None) -> Any:
+        return event
+
+
+async def test_an_engine_runs_the_resumes_its_worker_is_handed(store: Store) -> None:
+    """End to end: the resume runs on the worker it was handed to, in the method it named,
+    with the event; claimed in the fire's own transaction (its start is when it fired), not
+    by a claim of the worker; and the worker, stopping, takes no more."""
+    from engine.testing import run_engine
+
+    with DAG(dag_id=f"handed_e2e_{next(_numbers)}") as dag:
+        _Waits(task_id="w")
+    async with run_engine(store, dags=[dag]) as engine:
+        tis = await engine.run_dag(dag)
+        worker = engine.worker.id
+    assert tis["w"]["state"] == "success", tis["w"]
+    handed = await store._pool.fetchval(
+        "SELECT started_at = fired_at FROM deferral_task_instances WHERE dag_id = $1", dag.dag_id
+    )
+    assert handed is True
+    page = await store.task_logs(dag.dag_id, tis["w"]["run_id"], "w", 1)
+    lines = [line.message for line in page.lines]
+    assert any(m.startswith(f"resuming at resume on worker {worker} ") for m in lines), lines
+    gone = await store._pool.fetchval("SELECT count(*) FROM deferral_workers WHERE id = $1", worker)
+    assert gone == 0  # (stopped: it unregistered)
+
+
+def _noop() -> None:
+    pass
+
+
+def _counter() -> Any:
+    n = 0
+    while True:
+        n += 1
+        yield n
+
+
+_numbers = _counter()
