@@ -238,3 +238,30 @@ def _counter() -> Any:
 
 
 _numbers = _counter()
+
+
+async def test_a_resume_handed_while_its_notification_was_lost_is_run_all_the_same(
+    store: Store,
+) -> None:
+    """The notification that names the worker is lost (as while its listener reconnects):
+    the worker's polling backstop reads what it holds and does not run, so the resume runs
+    instead of sitting 'running' until it is reaped as a zombie."""
+    from engine.testing import run_engine
+
+    with DAG(dag_id=f"handed_unheard_{next(_numbers)}") as dag:
+        _Waits(task_id="w")
+    async with run_engine(store, dags=[dag], triggerer=False) as engine:
+        await engine.start_run(dag)
+        await engine.wait_for_state(dag.dag_id, "w", "deferred")
+        # What a fire hands, without its notification: the resume held by the worker.
+        moved = await store._pool.execute(
+            "UPDATE deferral_task_instances SET state = 'running', worker_id = $2, "
+            "trigger_id = NULL, trigger_timeout_at = NULL, next_event = NULL, "
+            "run_after = now(), started_at = now(), fired_at = now(), heartbeat_at = now() "
+            "WHERE dag_id = $1 AND state = 'deferred'",
+            dag.dag_id,
+            engine.worker.id,
+        )
+        assert moved == "UPDATE 1"
+        ti = await engine.wait_for_state(dag.dag_id, "w", "success")
+    assert ti["try_number"] == 1

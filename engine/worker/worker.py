@@ -332,7 +332,10 @@ class Worker:
             elif wanted:
                 self._claim_wanted = True  # (no free slot: the claim waits for one)
             if not await self._wake.wait(timeout):
-                self._claim_wanted = True  # the polling backstop
+                # The polling backstop: a claim, and a read of what was handed to this worker
+                # (a notification lost while the listener reconnected leaves it unread).
+                self._claim_wanted = True
+                self._handed = True
 
     async def _claim(self, limit: int) -> tuple[list[ClaimedTask], float | None]:
         assert self.id is not None
@@ -541,7 +544,8 @@ class Worker:
                     self._report_stopped()
                 self.finished += 1
                 if self._backlog or not quiet:
-                    self._want_claim()
+                    self._claim_wanted = True
+                self._wake.set()  # (a claim asked for while no slot was free goes now)
                 self._idle.set()
         finally:
             self.logs.leave(ti, entered)
