@@ -42,6 +42,7 @@ async def register(
     *,
     parallelism: int = 0,
     heartbeat_s: float = 5.0,
+    takes_resumes: bool = True,
     retry: bool = True,
 ) -> int:
     """A new row for this process, which takes the resumes triggerers hand it; its id.
@@ -55,7 +56,7 @@ async def register(
         queues,
         parallelism=parallelism,
         heartbeat_s=heartbeat_s,
-        takes_resumes=True,
+        takes_resumes=takes_resumes,
     )
     return await (with_db_retry("register worker", call) if retry else call())
 

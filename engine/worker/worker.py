@@ -84,7 +84,7 @@ class Worker:
         # Whether the next turn of the claim loop claims: a wake-up that only says a triggerer
         # handed this worker resumes (``_handed``) reads those and claims nothing.
         self._claim_wanted = True
-        self._handed = False
+        self._handed = True  # (what was handed before it listened: read at once)
         # The last claim took something or left runnable tasks behind (a limit held them, or
         # its limit was reached): the end of a try, freeing a slot, claims again.
         self._backlog = True
@@ -299,43 +299,52 @@ class Worker:
 
     async def _claim_loop(self, tasks: anyio.abc.TaskGroup) -> None:
         backoff = Backoff()
+        # Deadlines that wake-ups do not move: a claim at least every poll interval and when
+        # the next waiting task becomes runnable (a retry, a reschedule), and a read of what
+        # was handed to this worker at least every poll interval (its notification may be
+        # lost while the listener reconnects); a busy worker, woken by every try's end, still
+        # meets them.
+        claim_due = handed_due = time.monotonic()
         while not self._stopping:
-            free = self.slots - self._busy()
-            timeout = self.poll_interval_s
-            wanted, self._claim_wanted = self._claim_wanted, False
-            if free > 0 or self._handed:
-                try:
-                    if self._handed:
-                        self._handed = False
-                        self._adopt(tasks, await self._take_handed(), time.monotonic())
-                        free = self.slots - self._busy()
-                    if self._claims_unsure:
-                        found = await self._unacknowledged_claims()
-                        self._adopt(tasks, found, time.monotonic())
-                        free = self.slots - self._busy()
-                    if free > 0 and wanted:
-                        claimed, next_in = await self._claim(free)
-                    else:
-                        claimed, next_in = [], None
-                    claimed_at = time.monotonic()
-                except TRANSIENT_ERRORS as exc:
-                    self._claim_wanted = True
-                    await backoff.wait("claiming tasks", exc)
-                    continue
-                backoff.reset()
-                if next_in is not None:
-                    timeout = max(0.0, min(timeout, next_in))
-                self._adopt(tasks, claimed, claimed_at)
-                if claimed and len(claimed) == free:
-                    self._claim_wanted = True
-                    continue
-            elif wanted:
-                self._claim_wanted = True  # (no free slot: the claim waits for one)
-            if not await self._wake.wait(timeout):
-                # The polling backstop: a claim, and a read of what was handed to this worker
-                # (a notification lost while the listener reconnected leaves it unread).
+            now = time.monotonic()
+            if now >= claim_due:
                 self._claim_wanted = True
+            if now >= handed_due:
                 self._handed = True
+            free = self.slots - self._busy()
+            wanted, self._claim_wanted = self._claim_wanted, False
+            handed, self._handed = self._handed, False
+            try:
+                if handed:
+                    handed_due = time.monotonic() + self.poll_interval_s
+                    self._adopt(tasks, await self._take_handed(), time.monotonic())
+                    free = self.slots - self._busy()
+                if self._claims_unsure and free > 0:
+                    found = await self._unacknowledged_claims()
+                    self._adopt(tasks, found, time.monotonic())
+                    free = self.slots - self._busy()
+                claimed: list[ClaimedTask] = []
+                if wanted and free > 0:
+                    claimed, next_in = await self._claim(free)
+                    claim_due = time.monotonic() + min(
+                        self.poll_interval_s,
+                        self.poll_interval_s if next_in is None else max(0.0, next_in),
+                    )
+                elif wanted:
+                    self._claim_wanted = True  # (no free slot: the claim waits for one)
+                claimed_at = time.monotonic()
+            except TRANSIENT_ERRORS as exc:
+                self._claim_wanted = self._claim_wanted or wanted
+                self._handed = self._handed or handed
+                await backoff.wait("claiming tasks", exc)
+                continue
+            backoff.reset()
+            self._adopt(tasks, claimed, claimed_at)
+            if claimed and len(claimed) == free:
+                self._claim_wanted = True
+                continue
+            timeout = max(0.0, min(claim_due, handed_due) - time.monotonic())
+            await self._wake.wait(timeout)
 
     async def _claim(self, limit: int) -> tuple[list[ClaimedTask], float | None]:
         assert self.id is not None
@@ -462,6 +471,7 @@ class Worker:
             self.queues,
             parallelism=self.parallelism,
             heartbeat_s=self.heartbeat_s,
+            takes_resumes=not self._stopping,  # (a stopping worker reads handed rows no more)
             retry=False,
         )
         self.heartbeat_at = time.monotonic()
