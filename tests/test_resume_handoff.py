@@ -87,7 +87,7 @@ async def test_a_fired_resume_is_handed_to_a_worker_that_takes_resumes(
 
             await wait_until(told, what="the worker told it was handed a resume")
             # It reads what it was handed: the resume, its event opened, the same try.
-            (handed,) = (await store.handed_tasks(worker, [])).claimed
+            (handed,) = (await store.handed_tasks(worker)).claimed
             assert handed.id == ti_id
             assert handed.next_method == "resume"
             assert handed.next_event is not None
@@ -257,7 +257,8 @@ async def test_a_resume_handed_while_its_notification_was_lost_is_run_all_the_sa
         moved = await store._pool.execute(
             "UPDATE deferral_task_instances SET state = 'running', worker_id = $2, "
             "trigger_id = NULL, trigger_timeout_at = NULL, next_event = NULL, "
-            "run_after = now(), started_at = now(), fired_at = now(), heartbeat_at = now() "
+            "run_after = now(), started_at = now(), fired_at = now(), heartbeat_at = now(), "
+            "handed = true "
             "WHERE dag_id = $1 AND state = 'deferred'",
             dag.dag_id,
             engine.worker.id,
@@ -265,3 +266,144 @@ async def test_a_resume_handed_while_its_notification_was_lost_is_run_all_the_sa
         assert moved == "UPDATE 1"
         ti = await engine.wait_for_state(dag.dag_id, "w", "success")
     assert ti["try_number"] == 1
+
+
+# -- a handed resume nobody reads is given back, never failed ---------------------------------
+
+
+async def _handed_flags(store: Store, ti_ids: list[int]) -> list[bool]:
+    rows = await store._pool.fetch(
+        "SELECT handed FROM deferral_task_instances WHERE id = ANY ($1::bigint[]) ORDER BY id",
+        ti_ids,
+    )
+    return [r["handed"] for r in rows]
+
+
+async def test_a_resume_its_worker_never_read_is_given_back_not_failed(store: Store) -> None:
+    """The worker it was handed to died before reading it (or missed the notification and its
+    polls): the scheduler's reaper gives it back, the same try with its event, for any worker;
+    a zombie it is not (that would fail a try that never started)."""
+    dag_id, (ti_id,) = await _deferred(store, 1, "given_back")
+    async with taker(store) as worker:
+        await _fire(store, [ti_id])
+        assert await _states(store, [ti_id]) == [("running", worker)]
+        assert await _handed_flags(store, [ti_id]) == [True]
+        # Not silent long enough yet: nothing moves.
+        assert await store.reap_zombie_tasks(3600.0) == []
+        moved = await store.reap_zombie_tasks(3600.0, handed_unread_s=0.0)
+        assert [(m.id, m.state) for m in moved] == [(ti_id, "scheduled")]
+        assert await _states(store, [ti_id]) == [("scheduled", None)]
+        assert await _handed_flags(store, [ti_id]) == [False]
+        # The worker it was handed to finds nothing to read any more.
+        assert (await store.handed_tasks(worker)).claimed == []
+    # Any worker claims it: the resume, with its event, in the same try.
+    other = await store.register_worker("other", 5, 4)
+    try:
+        (resumed,) = [
+            t for t in (await store.claim_tasks(other, 100)).claimed if t.dag_id == dag_id
+        ]
+    finally:
+        await store.unregister_worker(other)
+    assert resumed.id == ti_id
+    assert resumed.try_number == 1
+    assert resumed.next_method == "resume"
+    assert resumed.next_event is not None
+    assert decode_value(resumed.next_event) == "hi"
+    page = await store.task_logs(dag_id, "r1", "t0", 1)
+    lines = [line.message for line in page.lines]
+    assert any("did not read it within 0s; it is runnable again" in m for m in lines), lines
+
+
+async def test_a_resume_its_worker_read_is_its_own(store: Store) -> None:
+    """Once read, a handed resume is the worker's try as a claimed one is: the reaper leaves
+    it to the heartbeat rule, a lost-claim read does not return it twice, and a second read
+    finds nothing."""
+    _, (ti_id,) = await _deferred(store, 1, "read_once")
+    async with taker(store) as worker:
+        await _fire(store, [ti_id])
+        # Unread, it is not a lost claim (the lost-claim read would run it unacknowledged).
+        assert (await store.unacknowledged_claims(worker, [])).claimed == []
+        (handed,) = (await store.handed_tasks(worker)).claimed
+        assert handed.id == ti_id
+        assert await _handed_flags(store, [ti_id]) == [False]
+        assert (await store.handed_tasks(worker)).claimed == []
+        assert await store.reap_zombie_tasks(3600.0, handed_unread_s=0.0) == []
+        assert await _states(store, [ti_id]) == [("running", worker)]
+        # Read but its reply lost: the lost-claim read finds it.
+        assert [t.id for t in (await store.unacknowledged_claims(worker, [])).claimed] == [ti_id]
+        await store._pool.execute(
+            "UPDATE deferral_task_instances SET state = 'success', worker_id = NULL WHERE id = $1",
+            ti_id,
+        )
+
+
+async def test_a_worker_leaving_gives_back_what_it_never_read(store: Store) -> None:
+    _, ti_ids = await _deferred(store, 2, "left_unread")
+    async with taker(store) as worker:
+        await _fire(store, ti_ids)
+        assert await _states(store, ti_ids) == [("running", worker)] * 2
+    # (taker unregistered it)
+    assert await _states(store, ti_ids) == [("scheduled", None)] * 2
+    assert await _handed_flags(store, ti_ids) == [False, False]
+
+
+async def _runnable(store: Store, prefix: str) -> tuple[str, list[int]]:
+    """A new DAG of one task, its run created: (dag id, [its runnable task instance id])."""
+    dag_id = f"{prefix}_{next(_numbers)}"
+    await store.set_pool(dag_id, 4)
+    with DAG(dag_id=dag_id) as dag:
+        PythonOperator(task_id="t0", python_callable=_noop, pool=dag_id)
+    await store.upsert_dag(dag_id, f"{dag_id}.py", dag.serialize_tasks(), None)
+    await store.create_dag_run(dag_id, "r1", logical_date=await store.now())
+    ids = await store._pool.fetch(
+        "SELECT id FROM deferral_task_instances WHERE dag_id = $1 AND state = 'scheduled'", dag_id
+    )
+    return dag_id, [r["id"] for r in ids]
+
+
+async def test_a_claim_takes_no_slot_a_fire_filled_while_it_waited(store: Store) -> None:
+    """A worker counts its claim's limit before the admission's lock; a fire may hand it
+    resumes meanwhile. The claim, once it holds the lock, takes no more than its slots hold."""
+    _, handed_ids = await _deferred(store, 2, "filled")
+    dag_id, waiting = await _runnable(store, "claim_waits")
+    async with taker(store, slots=2) as worker:
+        await _fire(store, handed_ids)
+        assert await _states(store, handed_ids) == [("running", worker)] * 2
+        # Its limit (2), counted before the fire, would have taken the waiting task too.
+        assert (await store.claim_tasks(worker, 2)).claimed == []
+        assert len((await store.handed_tasks(worker)).claimed) == 2  # (its tries now)
+        await store._pool.execute(
+            "UPDATE deferral_task_instances SET state = 'success', worker_id = NULL "
+            "WHERE id = ANY ($1::bigint[])",
+            handed_ids,
+        )
+        # With its slots free again, it claims.
+        got = [t.id for t in (await store.claim_tasks(worker, 2)).claimed if t.dag_id == dag_id]
+        assert got == waiting
+
+
+async def test_a_claim_clears_a_stale_handed_mark(store: Store) -> None:
+    """A handed resume cleared before its worker read it (state 'scheduled' again, as a clear
+    or mark leaves it) and claimed later is that claim's try: not unread, never given back."""
+    dag_id, (ti_id,) = await _deferred(store, 1, "stale_mark")
+    async with taker(store):
+        await _fire(store, [ti_id])
+        await store._pool.execute(
+            "UPDATE deferral_task_instances SET state = 'scheduled', worker_id = NULL "
+            "WHERE id = $1",
+            ti_id,
+        )
+        assert await _handed_flags(store, [ti_id]) == [True]
+    other = await store.register_worker("other", 6, 4)
+    try:
+        got = [t.id for t in (await store.claim_tasks(other, 100)).claimed if t.dag_id == dag_id]
+        assert got == [ti_id]
+        assert await _handed_flags(store, [ti_id]) == [False]
+        assert await store.reap_zombie_tasks(3600.0, handed_unread_s=0.0) == []
+        assert await _states(store, [ti_id]) == [("running", other)]
+    finally:
+        await store._pool.execute(
+            "UPDATE deferral_task_instances SET state = 'success', worker_id = NULL WHERE id = $1",
+            ti_id,
+        )
+        await store.unregister_worker(other)

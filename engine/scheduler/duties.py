@@ -115,7 +115,15 @@ async def reap_zombies(h: Housekeeper) -> int:
     )
     await settle(h.store, zombies)
     for row in zombies:
-        log.warning("reaped task instance %s of a dead worker (now %s)", row.id, row.state)
+        if row.state == "scheduled":
+            # (a resume a fire handed to a worker that did not read it: given back, not failed)
+            log.warning(
+                "task instance %s: the worker a resume was handed to did not read it; "
+                "runnable again for any worker",
+                row.id,
+            )
+        else:
+            log.warning("reaped task instance %s of a dead worker (now %s)", row.id, row.state)
     return len(zombies)
 
 

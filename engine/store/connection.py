@@ -24,6 +24,7 @@ __all__ = [
     "CHANNEL_TASKS",
     "CHANNEL_TRIGGERS",
     "CONNECT_ATTEMPTS",
+    "HANDED_UNREAD_S",
     "PAYLOAD_CALLBACKS",
     "PAYLOAD_HANDED",
     "SESSION_SETTINGS",
@@ -44,6 +45,10 @@ PAYLOAD_CALLBACKS = "callbacks"
 #: The payload on :data:`CHANNEL_TASKS`, followed by a worker's id, of a fire that handed that
 #: worker resumes (migration 0033): only that worker reads them; no worker claims.
 PAYLOAD_HANDED = "handed "
+#: Seconds a resume handed to a worker may stay unread before the scheduler gives it back for
+#: any worker to claim (the worker reads it on the notification, and at its polling backstop
+#: at the latest: a second by default; migration 0033).
+HANDED_UNREAD_S = 5.0
 #: A trigger is unowned: triggerers claim.
 CHANNEL_TRIGGERS = "deferral_triggers"
 #: A task joined a running trigger with an earlier deadline; the payload is the trigger id.

@@ -353,8 +353,19 @@ UPDATE deferral_workers SET takes_resumes = false
 WHERE id = $1 AND EXISTS (SELECT 1 FROM locked);
 
 -- name: unregister_worker
--- A worker leaves after a graceful stop.
-DELETE FROM deferral_workers WHERE id = $1;
+-- A worker leaves after a graceful stop. Resumes handed to it that it never read (it stopped
+-- taking them first and read what it held, so only when that read failed) are given back, the
+-- same try, for any worker to claim; the workers are woken for them.
+WITH back AS (
+    UPDATE deferral_task_instances
+    SET state = 'scheduled', worker_id = NULL, handed = false
+    WHERE worker_id = $1 AND state = 'running' AND handed
+    RETURNING id
+), woke AS (
+    SELECT pg_notify('deferral_tasks', '') FROM (SELECT 1 FROM back LIMIT 1) one
+)
+DELETE FROM deferral_workers
+WHERE id = $1 AND (SELECT count(*) FROM woke) >= 0;
 
 -- name: heartbeat_worker
 -- One statement keeps a worker and the tries it runs alive ($2: their task instance ids, $3:
@@ -439,7 +450,10 @@ WITH admitted AS MATERIALIZED (
                            THEN NULL ELSE ti.deferred_at END,
         fired_at = CASE WHEN ti.next_method IS NOT NULL THEN ti.run_after
                         WHEN ti.state <> 'up_for_reschedule' THEN NULL ELSE ti.fired_at END,
-        ended_at = NULL
+        ended_at = NULL,
+        -- (a resume handed by a fire, then marked or cleared before its worker read it, keeps
+        -- the flag: it must not mark this claim's try as unread)
+        handed = false
     FROM deferral_dag_runs r
     -- (By an array of ids, as claim_triggers: a join with the function's rows was planned as
     -- a hash of every runnable row. No test of the state: the function locked these rows
@@ -493,7 +507,25 @@ SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method, t
 FROM deferral_task_instances ti
 JOIN deferral_dag_runs r ON r.id = ti.dag_run_id
 WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.id <> ALL ($2::bigint[])
+  -- (a resume handed to it and not read yet is take_handed's: read here, it would run
+  -- unacknowledged, and be given back to other workers while it runs)
+  AND NOT ti.handed
 ORDER BY ti.id;
+
+-- name: take_handed
+-- The resumes triggerers handed worker $1 as their triggers fired (migration 0033) that it has
+-- not read yet, marked read as they are returned: from here on they are its tries, as claimed
+-- ones are (and no longer given back for another worker). Same columns as claim_tasks.
+UPDATE deferral_task_instances ti SET handed = false
+FROM deferral_dag_runs r
+WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.handed AND r.id = ti.dag_run_id
+RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
+          ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
+          ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
+          r.data_interval_start, r.data_interval_end, r.run_type, ti.pool, ti.map_index,
+          ti.map_value,
+          NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
+          now() AS db_now;
 
 -- name: finish_tasks
 -- End a batch of running tries in one statement. Per task $1: $2 the worker that ran it and
@@ -1228,9 +1260,31 @@ FROM deferral_triggerers r ORDER BY r.id;
 -- last contact $3 (null: no check): the database (or the scheduler) was frozen in between,
 -- and this may be the first statement it answers after the freeze, with every heartbeat as
 -- old as the freeze.
+-- A resume a fire handed to a worker (migration 0033) that no worker read within $5 seconds
+-- is not failed: it is given back (state 'scheduled', returned with the reaped rows), under
+-- the same rules of silence.
 WITH contact AS (
     SELECT $3::timestamptz IS NULL
            OR now() <= $3::timestamptz + make_interval(secs => $4) AS unbroken
+), given_back AS (
+    -- Resumes a fire handed to a worker that has not read them $5 seconds later (it died, or
+    -- missed the notification and its polls): back to 'scheduled', the same try, for any
+    -- worker to claim. Its run_after stays when the trigger fired.
+    UPDATE deferral_task_instances
+    SET state = 'scheduled', worker_id = NULL, handed = false
+    WHERE state = 'running' AND handed
+      AND GREATEST(heartbeat_at, pg_postmaster_start_time(), $2::timestamptz)
+          < now() - make_interval(secs => $5)
+      AND (SELECT unbroken FROM contact)
+    RETURNING id, dag_run_id, task_id, state, is_leaf, dag_id, run_id, map_index, try_number
+), back_logged AS (
+    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                    logger, message)
+    SELECT b.dag_id, b.run_id, deferral_ti_name(b.task_id, b.map_index), b.try_number, now(),
+           'WARNING', 'log', 'engine.scheduler',
+           format('the worker this resume was handed to did not read it within %ss; it is '
+                  'runnable again for any worker', $5::double precision)
+    FROM given_back b
 ), zombies AS (
     UPDATE deferral_task_instances
     SET state = deferral_fail_state(try_number, retries),
@@ -1239,7 +1293,7 @@ WITH contact AS (
         error = format('worker %s stopped heartbeating while running this task', worker_id),
         ended_at = now(), worker_id = NULL, next_method = NULL, next_kwargs = NULL,
         next_event = NULL
-    WHERE state = 'running'
+    WHERE state = 'running' AND NOT handed
       AND GREATEST(heartbeat_at, pg_postmaster_start_time(), $2::timestamptz)
           < now() - make_interval(secs => $1)
       AND (SELECT unbroken FROM contact)
@@ -1250,7 +1304,9 @@ WITH contact AS (
           < now() - make_interval(secs => $1)
       AND (SELECT unbroken FROM contact)
 )
-SELECT * FROM zombies;
+SELECT * FROM zombies
+UNION ALL
+SELECT b.id, b.dag_run_id, b.task_id, b.state, b.is_leaf FROM given_back b;
 
 -- name: rotation_triggers
 -- A batch of stored triggers for `deferral keys rotate`: up to $2 rows with id above $1.

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 
 from engine.security.keys import UnreadableValue
-from engine.store.connection import CHANNEL_RUNS, CHANNEL_TASKS
+from engine.store.connection import CHANNEL_RUNS, CHANNEL_TASKS, HANDED_UNREAD_S
 from engine.store.core import StoreCore, from_dicts, one, struct, structs
 from engine.store.models import (
     Dag,
@@ -251,15 +251,23 @@ class RunQueries(StoreCore):
         contact_since: dt.datetime | None = None,
         last_contact: dt.datetime | None = None,
         max_gap_s: float = 0.0,
+        handed_unread_s: float = HANDED_UNREAD_S,
     ) -> list[MovedTask]:
         """Fail the running tries whose worker missed heartbeats for ``threshold_s`` seconds.
         Only heartbeats the database could have received count as missed: none before the
         server last started, nor before ``contact_since`` (when the caller's unbroken contact
         with the database began; engine/scheduler/contact.py). With ``last_contact`` (the database
         time of the caller's latest contact), nothing is reaped if this statement starts more
-        than ``max_gap_s`` after it. Returns what moved, which the caller settles
+        than ``max_gap_s`` after it. Resumes a fire handed to a worker that no worker read
+        within ``handed_unread_s`` (at most ``threshold_s``) are given back instead: state
+        ``scheduled``, the same try. Returns what moved, which the caller settles
         (engine/store/downstream.py)."""
         rows = await self._pool.fetch(
-            self._q["reap_zombie_tasks"], threshold_s, contact_since, last_contact, max_gap_s
+            self._q["reap_zombie_tasks"],
+            threshold_s,
+            contact_since,
+            last_contact,
+            max_gap_s,
+            min(handed_unread_s, threshold_s),
         )
         return structs(rows, MovedTask)

@@ -518,12 +518,15 @@ CREATE TABLE deferral_xcom (
 -- planner cannot read (it depends on each pool's room) is taken for a tenth of a pool's
 -- rows, for which it chose to read them all and sort them (tests/test_admission_plan.py pins
 -- the plan at 100,000 runnable rows).
--- (The check before the lock: migration 0028. Each limit counted once per claim: 0032.)
+-- (The check before the lock: migration 0028. Each limit counted once per claim: 0032. The
+-- cap of a worker that takes resumes: 0033.)
 CREATE FUNCTION deferral_claim_tasks(
     p_worker bigint, p_limit integer, p_queues text[], p_parallelism integer
 ) RETURNS TABLE (id bigint, missing_pool boolean) LANGUAGE plpgsql ROWS 16
 SET plan_cache_mode = force_generic_plan SET enable_bitmapscan = off
 SET enable_seqscan = off AS $$
+DECLARE
+    v_room bigint;
 BEGIN
     -- Nothing of these queues runnable now: an empty answer, without the lock or the counts.
     -- (Several workers wake for one notification and the first claims what there is; a
@@ -540,6 +543,20 @@ BEGIN
                    WHERE r.state IN ('scheduled', 'up_for_retry', 'up_for_reschedule')
                      AND r.run_after <= now() AND r.queue = ANY (p_queues)) THEN
         RETURN;
+    END IF;
+    -- A worker that takes resumes (0033) counted its limit before the lock; a fire may have
+    -- handed it resumes since. It claims no more than its slots hold now: its running tries
+    -- (handed ones included) and those told to stop that have not yet.
+    SELECT w.slots - (SELECT count(*) FROM deferral_task_instances r
+                      WHERE r.worker_id = w.id AND r.state = 'running')
+                   - (SELECT count(*) FROM deferral_stopping_tries s WHERE s.worker_id = w.id)
+    INTO v_room
+    FROM deferral_workers w WHERE w.id = p_worker AND w.takes_resumes;
+    IF v_room IS NOT NULL THEN
+        IF v_room <= 0 THEN
+            RETURN;
+        END IF;
+        p_limit := LEAST(p_limit, v_room);
     END IF;
     RETURN QUERY
     WITH RECURSIVE busy AS MATERIALIZED (
@@ -1190,7 +1207,10 @@ BEGIN
                                   THEN COALESCE(ti.try_started_at, now())
                                   ELSE ti.try_started_at END,
             fired_at = CASE WHEN ti.id = ANY (v_handed) THEN now()
-                            ELSE ti.fired_at END
+                            ELSE ti.fired_at END,
+            -- unread until the worker reads it (take_handed); one it never reads is given
+            -- back by the scheduler (reap_zombie_tasks) or its unregistration
+            handed = ti.id = ANY (v_handed)
         FROM fired f
         -- (ti.trigger_id = ANY (p_ids): the same rows, by the waiting tasks' index; with
         -- enable_nestloop off the join is a hash of the fired triggers, and without it the
@@ -1206,8 +1226,11 @@ BEGIN
                CASE WHEN m.kind = 'failed' THEN 'ERROR' ELSE 'INFO' END, 'log', 'engine.triggerer',
                CASE m.kind
                    WHEN 'event' THEN format('trigger %s (%s) fired with event %s; the try resumes '
-                                            'at %s when a worker claims it', m.trigger_id,
-                                            m.classpath, COALESCE(m.shown, 'null'), m.next_method)
+                                            'at %s %s', m.trigger_id, m.classpath,
+                                            COALESCE(m.shown, 'null'), m.next_method,
+                                            CASE WHEN m.state = 'running'
+                                                 THEN 'on worker ' || v_worker
+                                                 ELSE 'when a worker claims it' END)
                    WHEN 'failed' THEN format('trigger %s (%s) failed the try: %s', m.trigger_id,
                                              m.classpath, left(m.error, 4000))
                    WHEN 'success' THEN format('trigger %s (%s) ended the task: success%s',
@@ -1250,3 +1273,9 @@ ALTER TABLE deferral_workers
     ADD COLUMN parallelism   integer NOT NULL DEFAULT 0,
     -- its heartbeat interval: a fire hands only to a worker heard from within two of them
     ADD COLUMN heartbeat_s   double precision NOT NULL DEFAULT 5;
+
+ALTER TABLE deferral_task_instances
+    -- handed to its worker by a fire and not read by it yet (a running try no worker runs
+    -- yet): read, it is the worker's; a worker that dies or leaves first, or does not read it
+    -- within a few seconds, has it given back ('scheduled', the same try) for any worker
+    ADD COLUMN handed boolean NOT NULL DEFAULT false;

@@ -78,7 +78,8 @@ class TaskQueries(StoreCore):
         takes_resumes: bool = False,
     ) -> int:
         """A new worker row; its id. ``takes_resumes``: triggerers hand it the resumes they
-        can admit as their triggers fire (it must read them when told: ``handed_tasks``)."""
+        can admit as their triggers fire (it must read them when told: ``handed_tasks``;
+        what it does not read within a few seconds is given back)."""
         worker_id: int = await self._pool.fetchval(
             self._q["register_worker"],
             hostname,
@@ -233,11 +234,16 @@ class TaskQueries(StoreCore):
         rows = [r for r in rows if not r.get("missing_pool")]
         return TaskClaim(claimed=from_dicts(rows, ClaimedTask), refused=refused)
 
-    async def handed_tasks(self, worker_id: int, running: Sequence[int]) -> TaskClaim:
+    async def handed_tasks(self, worker_id: int) -> TaskClaim:
         """The resumes triggerers handed worker ``worker_id`` as their triggers fired
-        (migration 0033): what it holds and does not run yet (``running``: what it runs),
-        read as :meth:`unacknowledged_claims` reads a claim whose reply was lost."""
-        return await self.unacknowledged_claims(worker_id, running)
+        (migration 0033) that it has not read yet, marked read in the same statement: from
+        then on they are its tries, as claimed ones are. A reply lost after that commit leaves
+        them to :meth:`unacknowledged_claims`. Refused as a claim refuses: what cannot run."""
+        records = await self._pool.fetch(self._q["take_handed"], worker_id)
+        rows, refused = self._open_resumes(records, worker_id)
+        refused += _missing_pools(rows, worker_id)
+        rows = [r for r in rows if not r.get("missing_pool")]
+        return TaskClaim(claimed=from_dicts(rows, ClaimedTask), refused=refused)
 
     # -- what a try writes -----------------------------------------------------------------
 

@@ -343,8 +343,10 @@ class Worker:
             if claimed and len(claimed) == free:
                 self._claim_wanted = True
                 continue
-            timeout = max(0.0, min(claim_due, handed_due) - time.monotonic())
-            await self._wake.wait(timeout)
+            # (A claim that waits for a free slot waits for a try's end, which wakes the loop,
+            # not for its deadline: that has passed, and would spin the loop.)
+            due = handed_due if self._claim_wanted else min(claim_due, handed_due)
+            await self._wake.wait(max(0.0, due - time.monotonic()))
 
     async def _claim(self, limit: int) -> tuple[list[ClaimedTask], float | None]:
         assert self.id is not None
@@ -364,11 +366,15 @@ class Worker:
         return claimed, claim.next_in
 
     async def _take_handed(self) -> list[ClaimedTask]:
-        """The resumes triggerers handed this worker (migration 0033): the running task
-        instances it holds that it does not run yet. Read only (the fire claimed them)."""
+        """The resumes triggerers handed this worker (migration 0033) that it has not read
+        yet, marked read as they are read (the fire claimed them; unread, they would be given
+        back for another worker)."""
         assert self.id is not None
-        known = [*self.running, *self._abandoned]
-        handed = await self.store.handed_tasks(self.id, known)
+        # Until the reply arrives, the read may have marked them read with nobody to run them:
+        # the lost-claim read (unacknowledged_claims) finds them then.
+        unsure, self._claims_unsure = self._claims_unsure, True
+        handed = await self.store.handed_tasks(self.id)
+        self._claims_unsure = unsure
         self.recorder.refuse_claimed(handed.refused)
         for ti in handed.claimed:
             if ti.next_method is not None and ti.run_after is not None:
@@ -409,6 +415,11 @@ class Worker:
         self, tasks: anyio.abc.TaskGroup, claimed: list[ClaimedTask], claimed_at: float
     ) -> None:
         """Run the tries of a claim whose reply arrived at ``claimed_at`` (monotonic)."""
+        if not claimed:
+            # (Nothing to count either: a try past its timeout is counted twice while its
+            # failure is written, in ``running`` and as a lingering thread, and an empty read
+            # of handed resumes, every poll interval, would take that for a peak.)
+            return
         for ti in claimed:
             held = self.running.get(ti.id)
             if held is not None:
