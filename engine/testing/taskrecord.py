@@ -204,8 +204,8 @@ class RecordingStore(Store):
                 self.recorder.resumed(ti)
         return claim
 
-    async def handed_tasks(self, worker_id: int, running: Sequence[int]) -> TaskClaim:
-        handed = await super().handed_tasks(worker_id, running)
+    async def handed_tasks(self, worker_id: int) -> TaskClaim:
+        handed = await super().handed_tasks(worker_id)
         for ti in handed.claimed:
             if ti.next_method:
                 self.recorder.resumed(ti)
