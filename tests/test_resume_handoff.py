@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -87,7 +88,7 @@ async def test_a_fired_resume_is_handed_to_a_worker_that_takes_resumes(
 
             await wait_until(told, what="the worker told it was handed a resume")
             # It reads what it was handed: the resume, its event opened, the same try.
-            (handed,) = (await store.handed_tasks(worker)).claimed
+            (handed,) = (await store.handed_tasks(worker, 100)).claimed
             assert handed.id == ti_id
             assert handed.next_method == "resume"
             assert handed.next_event is not None
@@ -295,7 +296,7 @@ async def test_a_resume_its_worker_never_read_is_given_back_not_failed(store: St
         assert await _states(store, [ti_id]) == [("scheduled", None)]
         assert await _handed_flags(store, [ti_id]) == [False]
         # The worker it was handed to finds nothing to read any more.
-        assert (await store.handed_tasks(worker)).claimed == []
+        assert (await store.handed_tasks(worker, 100)).claimed == []
     # Any worker claims it: the resume, with its event, in the same try.
     other = await store.register_worker("other", 5, 4)
     try:
@@ -323,10 +324,10 @@ async def test_a_resume_its_worker_read_is_its_own(store: Store) -> None:
         await _fire(store, [ti_id])
         # Unread, it is not a lost claim (the lost-claim read would run it unacknowledged).
         assert (await store.unacknowledged_claims(worker, [])).claimed == []
-        (handed,) = (await store.handed_tasks(worker)).claimed
+        (handed,) = (await store.handed_tasks(worker, 100)).claimed
         assert handed.id == ti_id
         assert await _handed_flags(store, [ti_id]) == [False]
-        assert (await store.handed_tasks(worker)).claimed == []
+        assert (await store.handed_tasks(worker, 100)).claimed == []
         assert await store.reap_zombie_tasks(3600.0, handed_unread_s=0.0) == []
         assert await _states(store, [ti_id]) == [("running", worker)]
         # Read but its reply lost: the lost-claim read finds it.
@@ -338,13 +339,124 @@ async def test_a_resume_its_worker_read_is_its_own(store: Store) -> None:
 
 
 async def test_a_worker_leaving_gives_back_what_it_never_read(store: Store) -> None:
-    _, ti_ids = await _deferred(store, 2, "left_unread")
+    dag_id, ti_ids = await _deferred(store, 2, "left_unread")
     async with taker(store) as worker:
         await _fire(store, ti_ids)
         assert await _states(store, ti_ids) == [("running", worker)] * 2
     # (taker unregistered it)
     assert await _states(store, ti_ids) == [("scheduled", None)] * 2
     assert await _handed_flags(store, ti_ids) == [False, False]
+    page = await store.task_logs(dag_id, "r1", "t0", 1)
+    lines = [line.message for line in page.lines]
+    assert any(f"worker {worker} left without reading this resume" in m for m in lines), lines
+
+
+async def test_a_worker_reads_no_more_than_its_free_slots_and_gives_back_the_rest(
+    store: Store, db_url: str
+) -> None:
+    """The database cannot see every slot a worker holds (a thread past its timeout holds
+    one): the worker reads at most what it counts free, and the rest goes back at once."""
+    dag_id, ti_ids = await _deferred(store, 3, "read_limit")
+    heard: list[str] = []
+    listen = await asyncpg.connect(db_url)
+    try:
+        await listen.add_listener("deferral_tasks", lambda *args: heard.append(args[-1]))
+        async with taker(store, slots=4) as worker:
+            await _fire(store, ti_ids)
+            assert await _states(store, ti_ids) == [("running", worker)] * 3
+            heard.clear()
+            (read,) = (await store.handed_tasks(worker, 1)).claimed
+            assert read.id == ti_ids[0]  # (equal priority: the oldest first)
+
+            async def woke() -> bool:
+                return "" in heard
+
+            await wait_until(woke, what="the workers woken for what was given back")
+            assert await _states(store, ti_ids) == [
+                ("running", worker),
+                ("scheduled", None),
+                ("scheduled", None),
+            ]
+            assert await _handed_flags(store, ti_ids) == [False] * 3
+            assert (await store.handed_tasks(worker, 0)).claimed == []
+            await store._pool.execute(
+                "UPDATE deferral_task_instances SET state = 'success', worker_id = NULL "
+                "WHERE id = $1",
+                ti_ids[0],
+            )
+    finally:
+        await listen.close()
+    page = await store.task_logs(dag_id, "r1", "t1", 1)
+    lines = [line.message for line in page.lines]
+    assert any(f"worker {worker} had no free slot for this resume" in m for m in lines), lines
+
+
+_LINGERING_DAG = """
+    import pathlib
+    import time
+
+    from engine import DAG
+    from operators.base import BaseOperator
+    from triggers.file import FileTrigger
+
+    JOURNAL = pathlib.Path({journal})
+    PAST_TIMEOUT = pathlib.Path({past_timeout})
+    RESUMED = pathlib.Path({resumed})
+
+
+    def note(line):
+        with JOURNAL.open("a") as f:
+            f.write(line + "\\n")
+
+
+    class Waits(BaseOperator):
+        def execute(self, context):
+            self.defer(trigger=FileTrigger(str(PAST_TIMEOUT), poll_interval=0.05),
+                       method_name="resume")
+
+        def resume(self, context, event=None):
+            note("resume-start")
+            RESUMED.touch()
+
+
+    class Stuck(BaseOperator):
+        def execute(self, context):
+            note("stuck-start")
+            time.sleep(0.6)  # past its execution_timeout: failed, its thread lingers
+            PAST_TIMEOUT.touch()  # the trigger fires while the thread holds the only slot
+            deadline = time.monotonic() + {hold_s}
+            while time.monotonic() < deadline and not RESUMED.exists():
+                time.sleep(0.01)
+            note("stuck-end")
+
+
+    with DAG("handoff_lingering"):
+        Waits(task_id="waits", priority_weight=10)
+        Stuck(task_id="stuck", execution_timeout=0.3, priority_weight=1)
+"""
+
+
+async def test_a_resume_waits_for_a_thread_that_holds_the_only_slot(
+    store: Store, tmp_path: Path
+) -> None:
+    """The fire counts the slot of a thread past its timeout free (its try's failure is
+    written); the worker, reading what it was handed, does not: the resume runs once the
+    thread has ended, not beside it."""
+    from tests.test_worker_timeouts import _ended, _engine, _write_dag
+
+    journal = tmp_path / "journal"
+    dags = _write_dag(
+        tmp_path,
+        _LINGERING_DAG,
+        journal=str(journal),
+        past_timeout=str(tmp_path / "past-timeout"),
+        resumed=str(tmp_path / "resumed"),
+        hold_s=4.0,
+    )
+    async with _engine(store, dags, slots=1) as worker:
+        await wait_until(lambda: _ended(store, "handoff_lingering"), what="the run to end")
+        assert worker.peak_running == 1
+    assert journal.read_text().split() == ["stuck-start", "stuck-end", "resume-start"]
 
 
 async def _runnable(store: Store, prefix: str) -> tuple[str, list[int]]:
@@ -371,7 +483,7 @@ async def test_a_claim_takes_no_slot_a_fire_filled_while_it_waited(store: Store)
         assert await _states(store, handed_ids) == [("running", worker)] * 2
         # Its limit (2), counted before the fire, would have taken the waiting task too.
         assert (await store.claim_tasks(worker, 2)).claimed == []
-        assert len((await store.handed_tasks(worker)).claimed) == 2  # (its tries now)
+        assert len((await store.handed_tasks(worker, 100)).claimed) == 2  # (its tries now)
         await store._pool.execute(
             "UPDATE deferral_task_instances SET state = 'success', worker_id = NULL "
             "WHERE id = ANY ($1::bigint[])",

@@ -176,7 +176,7 @@ async def test_every_public_store_call_returns_structs_not_records(store: Store)
     by_name = {ti.task_id: ti for ti in claimed}
     assert set(by_name) == {"a", "c", "d"}
     assert len((await s.unacknowledged_claims(worker, [by_name["a"].id])).claimed) == 2
-    assert (await s.handed_tasks(worker)).claimed == []  # (nothing fired: nothing handed)
+    assert (await s.handed_tasks(worker, 10)).claimed == []  # (nothing fired: nothing handed)
     await s.stop_taking_resumes(worker)
     assert await s.set_rendered_fields(by_name["a"].id, worker, 1, {"cmd": "echo 2026"})
     assert await s.prev_success_interval_start("rows", now) is None

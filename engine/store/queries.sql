@@ -360,7 +360,15 @@ WITH back AS (
     UPDATE deferral_task_instances
     SET state = 'scheduled', worker_id = NULL, handed = false
     WHERE worker_id = $1 AND state = 'running' AND handed
-    RETURNING id
+    RETURNING id, dag_id, run_id, task_id, map_index, try_number
+), logged AS (
+    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                    logger, message)
+    SELECT b.dag_id, b.run_id, deferral_ti_name(b.task_id, b.map_index), b.try_number, now(),
+           'WARNING', 'log', 'engine.worker',
+           format('worker %s left without reading this resume handed to it; it is runnable '
+                  'again for any worker', $1::bigint)
+    FROM back b
 ), woke AS (
     SELECT pg_notify('deferral_tasks', '') FROM (SELECT 1 FROM back LIMIT 1) one
 )
@@ -514,18 +522,49 @@ ORDER BY ti.id;
 
 -- name: take_handed
 -- The resumes triggerers handed worker $1 as their triggers fired (migration 0033) that it has
--- not read yet, marked read as they are returned: from here on they are its tries, as claimed
--- ones are (and no longer given back for another worker). Same columns as claim_tasks.
-UPDATE deferral_task_instances ti SET handed = false
-FROM deferral_dag_runs r
-WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.handed AND r.id = ti.dag_run_id
-RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
-          ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
-          ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
-          r.data_interval_start, r.data_interval_end, r.run_type, ti.pool, ti.map_index,
-          ti.map_value,
-          NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool,
-          now() AS db_now;
+-- not read yet, at most $2 of them (its free slots, as it counts them: a thread past its
+-- timeout holds a slot the database does not see), highest priority first, marked read as
+-- they are returned: from here on they are its tries, as claimed ones are. The rest are given
+-- back at once (state 'scheduled', the same try) and the workers woken to claim them. Same
+-- columns as claim_tasks; one row with a null id when nothing was read.
+WITH locked AS MATERIALIZED (
+    -- (locked as read: the scheduler's give-back of an unread resume waits, or is waited for)
+    SELECT ti.id, ti.priority, ti.run_after FROM deferral_task_instances ti
+    WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.handed
+    FOR UPDATE
+), unread AS MATERIALIZED (
+    SELECT l.id, row_number() OVER (ORDER BY l.priority DESC, l.run_after, l.id) AS n
+    FROM locked l
+), taken AS (
+    UPDATE deferral_task_instances ti SET handed = false
+    FROM deferral_dag_runs r
+    WHERE ti.id IN (SELECT u.id FROM unread u WHERE u.n <= $2) AND r.id = ti.dag_run_id
+      AND ti.worker_id = $1 AND ti.state = 'running' AND ti.handed
+    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.try_number, ti.next_method,
+              ti.next_kwargs, ti.next_event, ti.first_try_at, ti.try_started_at,
+              ti.execution_timeout_s, ti.is_leaf, ti.run_after, r.logical_date, r.conf,
+              r.data_interval_start, r.data_interval_end, r.run_type, ti.pool, ti.map_index,
+              ti.map_value,
+              NOT EXISTS (SELECT 1 FROM deferral_pools p WHERE p.name = ti.pool) AS missing_pool
+), back AS (
+    UPDATE deferral_task_instances ti
+    SET state = 'scheduled', worker_id = NULL, handed = false
+    WHERE ti.id IN (SELECT u.id FROM unread u WHERE u.n > $2)
+      AND ti.worker_id = $1 AND ti.state = 'running' AND ti.handed
+    RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number
+), back_logged AS (
+    INSERT INTO deferral_task_logs (dag_id, run_id, task_id, try_number, at, level, stream,
+                                    logger, message)
+    SELECT b.dag_id, b.run_id, deferral_ti_name(b.task_id, b.map_index), b.try_number, now(),
+           'INFO', 'log', 'engine.worker',
+           format('worker %s had no free slot for this resume handed to it; it is runnable '
+                  'again for any worker', $1::bigint)
+    FROM back b
+), woke AS (
+    SELECT count(*) AS n FROM (
+        SELECT pg_notify('deferral_tasks', '') FROM (SELECT 1 FROM back LIMIT 1) one) w
+)
+SELECT t.*, now() AS db_now FROM woke LEFT JOIN taken t ON true;
 
 -- name: finish_tasks
 -- End a batch of running tries in one statement. Per task $1: $2 the worker that ran it and

@@ -1141,9 +1141,12 @@ BEGIN
                   ON ti.trigger_id = t.id AND ti.trigger_id = ANY (p_ids)
                  AND ti.state = 'deferred'
                 JOIN deferral_pools p ON p.name = ti.pool
-                LEFT JOIN deferral_dags d ON d.dag_id = ti.dag_id
                 WHERE o.kind = 'event' AND ti.queue = ANY (v_queues)
-                  AND d.max_active_tasks IS NULL AND ti.max_active_tis_per_dag IS NULL
+                  -- (a subplan, one index probe per resume: a join, with nested loops off,
+                  -- read every DAG for each batch)
+                  AND (SELECT d.max_active_tasks FROM deferral_dags d
+                       WHERE d.dag_id = ti.dag_id) IS NULL
+                  AND ti.max_active_tis_per_dag IS NULL
                   AND ti.id <> ALL (ARRAY(SELECT s.ti_id FROM deferral_stopping_tries s))
             ), room AS MATERIALIZED (
                 SELECT c.pool, min(c.slots)

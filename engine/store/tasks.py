@@ -234,12 +234,14 @@ class TaskQueries(StoreCore):
         rows = [r for r in rows if not r.get("missing_pool")]
         return TaskClaim(claimed=from_dicts(rows, ClaimedTask), refused=refused)
 
-    async def handed_tasks(self, worker_id: int) -> TaskClaim:
+    async def handed_tasks(self, worker_id: int, limit: int) -> TaskClaim:
         """The resumes triggerers handed worker ``worker_id`` as their triggers fired
-        (migration 0033) that it has not read yet, marked read in the same statement: from
-        then on they are its tries, as claimed ones are. A reply lost after that commit leaves
+        (migration 0033) that it has not read yet, at most ``limit`` (its free slots), marked
+        read in the same statement: from then on they are its tries, as claimed ones are; the
+        rest are given back for any worker to claim. A reply lost after that commit leaves
         them to :meth:`unacknowledged_claims`. Refused as a claim refuses: what cannot run."""
-        records = await self._pool.fetch(self._q["take_handed"], worker_id)
+        found = await self._pool.fetch(self._q["take_handed"], worker_id, max(0, limit))
+        records = [r for r in found if r["id"] is not None]
         rows, refused = self._open_resumes(records, worker_id)
         refused += _missing_pools(rows, worker_id)
         rows = [r for r in rows if not r.get("missing_pool")]

@@ -204,8 +204,8 @@ class RecordingStore(Store):
                 self.recorder.resumed(ti)
         return claim
 
-    async def handed_tasks(self, worker_id: int) -> TaskClaim:
-        handed = await super().handed_tasks(worker_id)
+    async def handed_tasks(self, worker_id: int, limit: int) -> TaskClaim:
+        handed = await super().handed_tasks(worker_id, limit)
         for ti in handed.claimed:
             if ti.next_method:
                 self.recorder.resumed(ti)

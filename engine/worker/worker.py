@@ -28,6 +28,7 @@ from engine.runtime.wakeup import Wakeup
 from engine.store import (
     CHANNEL_STOP,
     CHANNEL_TASKS,
+    HANDED_UNREAD_S,
     PAYLOAD_CALLBACKS,
     PAYLOAD_HANDED,
     ClaimedTask,
@@ -234,13 +235,22 @@ class Worker:
                 functools.partial(self.store.stop_taking_resumes, self.id),
                 attempts=5,
             )
-            self._adopt(tasks, await self._take_handed(), time.monotonic())
+            handed = await with_db_retry("read handed resumes", self._take_handed, attempts=5)
+            self._adopt(tasks, handed, time.monotonic(), fresh=True)
+            if self._claims_unsure:
+                # (a read, or a claim, whose reply was lost after it committed: its tries are
+                # this worker's, and nothing else will read them now)
+                found = await with_db_retry(
+                    "read lost claims", self._unacknowledged_claims, attempts=5
+                )
+                self._adopt(tasks, found, time.monotonic())
         except TRANSIENT_ERRORS as exc:
             log.warning(
-                "could not stop taking resumes (%s: %s); any handed to this worker from now "
-                "on are reaped once its heartbeats stop, and retried per their policy",
+                "could not stop taking resumes (%s: %s); resumes handed to this worker that it "
+                "did not read are given back for other workers within %.0fs",
                 type(exc).__name__,
                 exc,
+                HANDED_UNREAD_S,
             )
 
     def _registration(self) -> int | None:
@@ -317,7 +327,7 @@ class Worker:
             try:
                 if handed:
                     handed_due = time.monotonic() + self.poll_interval_s
-                    self._adopt(tasks, await self._take_handed(), time.monotonic())
+                    self._adopt(tasks, await self._take_handed(), time.monotonic(), fresh=True)
                     free = self.slots - self._busy()
                 if self._claims_unsure and free > 0:
                     found = await self._unacknowledged_claims()
@@ -373,7 +383,8 @@ class Worker:
         # Until the reply arrives, the read may have marked them read with nobody to run them:
         # the lost-claim read (unacknowledged_claims) finds them then.
         unsure, self._claims_unsure = self._claims_unsure, True
-        handed = await self.store.handed_tasks(self.id)
+        # (At most its free slots as it counts them: the rest are given back at once.)
+        handed = await self.store.handed_tasks(self.id, self.slots - self._busy())
         self._claims_unsure = unsure
         self.recorder.refuse_claimed(handed.refused)
         for ti in handed.claimed:
@@ -412,9 +423,17 @@ class Worker:
         return found
 
     def _adopt(
-        self, tasks: anyio.abc.TaskGroup, claimed: list[ClaimedTask], claimed_at: float
+        self,
+        tasks: anyio.abc.TaskGroup,
+        claimed: list[ClaimedTask],
+        claimed_at: float,
+        *,
+        fresh: bool = False,
     ) -> None:
-        """Run the tries of a claim whose reply arrived at ``claimed_at`` (monotonic)."""
+        """Run the tries of a claim whose reply arrived at ``claimed_at`` (monotonic).
+        ``fresh``: each is new here whatever this worker still holds of the same try (handed
+        resumes: the database had them deferred, so a frame of the same try still here is
+        one whose deferral was written and that has not returned yet)."""
         if not claimed:
             # (Nothing to count either: a try past its timeout is counted twice while its
             # failure is written, in ``running`` and as a lingering thread, and an empty read
@@ -423,7 +442,7 @@ class Worker:
         for ti in claimed:
             held = self.running.get(ti.id)
             if held is not None:
-                if held.try_number == ti.try_number and ti.id not in self._expanding:
+                if held.try_number == ti.try_number and not fresh and ti.id not in self._expanding:
                     continue  # (a claim found again among the unacknowledged ones)
                 if held.try_number == ti.try_number:
                     # Instance 0 of an expansion still being written here: the expanding try
@@ -485,6 +504,10 @@ class Worker:
             takes_resumes=not self._stopping,  # (a stopping worker reads handed rows no more)
             retry=False,
         )
+        if self._stopping:
+            # (a stop that came while the registration was in flight, which may have said it
+            # takes resumes: it must not, or every fire would prefer the idle new row)
+            await self.store.stop_taking_resumes(self.id)
         self.heartbeat_at = time.monotonic()
         self._abandoned.clear()  # ids of the old registration: never held by the new one
 

@@ -12,8 +12,8 @@
 -- the worker's free slots, and only while no live worker counts a global parallelism. The
 -- task instance goes from 'deferred' to 'running' on that worker in the fire's one write, its
 -- "resuming at" log line is written with it, and the worker is told by a notification naming
--- it ('handed <id>'); it reads what it was handed (the rows it holds that it does not run, as
--- after a lost claim reply). Every other resume is made runnable as before, for a claim.
+-- it ('handed <id>'); it reads what it was handed (the rows marked handed, below: at most its
+-- free slots, the rest given back). Every other resume is made runnable as before, for a claim.
 -- A handed resume stays marked unread (handed) until its worker reads it (take_handed). One
 -- that no worker read (the worker died or left first, or missed the notification and its
 -- poll) is given back, the same try, for any worker to claim: by the worker's unregistration
@@ -109,9 +109,12 @@ BEGIN
                   ON ti.trigger_id = t.id AND ti.trigger_id = ANY (p_ids)
                  AND ti.state = 'deferred'
                 JOIN deferral_pools p ON p.name = ti.pool
-                LEFT JOIN deferral_dags d ON d.dag_id = ti.dag_id
                 WHERE o.kind = 'event' AND ti.queue = ANY (v_queues)
-                  AND d.max_active_tasks IS NULL AND ti.max_active_tis_per_dag IS NULL
+                  -- (a subplan, one index probe per resume: a join, with nested loops off,
+                  -- read every DAG for each batch)
+                  AND (SELECT d.max_active_tasks FROM deferral_dags d
+                       WHERE d.dag_id = ti.dag_id) IS NULL
+                  AND ti.max_active_tis_per_dag IS NULL
                   AND ti.id <> ALL (ARRAY(SELECT s.ti_id FROM deferral_stopping_tries s))
             ), room AS MATERIALIZED (
                 SELECT c.pool, min(c.slots)
