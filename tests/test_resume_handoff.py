@@ -519,3 +519,25 @@ async def test_a_claim_clears_a_stale_handed_mark(store: Store) -> None:
             ti_id,
         )
         await store.unregister_worker(other)
+
+
+async def test_a_deferral_written_again_does_not_park_the_resume_it_was_handed(
+    store: Store,
+) -> None:
+    """A deferral's reply was lost after it committed; its trigger fired and handed the resume
+    to the same worker before the write was sent again. The repeated write must find no try
+    to park (the resume is not the try that deferred)."""
+    dag_id, worker, (ti,) = await claimed_tasks(store, 1, "deferred_twice")
+    await store._pool.execute(
+        "UPDATE deferral_workers SET takes_resumes = true WHERE id = $1", worker
+    )
+    try:
+        deferral = never_deferral(f"{dag_id}-0")
+        assert await store.defer_task(ti.id, worker, deferral)
+        await _fire(store, [ti.id])
+        assert await _states(store, [ti.id]) == [("running", worker)]
+        assert not await store.defer_task(ti.id, worker, deferral)
+        assert await _states(store, [ti.id]) == [("running", worker)]
+        assert await _handed_flags(store, [ti.id]) == [True]
+    finally:
+        await store.unregister_worker(worker)

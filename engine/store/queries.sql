@@ -721,6 +721,11 @@ WITH d AS (
     FROM d JOIN deferral_task_instances ti ON ti.id = d.id
     WHERE ti.worker_id = $2 AND ti.state = 'running'
       AND (d.try_number IS NULL OR ti.try_number = d.try_number)
+      -- (a resume handed to this worker and not read yet is not the try that deferred: a
+      -- deferral written again after its reply was lost must not park the resume its own
+      -- trigger handed back. Once read, the same try is told from it no more: a claim token
+      -- would be needed, as for a claim of the resume by this worker.)
+      AND NOT ti.handed
     ORDER BY ti.id
     FOR UPDATE OF ti
 ), deadline AS (
