@@ -60,9 +60,32 @@ _PARAMETERS = {
     },
 }
 
+#: The statement of deferral_fire_triggers that chooses the resumes it hands a worker (0033),
+#: with its parameters and the variables it reads as ``$n``.
+_HANDS_PARAMETERS = {
+    "p_triggerer": "$1::bigint",
+    "p_ids": "$2::bigint[]",
+    "p_fences": "$3::bigint[]",
+    "p_kinds": "$4::text[]",
+    "v_queues": "$5::text[]",
+    "v_free": "$6::bigint",
+}
+
 #: The store's statements that run inside a function (queries.sql calls the function, whose
-#: EXPLAIN shows only a Function Scan), by the name of the query that calls it.
-FUNCTION_OF = {"fire_triggers": "deferral_fire_triggers"}
+#: EXPLAIN shows only a Function Scan), by the name of the query that calls it (or, for a
+#: statement of its own before the one it returns, a name of the plan tests').
+FUNCTION_OF = {"fire_triggers": "deferral_fire_triggers", "fire_hands": "deferral_fire_triggers"}
+
+
+def hands_statement() -> str:
+    """The statement of deferral_fire_triggers that reads which resumes of the batch it hands
+    a worker (``v_handed``; it runs under the admission's lock, before the fire itself)."""
+    schema = schema_sql()
+    start = schema.index("CREATE FUNCTION deferral_fire_triggers(")
+    head = "v_handed := ARRAY("
+    body = schema[schema.index(head, start) + len(head) :]
+    body = body[: body.index(");\n    END IF;")]
+    return re.sub(r"\b[pv]_[a-z_]+\b", lambda m: f"({_HANDS_PARAMETERS[m.group(0)]})", body)
 
 
 def function_statement(function: str) -> str:

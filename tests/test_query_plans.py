@@ -33,6 +33,7 @@ from tests.plans import (
     FUNCTION_OF,
     function_settings,
     function_statement,
+    hands_statement,
     plan_nodes,
     plan_outline,
 )
@@ -147,6 +148,8 @@ def _arguments() -> dict[str, tuple[Any, ...]]:
             "host",
             7,
         ),
+        # (a batch's resumes handed to a worker of 16 free slots, 0033)
+        "fire_hands": (1, fired, [1] * len(fired), ["event"] * len(fired), ["default"], 16),
         "finish_tasks": (
             running,
             [1] * len(running),
@@ -202,6 +205,13 @@ INTENDED: dict[str, list[set[str]]] = {
     "claim_triggers": [{"deferral_triggers_unowned"}, {"deferral_triggers_pkey"}],
     "lock_owned_triggers": [{"deferral_triggers_pkey"}],
     "fire_triggers": [{"deferral_triggers_pkey"}, {"deferral_ti_trigger"}],
+    # The resumes a fire hands a worker: the batch's triggers and their tasks as the fire
+    # reads them, each task's DAG by its key (deferral_dags is not read whole for a batch).
+    "fire_hands": [
+        {"deferral_triggers_pkey"},
+        {"deferral_ti_trigger"},
+        {"deferral_dags_pkey"},
+    ],
     # By id, or by one read of the running tasks (the comment in finish_tasks): both are fine.
     # (deferral_ti_busy, of the running and queued tasks, is such a read too.)
     "finish_tasks": [{"deferral_task_instances_pkey", "deferral_ti_running", "deferral_ti_busy"}],
@@ -283,7 +293,12 @@ def plan_dbs(admin_url: str, template_db: str) -> Iterator[dict[str, str]]:
 
 async def _explain(url: str, name: str, *, generic: bool) -> dict[str, Any]:
     function = FUNCTION_OF.get(name)
-    sql = function_statement(function) if function else load_queries()[_STATEMENT.get(name, name)]
+    if name == "fire_hands":
+        sql = hands_statement()
+    elif function:
+        sql = function_statement(function)
+    else:
+        sql = load_queries()[_STATEMENT.get(name, name)]
     conn = await asyncpg.connect(url)
     try:
         stats = await conn.fetchval(
@@ -329,6 +344,9 @@ def test_hot_statements_use_their_index_at_100k_waiting_rows(
             assert not per_row, f"{name} looks up {per_row} once per row:\n{outline}"
     seq = [n["Relation Name"] for n in nodes if n["Node Type"] == "Seq Scan"]
     assert not set(seq) & set(BIG_TABLES), f"{name} reads a big table whole:\n{outline}"
+    if name == "fire_hands":
+        # (under the admission's lock, for every batch: a join read every DAG, 0033)
+        assert "deferral_dags" not in seq, f"{name} reads every DAG:\n{outline}"
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
