@@ -237,21 +237,31 @@ class Worker:
             )
             handed = await with_db_retry("read handed resumes", self._take_handed, attempts=5)
             self._adopt(tasks, handed, time.monotonic(), fresh=True)
-            if self._claims_unsure:
-                # (a read, or a claim, whose reply was lost after it committed: its tries are
-                # this worker's, and nothing else will read them now)
-                found = await with_db_retry(
-                    "read lost claims", self._unacknowledged_claims, attempts=5
-                )
-                self._adopt(tasks, found, time.monotonic())
         except TRANSIENT_ERRORS as exc:
             log.warning(
-                "could not stop taking resumes (%s: %s); resumes handed to this worker that it "
-                "did not read are given back for other workers within %.0fs",
+                "could not stop taking resumes or read those handed to this worker (%s: %s); "
+                "the ones it did not read are given back for other workers as it unregisters, "
+                "or within %.0fs",
                 type(exc).__name__,
                 exc,
                 HANDED_UNREAD_S,
             )
+        if self._claims_unsure:
+            # (a read, or a claim, whose reply was lost after it committed: its tries are this
+            # worker's, and nothing else will read them now)
+            try:
+                found = await with_db_retry(
+                    "read lost claims", self._unacknowledged_claims, attempts=5
+                )
+            except TRANSIENT_ERRORS as exc:
+                log.warning(
+                    "could not look for claims whose reply was lost (%s: %s); any are reaped "
+                    "once this worker's heartbeats stop, and retried per their policy",
+                    type(exc).__name__,
+                    exc,
+                )
+            else:
+                self._adopt(tasks, found, time.monotonic())
 
     def _registration(self) -> int | None:
         """The worker's current registration (None: not registered)."""
@@ -325,13 +335,15 @@ class Worker:
             wanted, self._claim_wanted = self._claim_wanted, False
             handed, self._handed = self._handed, False
             try:
-                if handed:
-                    handed_due = time.monotonic() + self.poll_interval_s
-                    self._adopt(tasks, await self._take_handed(), time.monotonic(), fresh=True)
-                    free = self.slots - self._busy()
+                # (Lost replies first: what a claim or a read took is this worker's already,
+                # and a read of handed resumes would count its slots free.)
                 if self._claims_unsure and free > 0:
                     found = await self._unacknowledged_claims()
                     self._adopt(tasks, found, time.monotonic())
+                    free = self.slots - self._busy()
+                if handed:
+                    handed_due = time.monotonic() + self.poll_interval_s
+                    self._adopt(tasks, await self._take_handed(), time.monotonic(), fresh=True)
                     free = self.slots - self._busy()
                 claimed: list[ClaimedTask] = []
                 if wanted and free > 0:
@@ -504,12 +516,17 @@ class Worker:
             takes_resumes=not self._stopping,  # (a stopping worker reads handed rows no more)
             retry=False,
         )
-        if self._stopping:
-            # (a stop that came while the registration was in flight, which may have said it
-            # takes resumes: it must not, or every fire would prefer the idle new row)
-            await self.store.stop_taking_resumes(self.id)
         self.heartbeat_at = time.monotonic()
         self._abandoned.clear()  # ids of the old registration: never held by the new one
+        if self._stopping:
+            # (a stop that came while the registration was in flight, which may have said it
+            # takes resumes: it must not, or every fire would prefer the idle new row, and
+            # every resume handed to it would wait to be given back)
+            await with_db_retry(
+                "stop taking resumes",
+                functools.partial(self.store.stop_taking_resumes, self.id),
+                attempts=5,
+            )
 
     def _stop_try(self, ti: ClaimedTask, reason: str) -> None:
         """Stop a try running here (its task was marked or cleared): cancelled as at its
