@@ -56,3 +56,35 @@ async def test_a_running_task_the_worker_does_not_run_is_reaped(store: Store) ->
     (ti,) = await store.list_task_instances(dag_id="lost")
     assert ti.state == "failed"
     assert "stopped heartbeating" in ti.error
+
+
+async def test_a_heartbeat_does_not_wait_for_a_row_another_write_holds(store: Store) -> None:
+    """A worker's heartbeat and its outcome batch touch the same rows; the heartbeat waited
+    for a row the batch held, the batch for one the heartbeat held (another order), and both
+    stood until PostgreSQL's deadlock_timeout broke one. The heartbeat now leaves a held row
+    alone (its write is under way): it returns at once, and keeps the others alive."""
+    from tests.helpers import claimed_tasks
+
+    _, worker, (held, free) = await claimed_tasks(store, 2, "hb_locked")
+    before = dict(
+        await store._pool.fetch(
+            "SELECT id, heartbeat_at FROM deferral_task_instances WHERE id = ANY ($1::bigint[])",
+            [held.id, free.id],
+        )
+    )
+    async with store._pool.acquire() as other, other.transaction():
+        await other.execute(
+            "SELECT 1 FROM deferral_task_instances WHERE id = $1 FOR UPDATE", held.id
+        )
+        with anyio.fail_after(30):  # (blocked on the row: this fails instead of hanging)
+            beat = await store.heartbeat_worker(worker, [(held.id, 1), (free.id, 1)])
+        assert beat.alive
+    after = dict(
+        await store._pool.fetch(
+            "SELECT id, heartbeat_at FROM deferral_task_instances WHERE id = ANY ($1::bigint[])",
+            [held.id, free.id],
+        )
+    )
+    assert after[held.id] == before[held.id]
+    assert after[free.id] > before[free.id]
+    await store.unregister_worker(worker)

@@ -393,10 +393,17 @@ WITH w AS (
     FROM w WHERE s.kind = 'worker' AND s.queue = ANY (w.queues)
 ), mine AS (
     SELECT m.id, m.try_number FROM unnest($2::bigint[], $3::integer[]) AS m(id, try_number)
-), t AS (
-    UPDATE deferral_task_instances ti SET heartbeat_at = now()
+), alive AS (
+    -- (SKIP LOCKED: a try whose row another statement holds is being written (its outcome,
+    -- a mark): it needs no heartbeat now. Waiting for it deadlocked with an outcome batch
+    -- that locked the same rows in another order, and held both for deadlock_timeout.)
+    SELECT ti.id FROM deferral_task_instances ti
     WHERE ti.worker_id = $1 AND ti.state = 'running' AND ti.id = ANY ($2::bigint[])
       AND (ti.id, ti.try_number) IN (SELECT m.id, m.try_number FROM mine m)
+    FOR UPDATE SKIP LOCKED
+), t AS (
+    UPDATE deferral_task_instances ti SET heartbeat_at = now()
+    WHERE ti.id IN (SELECT a.id FROM alive a)
       AND EXISTS (SELECT 1 FROM w)
     RETURNING 1
 ), stopped AS (
