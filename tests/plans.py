@@ -80,24 +80,31 @@ FUNCTION_OF = {"fire_triggers": "deferral_fire_triggers", "fire_hands": "deferra
 def hands_statement() -> str:
     """The statement of deferral_fire_triggers that reads which resumes of the batch it hands
     a worker (``v_handed``; it runs under the admission's lock, before the fire itself)."""
-    schema = schema_sql()
-    start = schema.index("CREATE FUNCTION deferral_fire_triggers(")
-    head = "v_handed := ARRAY("
-    body = schema[schema.index(head, start) + len(head) :]
-    body = body[: body.index(");\n    END IF;")]
-    return re.sub(r"\b[pv]_[a-z_]+\b", lambda m: f"({_HANDS_PARAMETERS[m.group(0)]})", body)
+    return function_statement(
+        "deferral_fire_triggers",
+        begin="v_handed := ARRAY(",
+        end=");\n    END IF;",
+        parameters=_HANDS_PARAMETERS,
+    )
 
 
-def function_statement(function: str) -> str:
-    """The statement that ``function`` runs (after its lock, for deferral_fire_triggers), taken
-    from schema.sql (which test_store.py holds equal to the migrations) with the function's
-    parameters (then its variables) as ``$1``.."""
+def function_statement(
+    function: str,
+    *,
+    begin: str = "RETURN QUERY",
+    end: str = ";\nEND;",
+    parameters: dict[str, str] | None = None,
+) -> str:
+    """The statement that ``function`` runs (after its lock, for deferral_fire_triggers; or
+    the one between ``begin`` and ``end``), taken from schema.sql (which test_store.py holds
+    equal to the migrations) with the function's parameters (then its variables) as
+    ``$1``.."""
     schema = schema_sql()
     start = schema.index(f"CREATE FUNCTION {function}(")
-    body = schema[schema.index("RETURN QUERY", start) + len("RETURN QUERY") :]
-    body = body[: body.index(";\nEND;")]
-    parameters = _PARAMETERS[function]
-    return re.sub(r"\b[pv]_[a-z_]+\b", lambda m: f"({parameters[m.group(0)]})", body)
+    body = schema[schema.index(begin, start) + len(begin) :]
+    body = body[: body.index(end)]
+    names = _PARAMETERS[function] if parameters is None else parameters
+    return re.sub(r"\b[pv]_[a-z_]+\b", lambda m: f"({names[m.group(0)]})", body)
 
 
 def fire_statement() -> str:

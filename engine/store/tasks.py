@@ -227,9 +227,14 @@ class TaskQueries(StoreCore):
         was lost after the claim committed). Read only; the same try continues. Refused as a
         claim refuses: what cannot run."""
         records = await self._pool.fetch(self._q["unacknowledged_claims"], worker_id, list(running))
+        return self._held_claim(records, worker_id)
+
+    def _held_claim(self, records: list[asyncpg.Record], worker_id: int) -> TaskClaim:
+        """Rows this worker already holds (a claim whose reply was lost, resumes handed to
+        it) as a claim: opened, and refused as a claim refuses. (A claim's refusals are
+        written by the worker after the reply: a task read this way must not run here without
+        its pool.)"""
         rows, refused = self._open_resumes(records, worker_id)
-        # (A claim's refusals are written by the worker after the reply: when the reply was
-        # lost, the task must not run here without its pool.)
         refused += _missing_pools(rows, worker_id)
         rows = [r for r in rows if not r.get("missing_pool")]
         return TaskClaim(claimed=from_dicts(rows, ClaimedTask), refused=refused)
@@ -241,11 +246,7 @@ class TaskQueries(StoreCore):
         rest are given back for any worker to claim. A reply lost after that commit leaves
         them to :meth:`unacknowledged_claims`. Refused as a claim refuses: what cannot run."""
         found = await self._pool.fetch(self._q["take_handed"], worker_id, max(0, limit))
-        records = [r for r in found if r["id"] is not None]
-        rows, refused = self._open_resumes(records, worker_id)
-        refused += _missing_pools(rows, worker_id)
-        rows = [r for r in rows if not r.get("missing_pool")]
-        return TaskClaim(claimed=from_dicts(rows, ClaimedTask), refused=refused)
+        return self._held_claim([r for r in found if r["id"] is not None], worker_id)
 
     # -- what a try writes -----------------------------------------------------------------
 
