@@ -55,6 +55,13 @@ __all__ = ["waits"]
     help="Put the waiting tasks in a pool 'sensors' that counts deferred tasks "
     "(include_deferred), with a slot for each: admission at work, never holding one back.",
 )
+@click.option(
+    "--default-pool-slots",
+    type=click.IntRange(min=1),
+    help="Slots of default_pool, the pool of the waiting tasks without --pools (default: "
+    "the workers' slots, at least the engine's 128: the pool never holds back what the "
+    "workers could run).",
+)
 @out_option
 @click.option(
     "--plot",

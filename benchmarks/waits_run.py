@@ -32,6 +32,7 @@ from engine.dags.dagbag import DagBag
 from engine.security.keys import child_key_env, keyring_from_settings
 from engine.store import Store, database_url
 from engine.store.databases import create_database, drop_database, with_database
+from operators.defaults import DEFAULT_POOL
 
 __all__ = ["floor_main", "percentiles", "run_waits"]
 
@@ -219,6 +220,7 @@ async def _run(
     synchronous_commit: bool,
     pg_settings: tuple[tuple[str, str], ...] = (),
     pools: bool = False,
+    default_pool_slots: int | None = None,
 ) -> dict[str, Any]:
     settings = load_settings()
     if lease_s is not None:
@@ -277,6 +279,12 @@ async def _run(
         if pools:
             # A slot for every waiting task, deferred ones counted: the pool holds none back.
             await store.set_pool(SENSOR_POOL, n, include_deferred=True)
+        # The default pool as large as the workers' slots (as bench throughput opens it):
+        # its 128 slots would otherwise cap what runs at once below what the workers can,
+        # and at 5,000 resumes/s (each holding its slot from its fire to its end) the pool,
+        # not the engine, would set the pace.
+        default_pool_slots = default_pool_slots or max(128, workers * slots)
+        await store.set_pool(DEFAULT_POOL, default_pool_slots)
         result = await _measure(
             store, fleet, work, journal, dags, pgdata,
             n=n, k=k, capacity=capacity, window=window, loop=loop, workers=workers,
@@ -297,6 +305,7 @@ async def _run(
     )
     result["synchronous_commit"] = synchronous_commit
     result["pools"] = pools
+    result["default_pool_slots"] = default_pool_slots
     result["pg_settings"] = dict(pg_settings)
     result["db_commits_per_s"] = commits_per_s
     result["logs"] = str(work)
@@ -573,7 +582,8 @@ TARGETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
 def _table(result: dict[str, Any]) -> None:
     table = Table("figure", "value", "target", "")
     for key in (
-        "triggers", "triggerers", "pools", "trigger_rows", "defer_all_s", "claim_all_s",
+        "triggers", "triggerers", "pools", "default_pool_slots", "trigger_rows", "defer_all_s",
+        "claim_all_s",
         "start_to_all_held_s", "held_max", "rss_per_wait_bytes", "floor_rss_per_wait_bytes",
         "rss_ratio_to_floor", "idle_cpu_fraction", "idle_db_cpu_fraction",
         "fire_lateness_ms", "floor_fire_lateness_ms", "resume_latency_ms",
