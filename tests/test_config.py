@@ -196,3 +196,17 @@ def test_bad_settings_exit_2_with_the_key_and_line(
     assert result.exit_code == 2
     assert "worker_slots" in result.output
     assert f"{toml}:3" in result.output.replace("\n", "")
+
+
+def test_the_outcome_linger_is_checked_and_reaches_the_worker() -> None:
+    """`worker_outcome_linger_s`: 0 writes every outcome at once, a negative value is an
+    error naming the setting; the value reaches the worker's config."""
+    from engine.worker.config import WorkerConfig
+
+    with pytest.raises(ConfigError, match=r"worker_outcome_linger_s must be >= 0"):
+        load({"DEFERRAL_WORKER_OUTCOME_LINGER_S": "-0.01"})
+    with pytest.raises(ConfigError, match=r"worker_outcome_linger_s.*DEFERRAL_WORKER_OUTCOME"):
+        load({"DEFERRAL_WORKER_OUTCOME_LINGER_S": "soon"})
+    assert WorkerConfig.from_settings(load({}).settings).outcome_linger_s == 0.01
+    settings = load({"DEFERRAL_WORKER_OUTCOME_LINGER_S": "0"}).settings
+    assert WorkerConfig.from_settings(settings).outcome_linger_s == 0

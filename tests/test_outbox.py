@@ -1,7 +1,8 @@
 """The outbox (engine/runtime/outbox.py) against the real database: a batch with an item the
 database refuses (a CHECK constraint, text it cannot store) is split and the refused item replaced
 by a substitute failure; a substitute refused too is given up alone; a query cancelled by the
-server (a transient error) is tried again until it goes through."""
+server (a transient error) is tried again until it goes through; a write that follows the last
+closely lingers for more items, and nothing waits for the linger to drain."""
 
 from __future__ import annotations
 
@@ -251,3 +252,72 @@ async def test_flush_writes_in_the_caller_and_keeps_what_an_error_left_first(
         "b": "success",
         "c": "skipped",
     }
+
+
+async def test_a_write_that_follows_closely_lingers_for_more_items(store: Store) -> None:
+    """An idle outbox writes a lone item at once; the write after it, closely following,
+    waits (up to ``linger_s``) until ``linger_items`` are queued and writes them in one
+    statement. (Without the linger, b would go alone as soon as it is queued.)"""
+    tis = await _claimed(store, "linger", ["a", "b", "c", "d"])
+    rec = _Recorder(store, linger_s=600.0, linger_items=3)
+
+    def batches() -> list[list[int]]:
+        return [[o.ti_id for o in batch] for batch, _results in rec.written]
+
+    async def written(count: int) -> bool:
+        return len(rec.written) == count
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rec.outbox.run)
+        rec.outbox.put(_outcome(tis, "a", "success"))
+        await wait_until(lambda: written(1), what="the lone first item to be written")
+        rec.outbox.put(_outcome(tis, "b", "success"))
+        await anyio.wait_all_tasks_blocked()
+        assert (batches(), len(rec.outbox)) == ([[tis["a"].id]], 1)  # b lingers, queued
+        rec.outbox.put_all([_outcome(tis, "c", "success"), _outcome(tis, "d", "skipped")])
+        await wait_until(lambda: written(2), what="the three lingering items to be written")
+        tg.cancel_scope.cancel()
+    assert batches() == [[tis["a"].id], [tis["b"].id, tis["c"].id, tis["d"].id]]
+    assert rec.states() == {
+        tis["a"].id: "success",
+        tis["b"].id: "success",
+        tis["c"].id: "success",
+        tis["d"].id: "skipped",
+    }
+
+
+async def test_drain_does_not_wait_for_the_linger(store: Store) -> None:
+    """A worker stopping drains its outbox: an item lingering for company is written at once
+    (the linger here would last ten minutes)."""
+    tis = await _claimed(store, "linger_drain", ["a", "b"])
+    rec = _Recorder(store, linger_s=600.0, linger_items=100)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rec.outbox.run)
+        rec.outbox.put(_outcome(tis, "a", "success"))
+        await wait_until(lambda: _true(bool(rec.written)), what="the first item to be written")
+        rec.outbox.put(_outcome(tis, "b", "success"))
+        await anyio.wait_all_tasks_blocked()
+        assert len(rec.written) == 1  # b lingers
+        with anyio.fail_after(30):
+            await rec.outbox.drain()
+        tg.cancel_scope.cancel()
+    assert rec.states() == {tis["a"].id: "success", tis["b"].id: "success"}
+    assert (await _rows(store, "linger_drain"))["b"].state == "success"
+
+
+def test_a_negative_linger_is_refused() -> None:
+    async def write(batch: list[TaskOutcome]) -> dict[Key, str]:
+        return {}
+
+    with pytest.raises(ValueError, match="linger_s must be >= 0"):
+        Outbox(
+            "record outcomes",
+            write=write,
+            substitute=_substitute,
+            on_written=lambda b, r: None,
+            linger_s=-1,
+        )
+
+
+async def _true(value: bool) -> bool:
+    return value

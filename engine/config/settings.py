@@ -19,6 +19,7 @@ DEFAULT_WORKER_SLOTS = 16
 DEFAULT_TRIGGERER_CAPACITY = 1000
 DEFAULT_TRIGGERER_LEASE_S = 10.0
 DEFAULT_POLL_INTERVAL_S = 1.0
+DEFAULT_OUTCOME_LINGER_S = 0.01
 DEFAULT_CLAIM_BATCH = 5000
 DEFAULT_BLOCKED_LOOP_S = 0.2
 DEFAULT_TRIGGERER_MAX_BLOCK_S = 5.0
@@ -148,6 +149,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: up and sent again on a new connection). Keep it well under half of
     #: `zombie_threshold_s`.
     worker_heartbeat_s: float = 5.0
+    #: While a worker's task outcomes follow each other closely, how long the next write of
+    #: them waits for more to share its statement: fewer statements and commits under a
+    #: steady stream, for an end up to this much later (see
+    #: [the path of a deferral](../explanation/architecture.md#the-path-of-a-deferral), step
+    #: 7). A lone outcome on an idle worker is written at once; `0` never waits.
+    worker_outcome_linger_s: float = DEFAULT_OUTCOME_LINGER_S
     #: After SIGTERM, how long running tasks may finish before the worker exits; tasks still
     #: running are reaped and retried per their policy.
     worker_shutdown_grace_s: float = 30.0
@@ -319,6 +326,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"setting {name} must be > 0, got {value!r}")
+        if self.worker_outcome_linger_s < 0:
+            raise ConfigError(
+                "setting worker_outcome_linger_s must be >= 0 (0: write at once), got "
+                f"{self.worker_outcome_linger_s!r}"
+            )
         if self.parallelism < 0:
             raise ConfigError(
                 f"setting parallelism must be >= 0 (0: no limit), got {self.parallelism!r}"

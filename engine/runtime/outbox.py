@@ -5,6 +5,14 @@ work with a write that must not be lost and must not be one statement per item: 
 everything that queued while the previous write was in flight goes in the next statement,
 so the batch grows with the load and a lone item is written at once.
 
+An outbox may also *linger* (``linger_s``): while its writes follow each other closely (the
+last one started less than ``4 * linger_s`` ago) and fewer than ``linger_items`` items are
+queued, the next write waits up to ``linger_s`` for more to share it. Under a steady
+stream of a few items per write this trades a few milliseconds of each item's write for
+several times fewer statements (each costs the client, the server and a commit about the
+same whatever it carries); an idle outbox still writes a lone item at once, and
+:meth:`drain` and :meth:`flush` never wait.
+
 What a write can meet, and what the outbox does about it, is the same for both:
 
 * a transient error (a lost connection, a restarting server): retried with jittered backoff
@@ -82,9 +90,13 @@ class Outbox(Generic[T, K, V]):
         crash_before: str | None = None,
         crash_after: str | None = None,
         observe: Callable[[int, float], None] | None = None,
+        linger_s: float = 0.0,
+        linger_items: int = 16,
     ) -> None:
         if max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
+        if linger_s < 0:
+            raise ValueError(f"linger_s must be >= 0, got {linger_s}")
         self.what = what
         self._write = write
         self._substitute = substitute
@@ -105,6 +117,14 @@ class Outbox(Generic[T, K, V]):
         self.in_flight = 0
         #: Held by the caller of :meth:`flush` writing (made on first use, on the loop).
         self._flushing: anyio.Lock | None = None
+        #: How long a write waits for more items while writes follow closely (0: never),
+        #: and the queue length from which it does not wait.
+        self.linger_s = linger_s
+        self.linger_items = min(max(1, linger_items), max_items)
+        #: When the last write started (perf_counter; None: none yet).
+        self._last_write: float | None = None
+        #: Callers of :meth:`drain` waiting: the writer does not linger for them.
+        self._draining = 0
 
     def __len__(self) -> int:
         """Items queued, not counting the write in flight."""
@@ -129,9 +149,13 @@ class Outbox(Generic[T, K, V]):
 
     async def drain(self) -> None:
         """Return once everything queued so far is written (callers bound it with a timeout)."""
-        while self.pending():
-            self._wake.set()
-            await self._flushed.wait(None)
+        self._draining += 1
+        try:
+            while self.pending():
+                self._wake.set()
+                await self._flushed.wait(None)
+        finally:
+            self._draining -= 1
 
     async def run(self) -> None:
         """The writer: runs until cancelled."""
@@ -139,6 +163,7 @@ class Outbox(Generic[T, K, V]):
         while True:
             await self._wake.wait(None)
             while self._queue:
+                await self._linger()
                 try:
                     await self._write_next()
                 except Exception as exc:  # not transient, not about one item's data: the
@@ -146,6 +171,20 @@ class Outbox(Generic[T, K, V]):
                     continue
                 backoff.reset()
             self._flushed.set()
+
+    async def _linger(self) -> None:
+        """Wait up to ``linger_s`` for more items to share the next write, while writes follow
+        each other closely and the batch is small (see the module docstring)."""
+        if self.linger_s <= 0 or self._last_write is None:
+            return
+        now = time.perf_counter()
+        if now - self._last_write >= 4 * self.linger_s:
+            return
+        deadline = now + self.linger_s
+        while len(self._queue) < self.linger_items and not self._draining:
+            left = deadline - time.perf_counter()
+            if left <= 0 or not await self._wake.wait(left):
+                return
 
     async def flush(self) -> None:
         """Write everything queued, batch after batch, in the calling task: for an owner that
@@ -167,7 +206,7 @@ class Outbox(Generic[T, K, V]):
         try:
             if self._crash_before is not None:
                 crash_point(self._crash_before)
-            started = time.perf_counter()
+            started = self._last_write = time.perf_counter()
             results = await self.write_batch(batch)
             if self._observe is not None:
                 self._observe(len(batch), time.perf_counter() - started)

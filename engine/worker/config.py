@@ -11,6 +11,7 @@ import msgspec
 from engine.config import (
     DEFAULT_CALLBACK_TIMEOUT_S,
     DEFAULT_MAX_MAP_LENGTH,
+    DEFAULT_OUTCOME_LINGER_S,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_WORKER_SLOTS,
     DEFAULT_XCOM_MAX_BYTES,
@@ -39,6 +40,9 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     #: Between two heartbeats (setting ``worker_heartbeat_s``).
     heartbeat_s: float = 5.0
+    #: How long an outcome write waits for more while writes follow closely; 0: never
+    #: (setting ``worker_outcome_linger_s``).
+    outcome_linger_s: float = DEFAULT_OUTCOME_LINGER_S
     #: How long running tries may finish after a stop (setting ``worker_shutdown_grace_s``).
     shutdown_grace_s: float = 30.0
     #: The trigger allow-list checked at defer time (setting ``trigger_allow``); None admits
@@ -60,6 +64,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.outcome_linger_s < 0:
+            raise ValueError(f"outcome_linger_s must be >= 0, got {self.outcome_linger_s}")
         if not self.queues:
             raise ValueError("queues must name at least one queue")
         if not isinstance(self.queues, tuple):  # (a list given as a keyword argument)
@@ -74,6 +80,7 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
             parallelism=settings.parallelism,
             poll_interval_s=settings.worker_poll_interval_s,
             heartbeat_s=settings.worker_heartbeat_s,
+            outcome_linger_s=settings.worker_outcome_linger_s,
             shutdown_grace_s=settings.worker_shutdown_grace_s,
             allow=TriggerAllowList.from_settings(settings),
             default_deferrable=settings.default_deferrable,

@@ -50,6 +50,9 @@ log = logging.getLogger("engine.worker")  # the process's logger
 #: At most this many outcomes, and about this many bytes of results and errors, per write.
 FINISH_BATCH = 500
 FINISH_BATCH_BYTES = 4 << 20
+#: A write lingers (setting ``worker_outcome_linger_s``) only while fewer outcomes than this
+#: wait: from there the statement's fixed cost is a small share of it.
+LINGER_ITEMS = 16
 #: At most this many deferrals, and about this many bytes of their kwargs, per write.
 DEFER_BATCH = 500
 DEFER_BATCH_BYTES = 4 << 20
@@ -144,8 +147,12 @@ class Recorder:
         *,
         allow: Callable[[str], bool] | None,
         abandoned: set[int],
+        linger_s: float = 0.0,
     ) -> None:
         self._store = store
+        #: How long an outcome write waits for more while writes follow closely (the
+        #: outbox's ``linger_s``; setting ``worker_outcome_linger_s``).
+        self._linger_s = linger_s
         self._logs = logs
         self._metrics = metrics
         self._allow = allow
@@ -337,6 +344,8 @@ class Recorder:
             crash_before="worker.outcome.before_write",
             crash_after="worker.outcome.after_write",
             observe=self._observe_write,
+            linger_s=self._linger_s,
+            linger_items=LINGER_ITEMS,
         )
 
     def _new_deferrals_outbox(self) -> Outbox[_QueuedDeferral, tuple[int, int], str]:

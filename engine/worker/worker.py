@@ -138,7 +138,12 @@ class Worker:
         )
         #: Writes how each try ended (``allow``: the trigger allow-list, setting trigger_allow).
         self.recorder = Recorder(
-            store, self.logs, self.metrics, allow=config.allow, abandoned=self._abandoned
+            store,
+            self.logs,
+            self.metrics,
+            allow=config.allow,
+            abandoned=self._abandoned,
+            linger_s=config.outcome_linger_s,
         )
         self.metrics.watch_worker(self._busy, slots)
         #: When the registration or the last heartbeat was written (monotonic clock).
