@@ -150,14 +150,11 @@ class Recorder:
         linger_s: float = 0.0,
     ) -> None:
         self._store = store
-        #: How long an outcome write waits for more while writes follow closely (the
-        #: outbox's ``linger_s``; setting ``worker_outcome_linger_s``).
-        self._linger_s = linger_s
         self._logs = logs
         self._metrics = metrics
         self._allow = allow
         self._abandoned = abandoned
-        self._outbox = self._new_outbox()
+        self._outbox = self._new_outbox(linger_s)
         self._deferrals = self._new_deferrals_outbox()
 
     async def run(self) -> None:
@@ -328,9 +325,10 @@ class Recorder:
             log.error("task instance %s cannot run: %s", outcome.ti_id, outcome.error)
             self._outbox.put(_Queued(outcome))
 
-    def _new_outbox(self) -> Outbox[_Queued, tuple[int, int], str]:
+    def _new_outbox(self, linger_s: float) -> Outbox[_Queued, tuple[int, int], str]:
         """Outcomes are written by one writer (engine/runtime/outbox.py), every try queued
-        while the last write was in flight in one statement."""
+        while the last write was in flight in one statement; ``linger_s``: how long a write
+        that follows the last closely waits for more (setting ``worker_outcome_linger_s``)."""
         return Outbox(
             "record outcomes",
             write=self._write_outcomes,
@@ -344,7 +342,7 @@ class Recorder:
             crash_before="worker.outcome.before_write",
             crash_after="worker.outcome.after_write",
             observe=self._observe_write,
-            linger_s=self._linger_s,
+            linger_s=linger_s,
             linger_items=LINGER_ITEMS,
         )
 
