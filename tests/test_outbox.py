@@ -291,10 +291,14 @@ async def test_drain_does_not_wait_for_the_linger(store: Store) -> None:
     (the linger here would last ten minutes)."""
     tis = await _claimed(store, "linger_drain", ["a", "b"])
     rec = _Recorder(store, linger_s=600.0, linger_items=100)
+
+    async def written() -> bool:
+        return bool(rec.written)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(rec.outbox.run)
         rec.outbox.put(_outcome(tis, "a", "success"))
-        await wait_until(lambda: _true(bool(rec.written)), what="the first item to be written")
+        await wait_until(written, what="the first item to be written")
         rec.outbox.put(_outcome(tis, "b", "success"))
         await anyio.wait_all_tasks_blocked()
         assert len(rec.written) == 1  # b lingers
@@ -317,7 +321,3 @@ def test_a_negative_linger_is_refused() -> None:
             on_written=lambda b, r: None,
             linger_s=-1,
         )
-
-
-async def _true(value: bool) -> bool:
-    return value
